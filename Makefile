@@ -1,0 +1,60 @@
+# trainserve: train on GPUs, serve on CPUs, prove it works. `make help` lists every target.
+SHELL = /usr/bin/env bash -o pipefail
+.SHELLFLAGS = -ec
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The one TensorFlow pin lives in pyproject.toml (the `cpu` extra); everything else reads it from there.
+TF_VERSION ?= $(shell sed -n 's/.*"tensorflow-cpu==\([0-9.]*\)".*/\1/p' pyproject.toml)
+MODEL_NAME ?= digits
+DEMO_DIR ?= demo
+DEMO_EPOCHS ?= 15
+PYTEST_ARGS ?=
+
+##@ Getting started
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m\n"} \
+	/^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2 } \
+	/^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+.PHONY: venv
+venv: $(VENV)/.installed ## Create .venv: pinned TensorFlow (CPU build), serving protos, trainserve
+
+# tensorflow-serving-api goes in with --no-deps: its metadata asks for the full `tensorflow` wheel,
+# which would sit next to tensorflow-cpu as a second, conflicting TensorFlow.
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[cpu,dev]"
+	$(BIN)/python -m pip install --quiet --no-deps "tensorflow-serving-api==$(TF_VERSION)"
+	$(BIN)/python -c "import tensorflow as tf, tensorflow_serving.apis; assert tf.__version__ == '$(TF_VERSION)', tf.__version__"
+	touch $@
+
+.PHONY: demo
+demo: venv ## Whole pipeline on the bundled digits data, no Docker or GPU needed
+	$(BIN)/trainserve train --model-name $(MODEL_NAME) --epochs $(DEMO_EPOCHS) \
+		--export-base $(DEMO_DIR)/models --data-dir $(DEMO_DIR)/data --logs-dir $(DEMO_DIR)/logs
+	@echo "demo: versions in $(DEMO_DIR)/models/$(MODEL_NAME), held-out data in $(DEMO_DIR)/data, logs in $(DEMO_DIR)/logs"
+
+##@ Development
+
+.PHONY: test
+test: venv ## Run the whole test suite (unit, integration with real TensorFlow)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+.PHONY: lint
+lint: venv ## ruff check and format check
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+.PHONY: bench
+bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
+	$(BIN)/python bench/train_input.py
+
+.PHONY: clean
+clean: ## Remove demo output and caches (keeps .venv)
+	rm -rf $(DEMO_DIR) .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from trainserve.cli import main
+
+raise SystemExit(main())

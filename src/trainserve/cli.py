@@ -1,0 +1,154 @@
+"""`trainserve` command line: thin parsers that build a config and call one function per stage.
+
+Every flag can also be set by an environment variable `TRAINSERVE_<FLAG>` (dashes as underscores),
+which is how containers and Kubernetes Jobs configure it; a flag on the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from trainserve import __version__
+from trainserve.errors import TrainserveError
+
+
+class EnvDefaults(argparse.ArgumentParser):
+    """An ArgumentParser whose defaults come from TRAINSERVE_* environment variables when set."""
+
+    def add_argument(self, *names, **kwargs):
+        action = super().add_argument(*names, **kwargs)
+        env = f"TRAINSERVE_{action.dest.upper()}"
+        if action.option_strings and env in os.environ:
+            raw = os.environ[env]
+            if isinstance(action, argparse._StoreTrueAction):
+                action.default = raw.lower() in ("1", "true", "yes", "on")
+            else:
+                action.default = action.type(raw) if action.type else raw
+        if action.help and action.default not in (None, argparse.SUPPRESS, False):
+            action.help += f" (default: {action.default})"
+        return action
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected an integer >= 1")
+    return value
+
+
+def shape(text: str) -> tuple[int, int, int]:
+    try:
+        dims = tuple(int(d) for d in text.lower().replace("x", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected H,W,C such as 28,28,1") from None
+    if len(dims) != 3 or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected H,W,C such as 28,28,1")
+    return dims  # type: ignore[return-value]
+
+
+def add_train_parser(commands) -> None:
+    p = commands.add_parser(
+        "train",
+        help="train a model and publish it as the next numbered SavedModel version",
+        description="Train on the visible GPUs (or the CPU), verify the export on a CPU, publish "
+        "EXPORT_BASE/MODEL_NAME/<version>/ atomically.",
+    )
+    p.add_argument("--model-name", default="digits", help="name of the served model (directory under --export-base)")
+    p.add_argument("--export-base", type=Path, default=Path("models"), help="model base directory (/models in images)")
+    p.add_argument(
+        "--data",
+        default="digits",
+        help="digits (bundled, offline) | synthetic | mnist | fashion_mnist | cifar10 | FILE.npz "
+        "with x_train y_train x_test y_test",
+    )
+    p.add_argument("--data-dir", type=Path, default=Path("data"), help="where the held-out split is shared")
+    p.add_argument("--logs-dir", type=Path, default=Path("logs"), help="CSV, TensorBoard, curves PNG, summary")
+    p.add_argument("--backup-dir", type=Path, help="resume a killed run from its last finished epoch")
+    p.add_argument("--model", default="cnn", choices=("cnn", "mlp"), help="architecture")
+    p.add_argument("--epochs", type=positive_int, default=10, help="epochs to train")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="per-replica batch size")
+    p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--grad-accum", type=positive_int, default=1, help="accumulate gradients over K steps")
+    p.add_argument(
+        "--strategy", default="auto", choices=("auto", "default", "one-device", "mirrored"), help="tf.distribute"
+    )
+    p.add_argument("--cpu-replicas", type=positive_int, default=1, help="split the CPU into N logical devices")
+    p.add_argument("--mixed-precision", default="auto", choices=("auto", "on", "off"), help="auto: on for GPUs >= 7.0")
+    p.add_argument("--keep", type=positive_int, help="keep only the newest N versions (never the new one)")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--synthetic-shape", type=shape, default=(28, 28, 1), help="H,W,C of --data synthetic")
+    p.add_argument("--synthetic-classes", type=positive_int, default=10, help="classes of --data synthetic")
+    p.add_argument("--synthetic-size", type=positive_int, default=10000, help="examples of --data synthetic")
+    p.set_defaults(func=run_train)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from trainserve.data import SyntheticSpec
+    from trainserve.train import TrainConfig, train
+
+    config = TrainConfig(
+        **{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if k != "synthetic"},
+        synthetic=SyntheticSpec(args.synthetic_shape, args.synthetic_classes, args.synthetic_size),
+    )
+    result = train(config)
+    print(f"published {config.model_name} version {result.version} at {result.version_dir}")
+    print(f"held-out accuracy {result.metrics['test_accuracy']:.4f}; run summary {result.summary_path}")
+    return 0
+
+
+def add_verify_parser(commands) -> None:
+    p = commands.add_parser(
+        "verify",
+        help="run the CPU gate on any SavedModel directory",
+        description="Load VERSION_DIR the way TF Serving does on a CPU (tag serve, soft placement off), "
+        "reject GPU-pinned nodes, and run its warmup requests (or zero inputs).",
+    )
+    p.add_argument("version_dir", type=Path, help="a SavedModel directory, e.g. models/digits/3")
+    p.set_defaults(func=run_verify)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from trainserve.gate import run_gate
+
+    if not args.version_dir.is_dir():
+        raise TrainserveError(f"{args.version_dir} is not a directory: expected a SavedModel version directory")
+    result = run_gate(args.version_dir)
+    if not result.ok:
+        raise TrainserveError(f"{args.version_dir} fails the CPU gate: {result.reason}")
+    print(f"{args.version_dir}: OK on CPU ({result.checked}; signatures {', '.join(result.signatures)})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainserve",
+        description="Train a Keras model on GPUs, serve it on CPUs with TensorFlow Serving, and prove it works.",
+    )
+    parser.add_argument("--version", action="version", version=f"trainserve {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=EnvDefaults)
+    add_train_parser(commands)
+    add_verify_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return args.func(args)
+    except TrainserveError as exc:
+        print(f"trainserve {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"trainserve {args.command}: interrupted", file=sys.stderr)
+        return 130

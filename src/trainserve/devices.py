@@ -1,0 +1,134 @@
+"""Find the accelerators, pick a distribution strategy and a precision, and say what was picked.
+
+Seeds 001/002 trained on whatever TensorFlow happened to see; here the choice is explicit and logged:
+no GPU -> CPU (one log line says so), one GPU -> OneDeviceStrategy, several -> MirroredStrategy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+
+from trainserve.errors import TrainserveError
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("auto", "default", "one-device", "mirrored")
+MIXED_PRECISION_MIN_CAPABILITY = (7, 0)  # Volta and newer have tensor cores for float16
+
+
+@dataclass
+class DevicePlan:
+    """What training runs on; recorded in the run summary and the published metadata."""
+
+    strategy: str
+    replicas: int
+    devices: list[str]
+    gpus: list[dict] = field(default_factory=list)
+    mixed_precision: bool = False
+    tensorflow: str = ""
+    cuda: str = ""
+    cudnn: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def configure_cpu_replicas(count: int) -> None:
+    """Split the CPU into `count` logical devices so multi-replica code paths run without GPUs."""
+    import tensorflow as tf
+
+    if count > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+
+
+def gpu_details() -> list[dict]:
+    """Every visible GPU with its name and compute capability; enables memory growth on each."""
+    import tensorflow as tf
+
+    details = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        try:
+            # Without growth TF grabs all GPU memory at start, starving anything else on the card.
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # already initialised (a second call in one process)
+            pass
+        info = tf.config.experimental.get_device_details(gpu)
+        details.append(
+            {
+                "name": gpu.name,
+                "device_name": info.get("device_name", ""),
+                "compute_capability": list(info.get("compute_capability") or ()),
+            }
+        )
+    return details
+
+
+def resolve_mixed_precision(mode: str, gpus: list[dict]) -> bool:
+    """`auto` turns float16 on only when every GPU has tensor cores (compute capability >= 7.0)."""
+    if mode == "on":
+        return True
+    if mode == "off":
+        return False
+    if mode != "auto":
+        raise TrainserveError(f"--mixed-precision {mode!r}: expected auto, on or off")
+    return bool(gpus) and all(
+        tuple(g["compute_capability"] or (0, 0)) >= MIXED_PRECISION_MIN_CAPABILITY for g in gpus
+    )
+
+
+def make_strategy(name: str = "auto", cpu_replicas: int = 1):
+    """Build the tf.distribute strategy; returns (strategy, plan without precision)."""
+    import tensorflow as tf
+
+    configure_cpu_replicas(cpu_replicas)
+    gpus = gpu_details()
+    if name == "auto":
+        if len(gpus) > 1 or cpu_replicas > 1:
+            name = "mirrored"
+        elif gpus:
+            name = "one-device"
+        else:
+            name = "default"
+    if name not in STRATEGIES:
+        raise TrainserveError(f"--strategy {name!r}: expected one of {', '.join(STRATEGIES)}")
+
+    if name == "one-device":
+        device = "/gpu:0" if gpus else "/cpu:0"
+        strategy = tf.distribute.OneDeviceStrategy(device)
+    elif name == "mirrored":
+        if gpus:
+            strategy = tf.distribute.MirroredStrategy()
+        else:
+            cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+            strategy = tf.distribute.MirroredStrategy(
+                cpus, cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device=cpus[0])
+            )
+    else:
+        strategy = tf.distribute.get_strategy()
+
+    build = tf.sysconfig.get_build_info()
+    plan = DevicePlan(
+        strategy=name,
+        replicas=int(strategy.num_replicas_in_sync),
+        devices=list(strategy.extended.worker_devices) if name != "default" else ["/cpu:0"],
+        gpus=gpus,
+        tensorflow=tf.__version__,
+        cuda=str(build.get("cuda_version", "")),
+        cudnn=str(build.get("cudnn_version", "")),
+    )
+    if not gpus:
+        log.info("no GPU visible: training on the CPU (%d replica(s))", plan.replicas)
+    log.info(
+        "strategy %s, %d replica(s) on %s; TensorFlow %s, CUDA %s, cuDNN %s",
+        name,
+        plan.replicas,
+        ", ".join(plan.devices),
+        plan.tensorflow,
+        plan.cuda or "none",
+        plan.cudnn or "none",
+    )
+    for gpu in gpus:
+        log.info("GPU %s: %s, compute capability %s", gpu["name"], gpu["device_name"], gpu["compute_capability"])
+    return strategy, plan

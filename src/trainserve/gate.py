@@ -1,0 +1,129 @@
+"""The CPU gate: would TF Serving on a CPU load and answer this SavedModel, with the trained numbers?
+
+Runs in a separate process with no GPU visible (CUDA_VISIBLE_DEVICES=-1), because the training
+process has GPUs, soft placement habits and cached kernels that a CPU server will not have. It:
+1. finds any node pinned to a GPU, function bodies included;
+2. loads tag `serve` into a session with soft placement off (as TF Serving does);
+3. runs a golden batch and compares with the training process's outputs, or, for a SavedModel made
+   elsewhere, replays its warmup requests (or zeros shaped like its inputs) and checks they run.
+
+`python -m trainserve.gate VERSION_DIR [--golden FILE --atol X]` prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from trainserve.errors import TrainserveError
+
+FLOAT32_ATOL = 1e-4
+MIXED_PRECISION_ATOL = 1e-2
+
+
+@dataclass
+class GateResult:
+    ok: bool
+    reason: str = ""
+    checked: str = ""
+    max_abs_diff: float | None = None
+    signatures: list[str] = field(default_factory=list)
+
+
+def save_golden(path: Path, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> Path:
+    """Store a golden batch: `in:<name>` inputs and the `out:<name>` outputs training computed."""
+    arrays = {f"in:{k}": v for k, v in inputs.items()} | {f"out:{k}": v for k, v in outputs.items()}
+    np.savez(path, **arrays)
+    return path
+
+
+def check_on_cpu(version_dir: Path, golden: Path | None = None, atol: float = FLOAT32_ATOL) -> GateResult:
+    """The gate itself; call it in a process that sees no GPU (see `run_gate`)."""
+    from trainserve.export import read_warmup_inputs
+    from trainserve.savedmodel import DEFAULT_SIGNATURE, LoadedModel, gpu_pinned_nodes
+
+    try:
+        pinned = gpu_pinned_nodes(version_dir)
+        if pinned:
+            more = f" and {len(pinned) - 3} more" if len(pinned) > 3 else ""
+            return GateResult(False, f"{len(pinned)} node(s) pinned to a GPU: {', '.join(pinned[:3])}{more}")
+        model = LoadedModel(version_dir)
+        signatures = sorted(model.signatures)
+        if golden is not None:
+            with np.load(golden) as npz:
+                inputs = {k[3:]: npz[k] for k in npz.files if k.startswith("in:")}
+                expected = {k[4:]: npz[k] for k in npz.files if k.startswith("out:")}
+            got = model.run(DEFAULT_SIGNATURE, inputs, list(expected))
+            return _compare(expected, got, atol, signatures)
+        requests = read_warmup_inputs(version_dir)
+        checked = "warmup requests"
+        if not requests:
+            checked = "zeros shaped like the inputs"
+            name = DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in model.signatures else signatures[0]
+            wanted, _ = model.signature(name)
+            requests = [(name, {k: _zeros_like(spec) for k, spec in wanted.items()})]
+        for name, inputs in requests:
+            for key, value in model.run(name, inputs).items():
+                if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+                    return GateResult(False, f"signature {name!r} output {key!r} is not finite", checked)
+        return GateResult(True, "", f"{len(requests)} {checked}", None, signatures)
+    except TrainserveError as exc:
+        return GateResult(False, str(exc))
+
+
+def _zeros_like(spec) -> np.ndarray:
+    shape = [1 if d is None else d for d in (spec.shape or (1,))]
+    return np.zeros(shape, spec.dtype if spec.dtype != np.object_ else np.bytes_)
+
+
+def _compare(expected: dict, got: dict, atol: float, signatures: list[str]) -> GateResult:
+    worst = 0.0
+    for key, want in expected.items():
+        have = got[key]
+        if have.shape != want.shape:
+            return GateResult(False, f"output {key!r} has shape {have.shape}: expected {want.shape}")
+        if want.dtype.kind == "f":
+            diff = float(np.max(np.abs(have.astype(np.float64) - want.astype(np.float64)), initial=0.0))
+            worst = max(worst, diff)
+            if not diff <= atol:
+                return GateResult(False, f"output {key!r} differs by {diff:.3g}: expected <= {atol:g}", "golden", diff)
+        elif not np.array_equal(have, want):
+            changed = int(np.sum(have != want))
+            return GateResult(False, f"output {key!r} differs in {changed} of {want.size} entries: expected identical")
+    return GateResult(True, "", f"golden batch of {len(next(iter(expected.values())))}", worst, signatures)
+
+
+def run_gate(version_dir: Path, golden: Path | None = None, atol: float = FLOAT32_ATOL) -> GateResult:
+    """Run `check_on_cpu` in a fresh Python process that cannot see any GPU."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL="2")
+    command = [sys.executable, "-m", "trainserve.gate", str(version_dir), "--atol", str(atol)]
+    if golden is not None:
+        command += ["--golden", str(golden)]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return GateResult(False, f"CPU gate process failed (exit {proc.returncode}): {tail}")
+    return GateResult(**json.loads(lines[-1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainserve.gate", description=__doc__.splitlines()[0])
+    parser.add_argument("version_dir", type=Path)
+    parser.add_argument("--golden", type=Path)
+    parser.add_argument("--atol", type=float, default=FLOAT32_ATOL)
+    args = parser.parse_args(argv)
+    result = check_on_cpu(args.version_dir, args.golden, args.atol)
+    print(json.dumps(asdict(result)), flush=True)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

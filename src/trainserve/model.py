@@ -1,0 +1,52 @@
+"""The Keras models: a small CNN (default) and an MLP, taking float32 images in [0, 1].
+
+The softmax is its own layer with dtype float32, so under mixed_float16 the probabilities are still
+computed in float32 (Keras' mixed-precision guide: fp16 softmax loses too much precision).
+"""
+
+from __future__ import annotations
+
+import keras
+
+from trainserve.errors import TrainserveError
+
+ARCHITECTURES = ("cnn", "mlp")
+
+
+def build_model(architecture: str, input_shape: tuple[int, int, int], num_classes: int) -> keras.Model:
+    """A fresh, uncompiled model under the current Keras dtype policy."""
+    inputs = keras.Input(shape=input_shape, name="images")
+    if architecture == "cnn":
+        x = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
+        x = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(x)
+        x = keras.layers.MaxPooling2D(2)(x) if min(input_shape[:2]) >= 4 else x
+        x = keras.layers.Dropout(0.25)(x)
+        x = keras.layers.Flatten()(x)
+        x = keras.layers.Dense(128, activation="relu")(x)
+        x = keras.layers.Dropout(0.3)(x)
+    elif architecture == "mlp":
+        x = keras.layers.Flatten()(inputs)
+        x = keras.layers.Dense(256, activation="relu")(x)
+        x = keras.layers.Dropout(0.2)(x)
+        x = keras.layers.Dense(128, activation="relu")(x)
+    else:
+        raise TrainserveError(f"--model {architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
+    logits = keras.layers.Dense(num_classes, name="logits")(x)
+    outputs = keras.layers.Activation("softmax", dtype="float32", name="probabilities")(logits)
+    return keras.Model(inputs, outputs, name=f"trainserve_{architecture}")
+
+
+def float32_copy(model: keras.Model, architecture: str) -> keras.Model:
+    """The same network rebuilt under the float32 policy with the trained weights copied in.
+
+    A mixed_float16 model exported as is computes in fp16 on the CPU server, which is slow there
+    (tensorflow#45441); its variables are float32 already, so the weights copy over exactly.
+    """
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float32")
+    try:
+        clone = build_model(architecture, tuple(model.input_shape[1:]), int(model.output_shape[-1]))
+    finally:
+        keras.config.set_dtype_policy(previous)
+    clone.set_weights(model.get_weights())
+    return clone

@@ -1,0 +1,165 @@
+"""Load and run a SavedModel the way tensorflow_model_server does.
+
+TF Serving loads tag `serve` into a TF1-style session (SavedModelBundle) and runs a SignatureDef by
+feeding and fetching its tensor names, with soft placement off: a node pinned to a GPU that is not there
+fails the load or the run. The CPU gate and serve-local both go through here, so a model that would
+fail in TF Serving fails here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trainserve.errors import TrainserveError
+
+SERVE_TAG = "serve"
+DEFAULT_SIGNATURE = "serving_default"
+
+
+def saved_model_proto(version_dir: Path):
+    """The parsed `saved_model.pb`; a clear error when the directory is not a SavedModel."""
+    from tensorflow.core.protobuf import saved_model_pb2
+    from google.protobuf.message import DecodeError
+
+    pb = Path(version_dir) / "saved_model.pb"
+    if not pb.is_file():
+        raise TrainserveError(f"{version_dir} is not a SavedModel: expected {pb.name} inside it")
+    proto = saved_model_pb2.SavedModel()
+    try:
+        proto.ParseFromString(pb.read_bytes())
+    except DecodeError as exc:
+        raise TrainserveError(f"{pb} is corrupt ({exc}): expected a serialized SavedModel proto") from None
+    if not proto.meta_graphs:
+        raise TrainserveError(f"{pb} holds no MetaGraph: expected one tagged {SERVE_TAG!r}")
+    return proto
+
+
+def serve_meta_graph(version_dir: Path):
+    """The MetaGraphDef tagged `serve`, as TF Serving picks it."""
+    proto = saved_model_proto(version_dir)
+    for meta_graph in proto.meta_graphs:
+        if SERVE_TAG in meta_graph.meta_info_def.tags:
+            return meta_graph
+    tags = [list(m.meta_info_def.tags) for m in proto.meta_graphs]
+    raise TrainserveError(f"{version_dir}: no MetaGraph tagged {SERVE_TAG!r} (found tags {tags})")
+
+
+def gpu_pinned_nodes(version_dir: Path) -> list[str]:
+    """Nodes whose device names a GPU, in the graph and in every function body (where Keras puts them)."""
+    meta_graph = serve_meta_graph(version_dir)
+    graph = meta_graph.graph_def
+    pinned = [f"{n.name} ({n.device})" for n in graph.node if "GPU" in n.device.upper()]
+    for function in graph.library.function:
+        pinned += [
+            f"{function.signature.name}/{n.name} ({n.device})"
+            for n in function.node_def
+            if "GPU" in n.device.upper()
+        ]
+    return pinned
+
+
+@dataclass(frozen=True)
+class TensorSpecInfo:
+    """One signature input or output: its graph tensor, dtype and shape (None = any size)."""
+
+    key: str
+    tensor: str
+    dtype: np.dtype
+    shape: tuple[int | None, ...] | None
+
+    def accepts(self, array: np.ndarray) -> bool:
+        if self.shape is None:
+            return True
+        return len(self.shape) == array.ndim and all(d is None or d == a for d, a in zip(self.shape, array.shape))
+
+    def describe(self) -> str:
+        dims = "?" if self.shape is None else "[" + ", ".join("None" if d is None else str(d) for d in self.shape) + "]"
+        return f"{self.dtype.name} {dims}"
+
+
+def tensor_info(key: str, info) -> TensorSpecInfo:
+    import tensorflow as tf
+
+    shape = None
+    if not info.tensor_shape.unknown_rank:
+        shape = tuple(None if d.size < 0 else int(d.size) for d in info.tensor_shape.dim)
+    return TensorSpecInfo(key, info.name, np.dtype(tf.dtypes.as_dtype(info.dtype).as_numpy_dtype), shape)
+
+
+class LoadedModel:
+    """One SavedModel version in its own graph and session, ready to run any of its signatures."""
+
+    def __init__(self, version_dir: Path, intra_op_threads: int = 0, inter_op_threads: int = 0):
+        import tensorflow as tf
+
+        self.path = Path(version_dir)
+        serve_meta_graph(self.path)  # clear errors before TF's own
+        config = tf.compat.v1.ConfigProto(
+            allow_soft_placement=False,
+            device_count={"GPU": 0},
+            intra_op_parallelism_threads=intra_op_threads,
+            inter_op_parallelism_threads=inter_op_threads,
+        )
+        self.graph = tf.Graph()
+        self.session = tf.compat.v1.Session(graph=self.graph, config=config)
+        try:
+            with self.graph.as_default():
+                meta_graph = tf.compat.v1.saved_model.loader.load(self.session, [SERVE_TAG], str(self.path))
+        except Exception as exc:  # TF raises many types; all mean "TF Serving would refuse this too"
+            self.session.close()
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TrainserveError(f"{self.path} does not load on CPU: {first}") from None
+        self.signature_defs = dict(meta_graph.signature_def)
+        self.signatures = {
+            name: (
+                {k: tensor_info(k, v) for k, v in sig.inputs.items()},
+                {k: tensor_info(k, v) for k, v in sig.outputs.items()},
+            )
+            for name, sig in self.signature_defs.items()
+            if not name.startswith("__")  # __saved_model_init_op: TF's own, not callable by clients
+        }
+
+    def signature(self, name: str):
+        if name not in self.signatures:
+            raise TrainserveError(
+                f"signature {name!r} not found in {self.path}: expected one of {', '.join(sorted(self.signatures))}"
+            )
+        return self.signatures[name]
+
+    def check_inputs(self, name: str, inputs: dict[str, np.ndarray]) -> None:
+        """TF Serving's checks: exactly the signature's input keys, right dtypes, compatible shapes."""
+        wanted, _ = self.signature(name)
+        missing = sorted(set(wanted) - set(inputs))
+        extra = sorted(set(inputs) - set(wanted))
+        if missing or extra:
+            raise TrainserveError(
+                f"signature {name!r} expects inputs {sorted(wanted)}"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; unknown {extra}" if extra else "")
+            )
+        for key, spec in wanted.items():
+            array = inputs[key]
+            if array.dtype != spec.dtype:
+                raise TrainserveError(f"input {key!r} is {array.dtype.name}: expected {spec.dtype.name}")
+            if not spec.accepts(array):
+                raise TrainserveError(f"input {key!r} has shape {list(array.shape)}: expected {spec.describe()}")
+
+    def run(
+        self, name: str, inputs: dict[str, np.ndarray], output_filter: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run signature `name`; returns the requested outputs (all when no filter) as numpy arrays."""
+        self.check_inputs(name, inputs)
+        wanted, outputs = self.signature(name)
+        keys = list(output_filter) if output_filter else sorted(outputs)
+        unknown = [k for k in keys if k not in outputs]
+        if unknown:
+            raise TrainserveError(f"output_filter {unknown} not in signature {name!r}: expected {sorted(outputs)}")
+        feed = {wanted[k].tensor: v for k, v in inputs.items()}
+        fetched = self.session.run([outputs[k].tensor for k in keys], feed_dict=feed)
+        return dict(zip(keys, (np.asarray(v) for v in fetched)))
+
+    def close(self) -> None:
+        self.session.close()

@@ -1,0 +1,240 @@
+"""Train a Keras model on whatever accelerators are there, then publish a CPU-verified version.
+
+data -> strategy/precision -> fit (tf.data, grad accumulation, backup/restore) -> float32 export ->
+warmup + metadata -> CPU gate in a separate process -> atomic numbered version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from trainserve.data import SyntheticSpec, load_dataset, make_input_pipeline, preprocess, write_test_split
+from trainserve.devices import make_strategy, resolve_mixed_precision
+from trainserve.errors import TrainserveError
+from trainserve.export import export_savedmodel, write_warmup_requests
+from trainserve.gate import FLOAT32_ATOL, MIXED_PRECISION_ATOL, run_gate, save_golden
+from trainserve.model import build_model, float32_copy
+from trainserve.plots import plot_training_curves
+from trainserve.publish import publish_or_discard, staging_dir
+
+log = logging.getLogger(__name__)
+
+GOLDEN_BATCH = 32
+
+
+@dataclass
+class TrainConfig:
+    """Everything `trainserve train` takes; each field is a flag of the same name."""
+
+    model_name: str = "digits"
+    export_base: Path = Path("models")
+    data: str = "digits"
+    data_dir: Path | None = Path("data")
+    logs_dir: Path = Path("logs")
+    backup_dir: Path | None = None
+    model: str = "cnn"
+    epochs: int = 10
+    batch_size: int = 64  # per replica
+    learning_rate: float = 1e-3
+    grad_accum: int = 1
+    strategy: str = "auto"
+    cpu_replicas: int = 1
+    mixed_precision: str = "auto"
+    keep: int | None = None
+    seed: int = 0
+    synthetic: SyntheticSpec = field(default_factory=SyntheticSpec)
+
+    def check(self) -> None:
+        for name in ("epochs", "batch_size", "grad_accum", "cpu_replicas"):
+            if getattr(self, name) < 1:
+                raise TrainserveError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
+        if self.keep is not None and self.keep < 1:
+            raise TrainserveError(f"--keep {self.keep}: expected >= 1 (the new version is always kept)")
+        if not self.model_name or not all(c.isalnum() or c in "-_." for c in self.model_name):
+            raise TrainserveError(f"--model-name {self.model_name!r}: expected letters, digits, '-', '_' or '.'")
+
+
+@dataclass
+class TrainResult:
+    version: int
+    version_dir: Path
+    metrics: dict
+    summary_path: Path
+
+
+class ThroughputCallback(keras.callbacks.Callback):
+    """Times each epoch, for the run summary's examples/s."""
+
+    def __init__(self, examples: int):
+        super().__init__()
+        self.examples, self.seconds, self.epochs = examples, 0.0, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds += time.perf_counter() - self._start
+        self.epochs += 1
+
+    @property
+    def examples_per_second(self) -> float:
+        return self.examples * self.epochs / self.seconds if self.seconds else 0.0
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Train, evaluate, export and publish one version; returns where it went."""
+    config.check()
+    started = time.time()
+    dataset = load_dataset(config.data, config.synthetic, config.seed)
+    if len(dataset.x_train) == 0:
+        raise TrainserveError(f"{config.data}: x_train is empty: expected training examples")
+    log.info(
+        "data %s: %d train / %d test examples, images %s, %d classes",
+        dataset.name,
+        len(dataset.x_train),
+        len(dataset.x_test),
+        "x".join(map(str, dataset.input_shape)),
+        dataset.num_classes,
+    )
+
+    keras.utils.set_random_seed(config.seed)
+    strategy, plan = make_strategy(config.strategy, config.cpu_replicas)
+    plan.mixed_precision = resolve_mixed_precision(config.mixed_precision, plan.gpus)
+    keras.config.set_dtype_policy("mixed_float16" if plan.mixed_precision else "float32")
+    log.info("precision: %s", "mixed_float16 (float32 softmax)" if plan.mixed_precision else "float32")
+    global_batch = config.batch_size * plan.replicas
+    log.info(
+        "global batch %d = %d per replica x %d replica(s)%s",
+        global_batch,
+        config.batch_size,
+        plan.replicas,
+        f"; gradients accumulated over {config.grad_accum} steps" if config.grad_accum > 1 else "",
+    )
+
+    if config.data_dir is not None:
+        shared = write_test_split(dataset, config.data_dir, config.model_name)
+        log.info("held-out split written to %s", shared)
+
+    train_ds = make_input_pipeline(dataset.x_train, dataset.y_train, global_batch, config.seed, training=True)
+    test_ds = make_input_pipeline(dataset.x_test, dataset.y_test, global_batch, config.seed, training=False)
+    with strategy.scope():
+        model = build_model(config.model, dataset.input_shape, dataset.num_classes)
+        optimizer = keras.optimizers.Adam(
+            config.learning_rate,
+            gradient_accumulation_steps=config.grad_accum if config.grad_accum > 1 else None,
+        )
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+
+    config.logs_dir.mkdir(parents=True, exist_ok=True)
+    history_csv = config.logs_dir / "history.csv"
+    throughput = ThroughputCallback(len(dataset.x_train))
+    callbacks = []
+    resuming_from = _resume_epoch(config.backup_dir)
+    if config.backup_dir is not None:
+        # First in the list: the backup of an epoch is on disk before anything reports that epoch done.
+        callbacks.append(keras.callbacks.BackupAndRestore(str(config.backup_dir)))
+        if resuming_from:
+            log.info("resuming from epoch %d of %d (backup in %s)", resuming_from + 1, config.epochs, config.backup_dir)
+    callbacks += [
+        keras.callbacks.CSVLogger(str(history_csv), append=bool(resuming_from)),
+        keras.callbacks.TensorBoard(str(config.logs_dir / "tensorboard"), write_graph=False),
+        throughput,
+    ]
+    model.fit(
+        train_ds,
+        validation_data=test_ds,
+        epochs=config.epochs,
+        callbacks=callbacks,
+        shuffle=False,  # the tf.data pipeline already reshuffles every epoch
+        verbose=1 if sys.stderr.isatty() else 2,
+    )
+    loss, accuracy = model.evaluate(test_ds, verbose=0)
+    metrics = {"test_loss": float(loss), "test_accuracy": float(accuracy)}
+    log.info("held-out accuracy %.4f, loss %.4f", accuracy, loss)
+
+    result = _export_and_publish(config, dataset, model, plan, metrics)
+    summary = {
+        "model_name": config.model_name,
+        "version": result[0],
+        "version_dir": str(result[1]),
+        "data": {"source": config.data, "name": dataset.name, "fingerprint": dataset.fingerprint()},
+        "devices": plan.as_dict(),
+        "precision": "mixed_float16" if plan.mixed_precision else "float32",
+        "global_batch": global_batch,
+        "grad_accum": config.grad_accum,
+        "epochs": config.epochs,
+        "resumed_from_epoch": resuming_from + 1 if resuming_from else None,
+        "duration_s": round(time.time() - started, 3),
+        "train_examples_per_s": round(throughput.examples_per_second, 1),
+        "metrics": metrics,
+        "config": json.loads(json.dumps(asdict(config), default=str)),
+    }
+    summary_path = config.logs_dir / "run_summary.json"
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    if history_csv.is_file():
+        plot_training_curves(history_csv, config.logs_dir / "training_curves.png")
+    log.info("logs in %s (history.csv, training_curves.png, tensorboard/, run_summary.json)", config.logs_dir)
+    return TrainResult(result[0], result[1], metrics, summary_path)
+
+
+def _resume_epoch(backup_dir: Path | None) -> int:
+    """The epoch Keras' BackupAndRestore will resume at (0 when there is no backup)."""
+    meta = backup_dir / "training_metadata.json" if backup_dir else None
+    if meta is None or not meta.is_file():
+        return 0
+    try:
+        return int(json.loads(meta.read_text())["epoch"])
+    except (ValueError, KeyError, TypeError):
+        raise TrainserveError(f"{meta} is unreadable: expected Keras BackupAndRestore metadata") from None
+
+
+def _export_and_publish(config: TrainConfig, dataset, model, plan, metrics: dict) -> tuple[int, Path]:
+    golden_images = dataset.x_test[:GOLDEN_BATCH]
+    # The reference is the trained model itself, in the precision it trained in.
+    probabilities = np.asarray(model.predict(preprocess(golden_images), verbose=0), np.float32)
+    expected = {"probabilities": probabilities, "classes": probabilities.argmax(axis=-1).astype(np.int64)}
+    export_model = float32_copy(model, config.model) if plan.mixed_precision else model
+    atol = MIXED_PRECISION_ATOL if plan.mixed_precision else FLOAT32_ATOL
+
+    model_base = config.export_base / config.model_name
+    metadata = {
+        "model_name": config.model_name,
+        "tensorflow": plan.tensorflow,
+        "trained_on": {
+            "strategy": plan.strategy,
+            "replicas": plan.replicas,
+            "devices": plan.devices,
+            "gpus": [g["device_name"] for g in plan.gpus],
+            "precision": "mixed_float16" if plan.mixed_precision else "float32",
+        },
+        "exported_precision": "float32",
+        "data": {"source": config.data, "name": dataset.name, "fingerprint": dataset.fingerprint()},
+        "label_names": dataset.label_names,
+        "input_shape": list(dataset.input_shape),
+        "signature": {"name": "serving_default", "input": "images", "outputs": ["probabilities", "classes"]},
+        "metrics": metrics,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+    metadata["gate"] = {"atol": atol, "golden_batch": len(golden_images)}
+
+    def build_and_check(path: Path) -> None:
+        export_savedmodel(export_model, path, dataset.input_shape)
+        write_warmup_requests(path, config.model_name, dataset.x_test)
+        with tempfile.TemporaryDirectory() as tmp:
+            golden = save_golden(Path(tmp) / "golden.npz", {"images": golden_images}, expected)
+            gate = run_gate(path, golden, atol)
+        if not gate.ok:
+            raise TrainserveError(f"CPU gate failed, nothing published: {gate.reason}")
+        log.info("CPU gate passed: %s, max abs diff %.2e (<= %g)", gate.checked, gate.max_abs_diff, atol)
+
+    return publish_or_discard(staging_dir(model_base), build_and_check, metadata, config.keep)
