@@ -24,7 +24,10 @@ def _publish_copy(template: Path, model_base: Path, **kwargs) -> tuple[int, Path
     import shutil
 
     return publish_or_discard(
-        staging_dir(model_base), lambda p: shutil.copytree(template, p, dirs_exist_ok=True), {"model_name": "t"}, **kwargs
+        staging_dir(model_base),
+        lambda p: shutil.copytree(template, p, dirs_exist_ok=True),
+        {"model_name": "t"},
+        **kwargs,
     )
 
 
@@ -85,8 +88,9 @@ def test_sigkill_during_publishing_never_leaves_an_incomplete_version(tiny_saved
     base = tmp_path / "m"
     rng = random.Random(7)
     for _ in range(25):
-        proc = subprocess.Popen([sys.executable, str(HELPER), str(tiny_savedmodel), str(base), "1000"],
-                                stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, str(HELPER), str(tiny_savedmodel), str(base), "1000"], stdout=subprocess.DEVNULL
+        )
         time.sleep(rng.uniform(0.3, 1.2))  # imports take ~0.3 s; then it publishes continuously
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -105,8 +109,9 @@ def test_sigkill_during_publishing_never_leaves_an_incomplete_version(tiny_saved
 def test_racing_publishers_get_distinct_numbers(tiny_savedmodel, tmp_path):
     base = tmp_path / "m"
     procs = [
-        subprocess.Popen([sys.executable, str(HELPER), str(tiny_savedmodel), str(base), "15"],
-                         stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(HELPER), str(tiny_savedmodel), str(base), "15"], stdout=subprocess.PIPE, text=True
+        )
         for _ in range(3)
     ]
     got = [int(line) for p in procs for line in p.communicate(timeout=120)[0].split()]

@@ -27,8 +27,13 @@ class EnvDefaults(argparse.ArgumentParser):
             if isinstance(action, argparse._StoreTrueAction):
                 action.default = raw.lower() in ("1", "true", "yes", "on")
             else:
-                action.default = action.type(raw) if action.type else raw
-        if action.help and action.default not in (None, argparse.SUPPRESS, False):
+                try:
+                    action.default = action.type(raw) if action.type else raw
+                except (ValueError, argparse.ArgumentTypeError) as exc:
+                    self.error(f"environment variable {env}={raw!r}: {exc}")
+                if action.choices and action.default not in action.choices:
+                    self.error(f"environment variable {env}={raw!r}: expected one of {', '.join(action.choices)}")
+        if action.help and action.default is not None and action.default is not False:
             action.help += f" (default: {action.default})"
         return action
 

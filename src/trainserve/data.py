@@ -246,6 +246,8 @@ def make_input_pipeline(x: np.ndarray, y: np.ndarray, global_batch: int, seed: i
     ds = tf.data.Dataset.from_tensor_slices((x, y)).cache()
     if training:
         ds = ds.shuffle(min(len(x), 50_000), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.batch(global_batch, drop_remainder=False)
+    # Training drops the ragged last batch (reshuffled away next epoch): every step then has full,
+    # evenly split per-replica batches, which gradient accumulation's micro-batches rely on.
+    ds = ds.batch(global_batch, drop_remainder=training and len(x) >= global_batch)
     ds = ds.map(lambda images, labels: (preprocess(images), labels), num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)

@@ -6,6 +6,7 @@ no GPU -> CPU (one log line says so), one GPU -> OneDeviceStrategy, several -> M
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import asdict, dataclass, field
 
@@ -49,11 +50,10 @@ def gpu_details() -> list[dict]:
 
     details = []
     for gpu in tf.config.list_physical_devices("GPU"):
-        try:
-            # Without growth TF grabs all GPU memory at start, starving anything else on the card.
+        # Without growth TF grabs all GPU memory at start, starving anything else on the card.
+        # RuntimeError: already initialised by an earlier call in this process.
+        with contextlib.suppress(RuntimeError):
             tf.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError:  # already initialised (a second call in one process)
-            pass
         info = tf.config.experimental.get_device_details(gpu)
         details.append(
             {
@@ -73,9 +73,7 @@ def resolve_mixed_precision(mode: str, gpus: list[dict]) -> bool:
         return False
     if mode != "auto":
         raise TrainserveError(f"--mixed-precision {mode!r}: expected auto, on or off")
-    return bool(gpus) and all(
-        tuple(g["compute_capability"] or (0, 0)) >= MIXED_PRECISION_MIN_CAPABILITY for g in gpus
-    )
+    return bool(gpus) and all(tuple(g["compute_capability"] or (0, 0)) >= MIXED_PRECISION_MIN_CAPABILITY for g in gpus)
 
 
 def make_strategy(name: str = "auto", cpu_replicas: int = 1):

@@ -13,7 +13,45 @@ from trainserve.errors import TrainserveError
 ARCHITECTURES = ("cnn", "mlp")
 
 
-def build_model(architecture: str, input_shape: tuple[int, int, int], num_classes: int) -> keras.Model:
+class GradientAccumulationModel(keras.Model):
+    """Splits each replica's batch into `micro_batches` slices, sums their gradients, applies once.
+
+    Peak activation memory is that of one slice, the update that of the whole batch. Keras' own
+    `gradient_accumulation_steps` applies gradients inside a conditional, which MirroredStrategy rejects
+    (merge_call inside a cond); here the single apply per step stays outside any control flow.
+    """
+
+    def __init__(self, *args, micro_batches: int = 1, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.micro_batches = micro_batches
+
+    def train_step(self, data):
+        import tensorflow as tf
+        from keras.src.losses.loss import unscale_loss_for_distribution
+
+        x, y = data[0], data[1]
+        size = tf.shape(x)[0]
+        weights = self.trainable_weights
+        total = None
+        for i in range(self.micro_batches):
+            start, end = (size * i) // self.micro_batches, (size * (i + 1)) // self.micro_batches
+            xs, ys = x[start:end], y[start:end]
+            share = tf.cast(end - start, tf.float32) / tf.cast(size, tf.float32)
+            with tf.GradientTape() as tape:
+                y_pred = self(xs, training=True)
+                loss = self._compute_loss(x=xs, y=ys, y_pred=y_pred, training=True)
+                self._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=end - start)
+                scaled = self.optimizer.scale_loss(loss * tf.cast(share, loss.dtype))
+            grads = tape.gradient(scaled, weights)
+            total = grads if total is None else [a + b for a, b in zip(total, grads)]
+            metrics = self.compute_metrics(xs, ys, y_pred)
+        self.optimizer.apply_gradients(zip(total, weights))
+        return metrics
+
+
+def build_model(
+    architecture: str, input_shape: tuple[int, int, int], num_classes: int, grad_accum: int = 1
+) -> keras.Model:
     """A fresh, uncompiled model under the current Keras dtype policy."""
     inputs = keras.Input(shape=input_shape, name="images")
     if architecture == "cnn":
@@ -33,7 +71,10 @@ def build_model(architecture: str, input_shape: tuple[int, int, int], num_classe
         raise TrainserveError(f"--model {architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
     logits = keras.layers.Dense(num_classes, name="logits")(x)
     outputs = keras.layers.Activation("softmax", dtype="float32", name="probabilities")(logits)
-    return keras.Model(inputs, outputs, name=f"trainserve_{architecture}")
+    name = f"trainserve_{architecture}"
+    if grad_accum > 1:
+        return GradientAccumulationModel(inputs, outputs, name=name, micro_batches=grad_accum)
+    return keras.Model(inputs, outputs, name=name)
 
 
 def float32_copy(model: keras.Model, architecture: str) -> keras.Model:

@@ -33,17 +33,25 @@ def numeric_versions(model_base: Path) -> list[int]:
     return sorted(int(p.name) for p in model_base.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def staging_dir(model_base: Path) -> Path:
-    """A fresh non-numeric directory inside `model_base`, named after this host and process."""
+def ensure_writable(model_base: Path) -> None:
+    """Create `model_base` and prove it takes files: checked before training, not after it."""
     try:
         model_base.mkdir(parents=True, exist_ok=True)
-        remove_stale_staging(model_base)
-        path = _staging_name(model_base)
-        path.mkdir()
+        probe = _staging_name(model_base)
+        probe.mkdir()
+        probe.rmdir()
     except OSError as exc:
         raise TrainserveError(
             f"cannot write to export directory {model_base} ({exc.strerror}): expected a writable directory"
         ) from None
+
+
+def staging_dir(model_base: Path) -> Path:
+    """A fresh non-numeric directory inside `model_base`, named after this host and process."""
+    ensure_writable(model_base)
+    remove_stale_staging(model_base)
+    path = _staging_name(model_base)
+    path.mkdir()
     return path
 
 

@@ -21,8 +21,8 @@ DEFAULT_SIGNATURE = "serving_default"
 
 def saved_model_proto(version_dir: Path):
     """The parsed `saved_model.pb`; a clear error when the directory is not a SavedModel."""
-    from tensorflow.core.protobuf import saved_model_pb2
     from google.protobuf.message import DecodeError
+    from tensorflow.core.protobuf import saved_model_pb2
 
     pb = Path(version_dir) / "saved_model.pb"
     if not pb.is_file():
@@ -54,9 +54,7 @@ def gpu_pinned_nodes(version_dir: Path) -> list[str]:
     pinned = [f"{n.name} ({n.device})" for n in graph.node if "GPU" in n.device.upper()]
     for function in graph.library.function:
         pinned += [
-            f"{function.signature.name}/{n.name} ({n.device})"
-            for n in function.node_def
-            if "GPU" in n.device.upper()
+            f"{function.signature.name}/{n.name} ({n.device})" for n in function.node_def if "GPU" in n.device.upper()
         ]
     return pinned
 

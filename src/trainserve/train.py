@@ -24,7 +24,7 @@ from trainserve.export import export_savedmodel, write_warmup_requests
 from trainserve.gate import FLOAT32_ATOL, MIXED_PRECISION_ATOL, run_gate, save_golden
 from trainserve.model import build_model, float32_copy
 from trainserve.plots import plot_training_curves
-from trainserve.publish import publish_or_discard, staging_dir
+from trainserve.publish import ensure_writable, publish_or_discard, staging_dir
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ def train(config: TrainConfig) -> TrainResult:
     config.check()
     started = time.time()
     dataset = load_dataset(config.data, config.synthetic, config.seed)
+    ensure_writable(config.export_base / config.model_name)  # fail now, not after training
     if len(dataset.x_train) == 0:
         raise TrainserveError(f"{config.data}: x_train is empty: expected training examples")
     log.info(
@@ -117,22 +118,26 @@ def train(config: TrainConfig) -> TrainResult:
         global_batch,
         config.batch_size,
         plan.replicas,
-        f"; gradients accumulated over {config.grad_accum} steps" if config.grad_accum > 1 else "",
+        f"; gradients accumulated over {config.grad_accum} micro-batches of it per update"
+        if config.grad_accum > 1
+        else "",
     )
 
     if config.data_dir is not None:
         shared = write_test_split(dataset, config.data_dir, config.model_name)
         log.info("held-out split written to %s", shared)
 
-    train_ds = make_input_pipeline(dataset.x_train, dataset.y_train, global_batch, config.seed, training=True)
+    # With accumulation each step takes K global batches and slices them inside the train step.
+    step_batch = global_batch * config.grad_accum
+    train_ds = make_input_pipeline(dataset.x_train, dataset.y_train, step_batch, config.seed, training=True)
     test_ds = make_input_pipeline(dataset.x_test, dataset.y_test, global_batch, config.seed, training=False)
     with strategy.scope():
-        model = build_model(config.model, dataset.input_shape, dataset.num_classes)
-        optimizer = keras.optimizers.Adam(
-            config.learning_rate,
-            gradient_accumulation_steps=config.grad_accum if config.grad_accum > 1 else None,
+        model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.grad_accum)
+        model.compile(
+            optimizer=keras.optimizers.Adam(config.learning_rate),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
         )
-        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
     config.logs_dir.mkdir(parents=True, exist_ok=True)
     history_csv = config.logs_dir / "history.csv"

@@ -1,0 +1,77 @@
+"""Every command's --help, flags from TRAINSERVE_* variables, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import assert_one_line_error, run_cli
+from trainserve.cli import build_parser, main
+
+COMMANDS = ["train", "verify"]
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"] if command else ["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: trainserve")
+    if command is None:
+        assert all(c in out for c in COMMANDS)
+
+
+def test_flags_come_from_environment(monkeypatch):
+    monkeypatch.setenv("TRAINSERVE_EPOCHS", "7")
+    monkeypatch.setenv("TRAINSERVE_MODEL_NAME", "fromenv")
+    args = build_parser().parse_args(["train"])
+    assert (args.epochs, args.model_name) == (7, "fromenv")
+    assert build_parser().parse_args(["train", "--epochs", "2"]).epochs == 2, "the flag wins over the variable"
+
+
+def test_bad_environment_value_names_the_variable(monkeypatch, capsys):
+    monkeypatch.setenv("TRAINSERVE_EPOCHS", "zero")
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["train"])
+    assert exit_.value.code == 2
+    assert "TRAINSERVE_EPOCHS='zero'" in capsys.readouterr().err
+
+
+def _bad_npz(tmp_path):
+    x = np.zeros((4, 8, 8), np.uint8)
+    np.savez(tmp_path / "nolabels.npz", x_train=x, y_train=np.zeros(4, np.int64), x_test=x)
+    return tmp_path / "nolabels.npz"
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        pytest.param(["train", "--data", "{tmp}/missing.npz"], "not found: expected an .npz", id="missing-npz"),
+        pytest.param(["train", "--data", "{bad}"], "lacks y_test", id="missing-key"),
+        pytest.param(["train", "--export-base", "{file}/models"], "cannot write to export directory", id="unwritable"),
+        pytest.param(["verify", "{tmp}"], "is not a SavedModel: expected saved_model.pb", id="verify-not-savedmodel"),
+        pytest.param(["verify", "{tmp}/nope"], "is not a directory", id="verify-missing"),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(args, fragment, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("x")
+    subs = {"tmp": str(tmp_path), "bad": str(_bad_npz(tmp_path)), "file": str(tmp_path / "file")}
+    code = main([a.format(**subs) for a in args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert "error:" in err[-1] and fragment in err[-1]
+    assert not (tmp_path / "models").exists(), "nothing half-written"
+
+
+def test_cli_process_error_has_no_traceback(tmp_path):
+    proc = run_cli("train", "--data", tmp_path / "missing.npz", cwd=tmp_path)
+    assert_one_line_error(proc, "missing.npz not found")
+    assert proc.returncode == 2
+
+
+def test_unknown_flag_is_rejected(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--epoch", "3x"])
+    assert exit_.value.code == 2
