@@ -19,6 +19,10 @@ from trainserve.errors import TrainserveError
 class EnvDefaults(argparse.ArgumentParser):
     """An ArgumentParser whose defaults come from TRAINSERVE_* environment variables when set."""
 
+    def error(self, message: str):
+        """One line, naming the problem (argparse's default adds the whole usage block)."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
     def add_argument(self, *names, **kwargs):
         action = super().add_argument(*names, **kwargs)
         env = f"TRAINSERVE_{action.dest.upper()}"
@@ -128,8 +132,28 @@ def run_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_serve_local_parser(commands) -> None:
+    from trainserve.serving_config import add_serve_local_arguments
+
+    p = commands.add_parser(
+        "serve-local",
+        help="serve published models over TF Serving's gRPC and REST APIs, without Docker",
+        description="An embedded stand-in for tensorflow_model_server: same flag names, version policies, "
+        "labels, warmup, status codes and response encoding. SIGTERM finishes in-flight requests, exits 0.",
+    )
+    add_serve_local_arguments(p)
+    p.set_defaults(func=run_serve_local)
+
+
+def run_serve_local(args: argparse.Namespace) -> int:
+    from trainserve.serve_local import serve
+    from trainserve.serving_config import options_from_args
+
+    return serve(options_from_args(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = EnvDefaults(
         prog="trainserve",
         description="Train a Keras model on GPUs, serve it on CPUs with TensorFlow Serving, and prove it works.",
     )
@@ -138,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=EnvDefaults)
     add_train_parser(commands)
     add_verify_parser(commands)
+    add_serve_local_parser(commands)
     return parser
 
 
@@ -149,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:  # TF's own INFO lines (restoring parameters, deprecations) are noise here
+        logging.getLogger("tensorflow").setLevel(logging.ERROR)
     try:
         return args.func(args)
     except TrainserveError as exc:

@@ -16,6 +16,12 @@ import numpy as np
 from trainserve.errors import TrainserveError
 
 SERVE_TAG = "serve"
+
+
+class UnknownSignature(TrainserveError):
+    """The SignatureDef a request names is not in the model."""
+
+
 DEFAULT_SIGNATURE = "serving_default"
 
 
@@ -122,7 +128,7 @@ class LoadedModel:
 
     def signature(self, name: str):
         if name not in self.signatures:
-            raise TrainserveError(
+            raise UnknownSignature(
                 f"signature {name!r} not found in {self.path}: expected one of {', '.join(sorted(self.signatures))}"
             )
         return self.signatures[name]

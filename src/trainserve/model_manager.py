@@ -1,0 +1,214 @@
+"""Which model versions are loaded, as TF Serving's file-system source and manager decide it.
+
+Per model: scan `base_path` for numeric version directories, pick the aspired ones by the version
+policy (`latest {n}`, `all`, `specific`), load new ones (replaying warmup) before unloading old ones,
+keep serving the old when a new one fails, and track each version's state for GetModelStatus.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainserve.errors import TrainserveError
+from trainserve.savedmodel import LoadedModel
+
+log = logging.getLogger(__name__)
+
+# tensorflow.serving.ModelVersionStatus.State
+START, LOADING, AVAILABLE, UNLOADING, END = "START", "LOADING", "AVAILABLE", "UNLOADING", "END"
+
+
+class NotFound(TrainserveError):
+    """Unknown model, version or label: gRPC NOT_FOUND, HTTP 404."""
+
+
+@dataclass
+class VersionState:
+    version: int
+    state: str = START
+    error_message: str = ""
+    model: LoadedModel | None = None
+
+    @property
+    def error_code(self) -> str:
+        return "UNKNOWN" if self.error_message else "OK"
+
+
+@dataclass
+class ServedModel:
+    """One configured model: where its versions are, which to serve, and their states."""
+
+    name: str
+    base_path: Path
+    policy: str = "latest"
+    num_versions: int = 1
+    specific: frozenset[int] = frozenset()
+    labels: dict[str, int] = field(default_factory=dict)
+    versions: dict[int, VersionState] = field(default_factory=dict)
+    failed_dirs: dict[int, float] = field(default_factory=dict)  # version -> mtime of the failed attempt
+    waiting_reason: str = ""  # logged once each time it changes
+
+    @classmethod
+    def from_proto(cls, config) -> ServedModel:
+        policy = config.model_version_policy
+        kind = policy.WhichOneof("policy_choice") or "latest"
+        return cls(
+            name=config.name,
+            base_path=Path(config.base_path),
+            policy=kind,
+            num_versions=(policy.latest.num_versions or 1) if kind == "latest" else 1,
+            specific=frozenset(policy.specific.versions) if kind == "specific" else frozenset(),
+            labels=dict(config.version_labels),
+        )
+
+    def on_disk(self) -> dict[int, float]:
+        """Numeric version directories and their mtimes; non-numeric ones are skipped, as TF Serving does."""
+        try:
+            return {int(p.name): p.stat().st_mtime for p in self.base_path.iterdir() if p.name.isdigit() and p.is_dir()}
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+
+    def aspired(self, on_disk: dict[int, float]) -> set[int]:
+        candidates = sorted(v for v, mtime in on_disk.items() if self.failed_dirs.get(v) != mtime)
+        if self.policy == "all":
+            return set(candidates)
+        if self.policy == "specific":
+            return set(candidates) & self.specific
+        return set(candidates[-self.num_versions :])
+
+    def available(self) -> dict[int, VersionState]:
+        return {v: s for v, s in self.versions.items() if s.state == AVAILABLE}
+
+    def resolve(self, version: int | None = None, label: str | None = None) -> VersionState:
+        """The version a request names (by number, label, or the newest available)."""
+        available = self.available()
+        if label:
+            if label not in self.labels:
+                raise NotFound(f"Unrecognized servable version label: {label}")
+            version = self.labels[label]
+        if version is None:
+            if not available:
+                raise NotFound(f"Servable not found for request: Latest({self.name})")
+            return available[max(available)]
+        if version not in available:
+            raise NotFound(f"Servable not found for request: Specific({self.name}, {version})")
+        return available[version]
+
+
+class ModelManager:
+    """All served models; `poll()` brings loaded versions in line with disk and config."""
+
+    def __init__(self, intra_op_threads: int = 0, inter_op_threads: int = 0, warmup: bool = True):
+        self.models: dict[str, ServedModel] = {}
+        self.intra_op_threads, self.inter_op_threads, self.warmup = intra_op_threads, inter_op_threads, warmup
+        self._lock = threading.RLock()
+
+    def configure(self, config) -> None:
+        """Apply a ModelServerConfig: add new models, update policies and labels, drop removed models."""
+        wanted = {c.name: ServedModel.from_proto(c) for c in config.model_config_list.config}
+        with self._lock:
+            for name in set(self.models) - set(wanted):
+                log.info("model %s removed from the config: unloading", name)
+                for state in self.models.pop(name).versions.values():
+                    self._unload(name, state)
+            for name, fresh in wanted.items():
+                current = self.models.get(name)
+                if current is None:
+                    log.info("model %s: serving versions from %s (policy %s)", name, fresh.base_path, fresh.policy)
+                    self.models[name] = fresh
+                else:
+                    fresh.versions, fresh.failed_dirs = current.versions, current.failed_dirs
+                    fresh.waiting_reason = current.waiting_reason
+                    self.models[name] = fresh
+
+    def get(self, name: str) -> ServedModel:
+        model = self.models.get(name)
+        if model is None:
+            raise NotFound(f"Servable not found for request: Latest({name})")
+        return model
+
+    def poll(self) -> None:
+        for model in list(self.models.values()):
+            self._poll_model(model)
+
+    def _poll_model(self, model: ServedModel) -> None:
+        on_disk = model.on_disk()
+        reason = ""
+        if not model.base_path.is_dir():
+            reason = f"base path {model.base_path} does not exist yet; polling again"
+        elif not on_disk:
+            reason = f"no version published yet under {model.base_path}; waiting for a numeric version directory"
+        if reason and reason != model.waiting_reason:
+            log.warning("model %s: %s", model.name, reason)
+        model.waiting_reason = reason
+        aspired = model.aspired(on_disk)
+        for version in sorted(aspired - set(model.available())):
+            self._load(model, version, on_disk[version])
+        # Availability preserving: unload only once what replaces it is AVAILABLE (or the dir is gone).
+        loaded_aspired = set(model.available()) & aspired
+        for version, state in list(model.available().items()):
+            if version not in aspired and (loaded_aspired or version not in on_disk):
+                self._unload(model.name, state)
+
+    def _load(self, model: ServedModel, version: int, mtime: float) -> None:
+        state = VersionState(version, LOADING)
+        with self._lock:
+            model.versions[version] = state
+        log.info("model %s version %d: LOADING", model.name, version)
+        started = time.perf_counter()
+        try:
+            loaded = LoadedModel(model.base_path / str(version), self.intra_op_threads, self.inter_op_threads)
+            replayed = self._replay_warmup(loaded) if self.warmup else 0
+        except Exception as exc:  # any failure is a failed load, reported in the status, never fatal
+            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            state.state, state.error_message = END, message
+            model.failed_dirs[version] = mtime
+            log.error("model %s version %d: load failed, END: %s", model.name, version, message)
+            return
+        state.model, state.state = loaded, AVAILABLE
+        log.info(
+            "model %s version %d: AVAILABLE (%.2f s, %d warmup request(s))",
+            model.name,
+            version,
+            time.perf_counter() - started,
+            replayed,
+        )
+
+    def _replay_warmup(self, loaded: LoadedModel) -> int:
+        """Replay assets.extra/tf_serving_warmup_requests; any failing record fails the load."""
+        from trainserve.export import read_warmup_inputs
+
+        requests = read_warmup_inputs(loaded.path)
+        for index, (signature, inputs) in enumerate(requests):
+            try:
+                loaded.run(signature, inputs)
+            except TrainserveError as exc:
+                raise TrainserveError(f"warmup record {index} failed: {exc}") from None
+        return len(requests)
+
+    def _unload(self, name: str, state: VersionState) -> None:
+        # Requests already running hold their own reference; the session closes when the last one ends.
+        log.info("model %s version %d: UNLOADING", name, state.version)
+        state.state = UNLOADING
+        state.model = None
+        state.state = END
+        log.info("model %s version %d: END", name, state.version)
+
+    def wait_until_available(self, poll_seconds: float, stop: threading.Event) -> bool:
+        """Block (polling) until every model has a version AVAILABLE, as TF Serving does at start."""
+        while not stop.is_set():
+            self.poll()
+            if all(m.available() for m in self.models.values()):
+                return True
+            stop.wait(poll_seconds)
+        return False
+
+    def close(self) -> None:
+        with self._lock:
+            for model in self.models.values():
+                for state in model.available().values():
+                    self._unload(model.name, state)
