@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -37,18 +43,124 @@ def assert_one_line_error(proc, *fragments: str) -> str:
     return line
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeLocal:
+    """A real `trainserve serve-local` subprocess on ephemeral ports."""
+
+    def __init__(self, *flags: str, log_path: Path):
+        self.port, self.rest_port = free_port(), free_port()
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115  (open as long as the server runs; closed in stop())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainserve", "serve-local", f"--port={self.port}",
+             f"--rest_api_port={self.rest_port}", "--file_system_poll_wait_seconds=1", *flags],
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )  # fmt: skip
+        self.target = f"127.0.0.1:{self.port}"
+        self.rest = f"http://127.0.0.1:{self.rest_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def get(self, path: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(self.rest + path, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    def post(self, path: str, body: dict) -> tuple[int, dict]:
+        request = urllib.request.Request(self.rest + path, json.dumps(body).encode(), method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    def wait_for(self, predicate, what: str, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"serve-local exited ({self.proc.returncode}):\n{self.log()}"
+            try:
+                if predicate():
+                    return
+            except (OSError, urllib.error.URLError, ValueError):
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.log()}")
+
+    def versions(self, model: str) -> dict[int, str]:
+        status, body = self.get(f"/v1/models/{model}")
+        return {int(v["version"]): v["state"] for v in body.get("model_version_status", [])} if status == 200 else {}
+
+    def wait_available(self, model: str, version: int, timeout: float = 90) -> None:
+        self.wait_for(lambda: self.versions(model).get(version) == "AVAILABLE", f"{model} v{version}", timeout)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def serve_local(tmp_path):
+    """Start serve-local processes with given flags; every one is stopped (SIGTERM) at teardown."""
+    servers = []
+
+    def start(*flags: str) -> ServeLocal:
+        server = ServeLocal(*flags, log_path=tmp_path / f"serve-local-{len(servers)}.log")
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
-def tiny_savedmodel(tmp_path_factory) -> Path:
-    """A real trainserve-style export of an untrained 8x8x1 CNN, with warmup requests (made in-process)."""
+def model_versions(tmp_path_factory) -> list[Path]:
+    """Three exports of the same 8x8x1 CNN with different weights: distinct answers per version."""
     import keras
 
     from trainserve.export import export_savedmodel, write_warmup_requests
     from trainserve.model import build_model
 
-    keras.utils.set_random_seed(0)
-    path = tmp_path_factory.mktemp("tiny") / "template"
-    model = build_model("cnn", (8, 8, 1), 10)
-    export_savedmodel(model, path, (8, 8, 1))
+    root = tmp_path_factory.mktemp("versions")
     images = np.random.default_rng(0).integers(0, 256, (8, 8, 8, 1), dtype=np.uint8)
-    write_warmup_requests(path, "tiny", images)
-    return path
+    paths = []
+    for seed in range(3):
+        keras.utils.set_random_seed(seed)
+        path = root / f"seed{seed}"
+        export_savedmodel(build_model("cnn", (8, 8, 1), 10), path, (8, 8, 1))
+        write_warmup_requests(path, "m", images)
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def tiny_savedmodel(model_versions) -> Path:
+    """A real trainserve-style export (untrained 8x8x1 CNN) with warmup requests."""
+    return model_versions[0]
+
+
+def install_version(template: Path, model_base: Path, version: int) -> Path:
+    """Place a SavedModel as `model_base/<version>` atomically (staged copy, one rename)."""
+    import shutil
+
+    model_base.mkdir(parents=True, exist_ok=True)
+    staged = model_base / f".tmp-install-{version}"
+    shutil.copytree(template, staged)
+    target = model_base / str(version)
+    os.rename(staged, target)
+    return target
