@@ -152,6 +152,63 @@ def run_serve_local(args: argparse.Namespace) -> int:
     return serve(options_from_args(args))
 
 
+def add_eval_parser(commands) -> None:
+    p = commands.add_parser(
+        "eval",
+        help="evaluate a served model over gRPC: accuracy, loss, latency, throughput",
+        description="Batched gRPC evaluation against TF Serving or serve-local. Exit 1 below --min-accuracy.",
+    )
+    p.add_argument("--server", default="localhost:8500", help="gRPC HOST:PORT")
+    p.add_argument("--model", default="digits", help="model name")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--version", type=positive_int, help="evaluate this version (default: newest)")
+    which.add_argument("--label", help="evaluate the version behind this label")
+    p.add_argument("--signature", default="serving_default", help="SignatureDef to call")
+    p.add_argument("--data", default="digits", help="digits | synthetic | FILE.npz with x_test, y_test")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="examples per request")
+    p.add_argument("--concurrency", type=positive_int, default=4, help="requests in flight")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per request attempt")
+    p.add_argument("--retries", type=int, default=5, help="retries of UNAVAILABLE/DEADLINE_EXCEEDED/RESOURCE_EXHAUSTED")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the model to be AVAILABLE")
+    p.add_argument("--limit", type=positive_int, help="evaluate only the first N examples")
+    p.add_argument("--top-k", type=positive_int, default=5, help="k of the top-k accuracy")
+    p.add_argument("--report", type=Path, help="write the JSON report here")
+    p.add_argument("--plots", type=Path, help="write confusion_matrix.png and latency_histogram.png here")
+    p.add_argument("--min-accuracy", type=float, help="exit 1 when accuracy is below this")
+    p.add_argument("--tls-ca", type=Path, help="PEM root certificate for a TLS server")
+    p.add_argument("--compare-local", type=Path, help="also run this SavedModel version dir in-process on CPU")
+    p.add_argument("--synthetic-shape", type=shape, default=(28, 28, 1), help="H,W,C of --data synthetic")
+    p.add_argument("--synthetic-classes", type=positive_int, default=10, help="classes of --data synthetic")
+    p.add_argument("--synthetic-size", type=positive_int, default=10000, help="examples of --data synthetic")
+    p.set_defaults(func=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from trainserve.data import SyntheticSpec
+    from trainserve.evaluate import EvalConfig, evaluate
+    from trainserve.report import summary_table, write_plots, write_report
+
+    config = EvalConfig(
+        **{k: getattr(args, k) for k in EvalConfig.__dataclass_fields__ if k != "synthetic"},
+        synthetic=SyntheticSpec(args.synthetic_shape, args.synthetic_classes, args.synthetic_size),
+    )
+    result = evaluate(config)
+    print(summary_table(result.report))
+    if config.report:
+        print(f"report: {write_report(result.report, config.report)}")
+    if config.plots:
+        for path in write_plots(result.report, result.latencies_ms, config.plots):
+            print(f"plot: {path}")
+    if not result.passed:
+        print(
+            f"trainserve eval: accuracy {result.report['metrics']['accuracy']:.4f} is below "
+            f"--min-accuracy {config.min_accuracy}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = EnvDefaults(
         prog="trainserve",
@@ -163,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(commands)
     add_verify_parser(commands)
     add_serve_local_parser(commands)
+    add_eval_parser(commands)
     return parser
 
 

@@ -34,3 +34,46 @@ def plot_training_curves(history_csv: Path, out: Path) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def plot_confusion_matrix(confusion, labels: list[str], out: Path, title: str) -> Path:
+    """Heatmap of counts, truth down the side, prediction along the top; counts written in each cell."""
+    plt = _pyplot()
+    k = len(confusion)
+    size = min(12, 3 + 0.5 * k)
+    fig, ax = plt.subplots(figsize=(size, size))
+    image = ax.imshow(confusion, cmap="Blues")
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    if k <= 30:
+        ax.set_xticks(range(k), labels, rotation=90 if max(map(len, labels)) > 3 else 0)
+        ax.set_yticks(range(k), labels)
+        peak = confusion.max() or 1
+        for i in range(k):
+            for j in range(k):
+                if confusion[i, j]:
+                    color = "white" if confusion[i, j] > peak / 2 else "black"
+                    ax.text(j, i, str(confusion[i, j]), ha="center", va="center", fontsize=8, color=color)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_latency_histogram(latencies_ms: list[float], summary: dict, out: Path) -> Path:
+    """Per-request latency distribution with p50/p90/p99 marked."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.hist(latencies_ms or [0.0], bins=min(50, max(5, len(latencies_ms) // 4)), color="tab:blue", alpha=0.8)
+    for name, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
+        ax.axvline(summary[name], color="tab:red", linestyle=style, label=f"{name} {summary[name]:.1f} ms")
+    ax.set_xlabel("latency per request (ms)")
+    ax.set_ylabel("requests")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
