@@ -196,7 +196,12 @@ def _status(exc: grpc.RpcError) -> str:
 def _failed(exc: grpc.RpcError, target: Target, version: int | None, attempt: int, timeout: float) -> RequestFailed:
     asked = target.describe() if version is None else f"model {target.model!r} version {version}"
     if exc.code() == grpc.StatusCode.NOT_FOUND:
-        return RequestFailed(f"{asked} not found: {exc.details()}", exc.code())
+        unloaded = (
+            " (it was unloaded mid-run: serve with latest { num_versions: 2 } so a pinned evaluation can finish)"
+            if version is not None and target.version is None
+            else ""
+        )
+        return RequestFailed(f"{asked} not found: {exc.details()}{unloaded}", exc.code())
     if exc.code() in RETRYABLE:
         hint = f" (is --timeout {timeout:g} s long enough?)" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else ""
         return RequestFailed(f"Predict on {asked} failed after {attempt} retries: {_status(exc)}{hint}", exc.code())

@@ -1,0 +1,222 @@
+"""`trainserve eval` against a real serve-local subprocess over real gRPC."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ServeLocal, assert_one_line_error, install_version, run_cli
+from trainserve.cli import main
+from trainserve.data import SyntheticSpec, load_dataset
+from trainserve.evaldata import open_eval_data
+from trainserve.evaluate import EvalConfig, evaluate
+from trainserve.report import validate_report
+from trainserve.savedmodel import LoadedModel
+from trainserve.tensors import from_tensor_proto, to_tensor_proto
+
+pytestmark = pytest.mark.slow
+MONITORING = "prometheus_config { enable: true }\n"
+LONG_RUN = {"data": "synthetic", "synthetic": SyntheticSpec((8, 8, 1), 10, 40000), "batch_size": 16, "concurrency": 2}
+
+
+@pytest.fixture(scope="module")
+def served(model_versions, tmp_path_factory):
+    """serve-local with model m (v1) and Prometheus request counters on the REST port."""
+    root = tmp_path_factory.mktemp("eval")
+    install_version(model_versions[0], root / "m", 1)
+    (root / "monitoring.config").write_text(MONITORING)
+    server = ServeLocal(
+        "--model_name=m", f"--model_base_path={root / 'm'}", f"--monitoring_config_file={root / 'monitoring.config'}",
+        log_path=root / "server.log",
+    )  # fmt: skip
+    server.wait_available("m", 1)
+    yield server
+    assert server.stop() == 0
+
+
+def predict_count(server) -> int:
+    import urllib.request
+
+    text = urllib.request.urlopen(server.rest + "/monitoring/prometheus/metrics", timeout=10).read().decode()
+    return sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if 'api="predict"' in line)
+
+
+def test_metrics_equal_in_process_computation(served, model_versions, tmp_path):
+    config = EvalConfig(server=served.target, model="m", data="digits", batch_size=50, report=tmp_path / "r.json")
+    report = evaluate(config).report
+    ds = load_dataset("digits")
+    out = LoadedModel(model_versions[0]).run("serving_default", {"images": ds.x_test})
+    confusion = np.zeros((10, 10), np.int64)
+    np.add.at(confusion, (ds.y_test, out["classes"]), 1)
+    assert report["data"]["examples"] == len(ds.y_test) == 360
+    assert report["metrics"]["confusion_matrix"] == confusion.tolist()
+    assert report["metrics"]["accuracy"] == pytest.approx(np.mean(out["classes"] == ds.y_test))
+    p = out["probabilities"][np.arange(360), ds.y_test]
+    assert report["metrics"]["loss"] == pytest.approx(-np.mean(np.log(np.clip(p, 1e-7, 1))), rel=1e-5)
+    top5 = np.argsort(-out["probabilities"], axis=1)[:, :5]
+    assert report["metrics"]["top_k_accuracy"] == pytest.approx(np.mean((top5 == ds.y_test[:, None]).any(1)))
+    assert report["version"] == 1 and report["performance"]["requests"] == 8  # ceil(360 / 50)
+    validate_report(report)
+
+
+def test_cli_writes_valid_report_and_plots_and_gates(served, model_versions, tmp_path, capsys):
+    code = main([
+        "eval", "--server", served.target, "--model", "m", "--data", "digits", "--report", str(tmp_path / "r.json"),
+        "--plots", str(tmp_path / "plots"), "--compare-local", str(model_versions[0]), "--min-accuracy", "0.99",
+    ])  # fmt: skip
+    out = capsys.readouterr()
+    assert code == 1, "an untrained model is below 0.99: the gate fails"
+    assert "is below --min-accuracy 0.99" in out.err.strip().splitlines()[-1]
+    assert "accuracy" in out.out and "gate" in out.out and "FAIL" in out.out
+    report = json.loads((tmp_path / "r.json").read_text())
+    validate_report(report)
+    assert report["passed"] is False and report["min_accuracy"] == 0.99
+    assert report["compare_local"]["max_abs_diff"] <= 1e-6 and report["compare_local"]["class_agreement"] == 1.0
+    import matplotlib.image
+
+    for name in ("confusion_matrix.png", "latency_histogram.png"):
+        path = tmp_path / "plots" / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert matplotlib.image.imread(path).shape[0] > 100
+
+
+def test_schema_rejects_a_broken_report(served):
+    import jsonschema
+
+    report = evaluate(EvalConfig(server=served.target, model="m", data="digits", limit=10)).report
+    validate_report(report)
+    report["metrics"]["accuracy"] = 1.5
+    with pytest.raises(jsonschema.ValidationError):
+        validate_report(report)
+
+
+def test_float_val_and_tensor_content_decode_to_the_same_numbers(model_versions):
+    images = load_dataset("digits").x_test[:16]
+    outputs = LoadedModel(model_versions[0]).run("serving_default", {"images": images})
+    for value in outputs.values():
+        as_values, as_bytes = to_tensor_proto(value, as_values=True), to_tensor_proto(value)
+        assert as_values.HasField("tensor_shape") and not as_values.tensor_content and as_bytes.tensor_content
+        np.testing.assert_array_equal(from_tensor_proto(as_values), from_tensor_proto(as_bytes))
+        np.testing.assert_array_equal(from_tensor_proto(as_values), value)
+
+
+def test_server_killed_and_restarted_mid_run_loses_nothing(model_versions, tmp_path):
+    install_version(model_versions[0], tmp_path / "m", 1)
+    flags = ("--model_name=m", f"--model_base_path={tmp_path / 'm'}")
+    server = ServeLocal(*flags, log_path=tmp_path / "a.log")
+    server.wait_available("m", 1)
+    baseline = evaluate(EvalConfig(server=server.target, model="m", **LONG_RUN, limit=16000)).report
+    result, errors = {}, []
+
+    def run():
+        try:
+            result["report"] = evaluate(EvalConfig(server=server.target, model="m", **LONG_RUN, limit=16000)).report
+        except Exception as exc:  # the assertion below shows it
+            errors.append(exc)
+
+    # A slower copy of the same run: small batches, one at a time, long enough to be killed in the middle.
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(0.6)
+    assert worker.is_alive(), "still evaluating when the server dies"
+    server.proc.kill()
+    server.proc.wait()
+    restarted = ServeLocal(*flags, f"--port={server.port}", log_path=tmp_path / "b.log")
+    worker.join(timeout=120)
+    try:
+        assert not errors, errors
+        report = result["report"]
+        assert report["data"]["examples"] == 16000 == baseline["data"]["examples"]
+        assert report["metrics"]["confusion_matrix"] == baseline["metrics"]["confusion_matrix"]
+        assert report["metrics"]["loss"] == pytest.approx(baseline["metrics"]["loss"], rel=1e-9)
+        assert report["performance"]["retries"] >= 1, "the outage was crossed by retrying"
+    finally:
+        restarted.stop()
+
+
+def test_version_published_mid_run_does_not_mix_versions(model_versions, tmp_path):
+    install_version(model_versions[0], tmp_path / "m", 1)
+    config = tmp_path / "models.config"
+    config.write_text(
+        f'model_config_list {{ config {{ name: "m" base_path: "{tmp_path / "m"}" model_platform: "tensorflow" '
+        "model_version_policy { latest { num_versions: 2 } } } }"
+    )
+    server = ServeLocal(f"--model_config_file={config}", log_path=tmp_path / "s.log")
+    server.wait_available("m", 1)
+    result = {}
+    worker = threading.Thread(
+        target=lambda: result.update(report=evaluate(EvalConfig(server=server.target, model="m", **LONG_RUN)).report)
+    )
+    worker.start()
+    try:
+        install_version(model_versions[1], tmp_path / "m", 2)
+        server.wait_available("m", 2)
+        assert worker.is_alive(), "version 2 arrived while the evaluation was running"
+        worker.join(timeout=180)
+        report = result["report"]
+        assert report["version"] == 1 and report["performance"]["failed_requests"] == 0
+        assert report["data"]["examples"] == 40000 and sum(map(sum, report["metrics"]["confusion_matrix"])) == 40000
+    finally:
+        assert server.stop() == 0
+
+
+def _npz(tmp_path, name, **arrays):
+    path = tmp_path / f"{name}.npz"
+    np.savez(path, **arrays)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        pytest.param(["--model", "nope"], "model 'nope' not found on", id="unknown-model"),
+        pytest.param(["--signature", "predict"], "signature 'predict' not found", id="unknown-signature"),
+        pytest.param(["--data", "{shape}"], "shaped uint8 [None, 8, 8, 1]; the data's images are [9, 9, 1]",
+                     id="wrong-shape"),
+        pytest.param(["--data", "{dtype}"], "expected uint8", id="wrong-dtype"),
+        pytest.param(["--data", "{labels}"], "the data has label 12 but", id="too-many-classes"),
+        pytest.param(["--data", "{tmp}/none.npz"], "not found: expected digits, synthetic or an .npz", id="no-file"),
+        pytest.param(["--version", "9", "--wait", "1"], "version 9 not AVAILABLE", id="unknown-version"),
+    ],
+)  # fmt: skip
+def test_bad_requests_fail_before_any_predict(served, tmp_path, capsys, args, fragment):
+    subs = {
+        "tmp": tmp_path,
+        "shape": _npz(tmp_path, "shape", x_test=np.zeros((4, 9, 9), np.uint8), y_test=np.zeros(4, np.int64)),
+        "dtype": _npz(tmp_path, "dtype", x_test=np.zeros((4, 8, 8), np.float32), y_test=np.zeros(4, np.int64)),
+        "labels": _npz(tmp_path, "labels", x_test=np.zeros((4, 8, 8), np.uint8), y_test=np.array([0, 1, 2, 12])),
+    }
+    before = predict_count(served)
+    code = main(["eval", "--server", served.target, "--model", "m", *[a.format(**subs) for a in args]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "error:" in err[-1] and fragment in err[-1], err[-1]
+    assert predict_count(served) == before, "no Predict was sent"
+
+
+def test_unreachable_server_and_impossible_deadline(served, tmp_path):
+    from conftest import free_port
+
+    proc = run_cli("eval", "--server", f"127.0.0.1:{free_port()}", "--model", "m", "--wait", "1", cwd=tmp_path)
+    assert_one_line_error(proc, "not AVAILABLE on 127.0.0.1:", "within --wait 1 s")
+    proc = run_cli(
+        "eval", "--server", served.target, "--model", "m", "--timeout", "0.00001", "--retries", "2", "--wait", "30",
+        cwd=tmp_path, env={"TRAINSERVE_DATA": "digits"},
+    )  # fmt: skip
+    assert_one_line_error(proc, "DEADLINE_EXCEEDED", "is --timeout 1e-05 s long enough?")
+
+
+def test_npz_is_streamed_not_loaded(tmp_path):
+    x = np.random.default_rng(0).integers(0, 256, (1000, 8, 8), dtype=np.uint8)
+    y = np.arange(1000) % 10
+    path = tmp_path / "big.npz"
+    np.savez_compressed(path, x_test=x, y_test=y)
+    data = open_eval_data(str(path), limit=999)
+    assert data.shape == (8, 8, 1) and data.count == 999
+    batches = list(data.batches(256))
+    assert [len(b[1]) for b in batches] == [256, 256, 256, 231]
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in batches])[:, :, :, 0], x[:999])
+    np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), y[:999])
