@@ -11,6 +11,8 @@ TF_VERSION ?= $(shell sed -n 's/.*"tensorflow-cpu==\([0-9.]*\)".*/\1/p' pyprojec
 MODEL_NAME ?= digits
 DEMO_DIR ?= demo
 DEMO_EPOCHS ?= 15
+GRPC_PORT ?= 8500
+REST_PORT ?= 8501
 PYTEST_ARGS ?=
 
 ##@ Getting started
@@ -35,10 +37,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 .PHONY: demo
-demo: venv ## Whole pipeline on the bundled digits data, no Docker or GPU needed
-	$(BIN)/trainserve train --model-name $(MODEL_NAME) --epochs $(DEMO_EPOCHS) \
-		--export-base $(DEMO_DIR)/models --data-dir $(DEMO_DIR)/data --logs-dir $(DEMO_DIR)/logs
-	@echo "demo: versions in $(DEMO_DIR)/models/$(MODEL_NAME), held-out data in $(DEMO_DIR)/data, logs in $(DEMO_DIR)/logs"
+demo: venv ## Whole pipeline on bundled data: train, publish, serve-local, eval (no Docker, no GPU)
+	BIN=$(BIN) DEMO_DIR=$(DEMO_DIR) MODEL_NAME=$(MODEL_NAME) DEMO_EPOCHS=$(DEMO_EPOCHS) \
+		GRPC_PORT=$(GRPC_PORT) REST_PORT=$(REST_PORT) scripts/demo.sh
 
 ##@ Development
 
@@ -54,6 +55,7 @@ lint: venv ## ruff check and format check
 .PHONY: bench
 bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/train_input.py
+	$(BIN)/python bench/eval_throughput.py
 
 .PHONY: clean
 clean: ## Remove demo output and caches (keeps .venv)

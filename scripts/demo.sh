@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# `make demo`: the whole pipeline on this machine, no Docker and no GPU:
+# train -> CPU gate -> publish version -> serve-local (TF Serving's APIs) -> batched gRPC eval -> report.
+set -euo pipefail
+
+BIN=${BIN:-.venv/bin}
+DIR=${DEMO_DIR:-demo}
+MODEL=${MODEL_NAME:-digits}
+EPOCHS=${DEMO_EPOCHS:-15}
+GRPC_PORT=${GRPC_PORT:-8500}
+REST_PORT=${REST_PORT:-8501}
+
+"$BIN/trainserve" train --model-name "$MODEL" --epochs "$EPOCHS" \
+  --export-base "$DIR/models" --data-dir "$DIR/data" --logs-dir "$DIR/logs"
+
+mkdir -p "$DIR/reports"
+"$BIN/trainserve" serve-local --port="$GRPC_PORT" --rest_api_port="$REST_PORT" \
+  --model_name="$MODEL" --model_base_path="$PWD/$DIR/models/$MODEL" >"$DIR/serve-local.log" 2>&1 &
+server=$!
+stop_server() {
+  kill -TERM "$server" 2>/dev/null || true
+  wait "$server" 2>/dev/null || true
+}
+trap stop_server EXIT
+
+if ! "$BIN/trainserve" eval --server "localhost:$GRPC_PORT" --model "$MODEL" --data "$DIR/data/$MODEL/test.npz" \
+  --report "$DIR/reports/eval.json" --plots "$DIR/reports" --min-accuracy 0.9 --wait 120; then
+  echo "demo: eval failed; the last lines of $DIR/serve-local.log:" >&2
+  tail -n 5 "$DIR/serve-local.log" >&2
+  exit 1
+fi
+echo
+echo "demo: model $MODEL served from $DIR/models/$MODEL; REST status: curl localhost:$REST_PORT/v1/models/$MODEL"
+echo "demo: training logs in $DIR/logs, eval report and plots in $DIR/reports, server log $DIR/serve-local.log"
