@@ -104,10 +104,10 @@ def test_float_val_and_tensor_content_decode_to_the_same_numbers(model_versions)
         np.testing.assert_array_equal(from_tensor_proto(as_values), value)
 
 
-def test_server_killed_and_restarted_mid_run_loses_nothing(model_versions, tmp_path):
+def test_server_killed_and_restarted_mid_run_loses_nothing(serve_local, model_versions, tmp_path):
     install_version(model_versions[0], tmp_path / "m", 1)
     flags = ("--model_name=m", f"--model_base_path={tmp_path / 'm'}")
-    server = ServeLocal(*flags, log_path=tmp_path / "a.log")
+    server = serve_local(*flags)
     server.wait_available("m", 1)
     baseline = evaluate(EvalConfig(server=server.target, model="m", **LONG_RUN, limit=16000)).report
     result, errors = {}, []
@@ -125,43 +125,37 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(model_versions, tmp_p
     assert worker.is_alive(), "still evaluating when the server dies"
     server.proc.kill()
     server.proc.wait()
-    restarted = ServeLocal(*flags, f"--port={server.port}", log_path=tmp_path / "b.log")
+    serve_local(*flags, f"--port={server.port}")  # same gRPC port, new process
     worker.join(timeout=120)
-    try:
-        assert not errors, errors
-        report = result["report"]
-        assert report["data"]["examples"] == 16000 == baseline["data"]["examples"]
-        assert report["metrics"]["confusion_matrix"] == baseline["metrics"]["confusion_matrix"]
-        assert report["metrics"]["loss"] == pytest.approx(baseline["metrics"]["loss"], rel=1e-9)
-        assert report["performance"]["retries"] >= 1, "the outage was crossed by retrying"
-    finally:
-        restarted.stop()
+    assert not errors, errors
+    report = result["report"]
+    assert report["data"]["examples"] == 16000 == baseline["data"]["examples"]
+    assert report["metrics"]["confusion_matrix"] == baseline["metrics"]["confusion_matrix"]
+    assert report["metrics"]["loss"] == pytest.approx(baseline["metrics"]["loss"], rel=1e-9)
+    assert report["performance"]["retries"] >= 1, "the outage was crossed by retrying"
 
 
-def test_version_published_mid_run_does_not_mix_versions(model_versions, tmp_path):
+def test_version_published_mid_run_does_not_mix_versions(serve_local, model_versions, tmp_path):
     install_version(model_versions[0], tmp_path / "m", 1)
     config = tmp_path / "models.config"
     config.write_text(
         f'model_config_list {{ config {{ name: "m" base_path: "{tmp_path / "m"}" model_platform: "tensorflow" '
         "model_version_policy { latest { num_versions: 2 } } } }"
     )
-    server = ServeLocal(f"--model_config_file={config}", log_path=tmp_path / "s.log")
+    server = serve_local(f"--model_config_file={config}")
     server.wait_available("m", 1)
     result = {}
     worker = threading.Thread(
         target=lambda: result.update(report=evaluate(EvalConfig(server=server.target, model="m", **LONG_RUN)).report)
     )
     worker.start()
-    try:
-        install_version(model_versions[1], tmp_path / "m", 2)
-        server.wait_available("m", 2)
-        assert worker.is_alive(), "version 2 arrived while the evaluation was running"
-        worker.join(timeout=180)
-        report = result["report"]
-        assert report["version"] == 1 and report["performance"]["failed_requests"] == 0
-        assert report["data"]["examples"] == 40000 and sum(map(sum, report["metrics"]["confusion_matrix"])) == 40000
-    finally:
-        assert server.stop() == 0
+    install_version(model_versions[1], tmp_path / "m", 2)
+    server.wait_available("m", 2)
+    assert worker.is_alive(), "version 2 arrived while the evaluation was running"
+    worker.join(timeout=180)
+    report = result["report"]
+    assert report["version"] == 1 and report["performance"]["failed_requests"] == 0
+    assert report["data"]["examples"] == 40000 and sum(map(sum, report["metrics"]["confusion_matrix"])) == 40000
 
 
 def _npz(tmp_path, name, **arrays):
