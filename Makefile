@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 TF_VERSION ?= $(shell sed -n 's/.*"tensorflow-cpu==\([0-9.]*\)".*/\1/p' pyproject.toml)
 MODEL_NAME ?= digits
 DEMO_DIR ?= demo
-DEMO_EPOCHS ?= 15
+DEMO_EPOCHS ?= 20
 GRPC_PORT ?= 8500
 REST_PORT ?= 8501
 PYTEST_ARGS ?=
@@ -41,6 +41,50 @@ demo: venv ## Whole pipeline on bundled data: train, publish, serve-local, eval 
 	BIN=$(BIN) DEMO_DIR=$(DEMO_DIR) MODEL_NAME=$(MODEL_NAME) DEMO_EPOCHS=$(DEMO_EPOCHS) \
 		GRPC_PORT=$(GRPC_PORT) REST_PORT=$(REST_PORT) scripts/demo.sh
 
+##@ Containers (Docker; GPU training needs the NVIDIA container toolkit)
+
+COMPOSE ?= docker compose
+REGISTRY ?=
+
+.PHONY: images
+images: ## Build the train-gpu, serve-cpu and eval images (official base images)
+	$(COMPOSE) --profile train --profile eval build
+
+.PHONY: train-gpu
+train-gpu: ## Train on the GPUs in a container and publish a version to the `models` volume
+	@docker info --format '{{json .Runtimes}}' | grep -q nvidia || { \
+		echo "make train-gpu: this Docker engine has no NVIDIA runtime (install the NVIDIA container toolkit)," \
+		"or train on the CPU instead: make train-cpu" >&2; exit 1; }
+	$(COMPOSE) --profile train run --rm train-gpu
+
+.PHONY: train-cpu
+train-cpu: ## The same training without a GPU
+	$(COMPOSE) --profile train run --rm train-cpu
+
+.PHONY: serve
+serve: ## Start serve-cpu (TF Serving) in the background; gRPC 127.0.0.1:8500, REST 127.0.0.1:8501
+	$(COMPOSE) up -d serve-cpu
+
+.PHONY: eval
+eval: ## Evaluate the served model over gRPC; report in the `reports` volume
+	$(COMPOSE) --profile eval run --rm eval
+
+.PHONY: push
+push: ## Tag and push the three images to REGISTRY (make push REGISTRY=registry.example.com/team)
+	@test -n "$(REGISTRY)" || { echo "make push: set REGISTRY=host/path" >&2; exit 1; }
+	for image in train-gpu serve-cpu eval; do \
+		docker tag trainserve/$$image:$(TF_VERSION) $(REGISTRY)/trainserve-$$image:$(TF_VERSION); \
+		docker push $(REGISTRY)/trainserve-$$image:$(TF_VERSION); \
+	done
+
+.PHONY: standins
+standins: ## Build the local STAND-IN base images the e2e tests use (no registry needed; tests only)
+	TF_VERSION=$(TF_VERSION) scripts/standins/build.sh
+
+.PHONY: e2e
+e2e: venv ## End-to-end on a real Docker engine with stand-in bases: train -> serve -> eval -> v2
+	$(BIN)/python -m pytest tests/test_e2e_docker.py $(PYTEST_ARGS)
+
 ##@ Development
 
 .PHONY: test
@@ -48,9 +92,13 @@ test: venv ## Run the whole test suite (unit, integration with real TensorFlow)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: venv ## ruff check and format check
+lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profile
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
+	$(BIN)/hadolint images/*/Dockerfile scripts/standins/*.Dockerfile
+	$(BIN)/yamllint compose.yaml .yamllint.yaml
+	$(BIN)/docker-compose config --quiet
+	for profile in train eval; do $(BIN)/docker-compose --profile $$profile config --quiet; done
 
 .PHONY: bench
 bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)

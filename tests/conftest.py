@@ -49,6 +49,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Loopback needs no proxy, and urllib's global opener may have cached one from the environment.
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 class ServeLocal:
     """A real `trainserve serve-local` subprocess on ephemeral ports."""
 
@@ -69,7 +73,7 @@ class ServeLocal:
 
     def get(self, path: str) -> tuple[int, dict]:
         try:
-            with urllib.request.urlopen(self.rest + path, timeout=10) as response:
+            with DIRECT.open(self.rest + path, timeout=10) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read())
@@ -77,7 +81,7 @@ class ServeLocal:
     def post(self, path: str, body: dict) -> tuple[int, dict]:
         request = urllib.request.Request(self.rest + path, json.dumps(body).encode(), method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with DIRECT.open(request, timeout=30) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read())

@@ -81,7 +81,10 @@ def test_missing_and_corrupt_files(tmp_path):
 
 def test_offline_keras_dataset_is_a_clear_error(tmp_path, monkeypatch):
     # A proxy on a closed local port: exactly what a machine without internet looks like to urllib.
+    import urllib.request
+
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    monkeypatch.setattr(urllib.request, "_opener", None)  # the opener urlopen builds now is dropped afterwards
     for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
         monkeypatch.setenv(var, "http://127.0.0.1:9")
     monkeypatch.delenv("NO_PROXY", raising=False)

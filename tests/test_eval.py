@@ -39,9 +39,9 @@ def served(model_versions, tmp_path_factory):
 
 
 def predict_count(server) -> int:
-    import urllib.request
+    from conftest import DIRECT
 
-    text = urllib.request.urlopen(server.rest + "/monitoring/prometheus/metrics", timeout=10).read().decode()
+    text = DIRECT.open(server.rest + "/monitoring/prometheus/metrics", timeout=10).read().decode()
     return sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if 'api="predict"' in line)
 
 

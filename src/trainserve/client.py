@@ -90,6 +90,8 @@ class ServingClient:
 
     def __init__(self, server: str, max_message_bytes: int, tls_ca: Path | None = None, timeout: float = 10.0):
         self.server, self.timeout = server, timeout
+        # Status and metadata calls are cheap and few: --timeout (per Predict attempt) must not starve them.
+        self.control_timeout = max(timeout, 5.0)
         options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -119,7 +121,7 @@ class ServingClient:
             target.fill(request.model_spec)
             request.model_spec.ClearField("signature_name")
             try:
-                response = self.models.GetModelStatus(request, timeout=min(self.timeout, max(wait_s, 0.1)))
+                response = self.models.GetModelStatus(request, timeout=min(self.control_timeout, max(wait_s, 0.1)))
                 available = [s.version for s in response.model_version_status if s.state == AVAILABLE_STATE]
                 if available:
                     return max(available)
@@ -145,7 +147,7 @@ class ServingClient:
         target.fill(request.model_spec, version)
         request.model_spec.ClearField("signature_name")
         try:
-            response = self.prediction.GetModelMetadata(request, timeout=self.timeout)
+            response = self.prediction.GetModelMetadata(request, timeout=self.control_timeout)
         except grpc.RpcError as exc:
             raise RequestFailed(f"GetModelMetadata for {target.describe()}: {_status(exc)}", exc.code()) from None
         signature_map = get_model_metadata_pb2.SignatureDefMap()

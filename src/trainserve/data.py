@@ -173,11 +173,14 @@ def _digits(seed: int) -> Dataset:
 
 
 def synthetic_examples(spec: SyntheticSpec, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """`count` images drawn around fixed per-class templates: learnable, deterministic per seed."""
-    templates = np.random.default_rng(1234).integers(0, 256, (spec.classes, *spec.shape)).astype(np.float32)
+    """`count` images drawn around fixed per-class templates: learnable, deterministic per seed.
+
+    Integer noise keeps generation cheap enough for load runs (a client must not be slower than a server).
+    """
+    templates = np.random.default_rng(1234).integers(0, 256, (spec.classes, *spec.shape), dtype=np.int16)
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, spec.classes, count)
-    noise = rng.normal(0.0, 48.0, (count, *spec.shape)).astype(np.float32)
+    noise = rng.integers(-80, 81, (count, *spec.shape), dtype=np.int16)
     images = np.clip(templates[labels] + noise, 0, 255).astype(np.uint8)
     return images, labels.astype(np.int64)
 

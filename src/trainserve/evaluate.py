@@ -199,6 +199,14 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
 
 
 def _peak_rss_mb() -> float:
+    """VmHWM: this process's peak RSS. (ru_maxrss survives exec, so it can report a parent's peak.)"""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

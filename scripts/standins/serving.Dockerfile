@@ -1,0 +1,15 @@
+# STAND-IN for tensorflow/serving:<v> (tests only): `tensorflow_model_server` is trainserve's serve-local,
+# which takes the same flags. Like the real image: bash present, no curl, no USER line.
+ARG TF_VERSION=2.21.0
+FROM trainserve-standin/tensorflow:${TF_VERSION}-gpu
+ARG TF_VERSION
+COPY pyproject.toml README.md /opt/trainserve/
+COPY src /opt/trainserve/src
+RUN pip install --no-cache-dir /opt/trainserve "tensorflow-serving-api==${TF_VERSION}" --no-deps \
+    && python3 -c "import tomllib; print('\n'.join(tomllib.load(open('/opt/trainserve/pyproject.toml', 'rb'))['project']['dependencies']))" \
+       > /tmp/requirements.txt \
+    && pip install --no-cache-dir -r /tmp/requirements.txt \
+    && printf '#!/bin/bash\nexec trainserve serve-local "$@"\n' >/usr/bin/tensorflow_model_server \
+    && chmod 0755 /usr/bin/tensorflow_model_server
+ENV MODEL_BASE_PATH=/models MODEL_NAME=model
+EXPOSE 8500 8501

@@ -1,0 +1,100 @@
+"""What TF Serving would swallow silently, caught before anything runs: flags, config files, versions."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from trainserve.serving_config import TF_SERVING_FLAGS, parse_batching, parse_model_config, parse_monitoring
+
+SERVE_CPU = REPO / "images" / "serve-cpu"
+BIN = Path(sys.executable).parent
+
+
+def pinned_tf_version() -> str:
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cpu"]
+    return next(d.split("==")[1] for d in extra if d.startswith("tensorflow-cpu=="))
+
+
+def serving_flag_sources() -> list[Path]:
+    """Everything that hands flags to tensorflow_model_server: the entrypoint, compose, k8s manifests."""
+    sources = [SERVE_CPU / "entrypoint.sh", REPO / "compose.yaml"]
+    return sources + sorted((REPO / "k8s").rglob("*.yaml")) if (REPO / "k8s").is_dir() else sources
+
+
+def flags_in(text: str) -> set[str]:
+    return set(re.findall(r"--([a-z][a-z0-9_]*)(?==)", text))
+
+
+def test_every_serving_flag_is_a_real_tensorflow_model_server_flag():
+    entrypoint = (SERVE_CPU / "entrypoint.sh").read_text()
+    used = flags_in(entrypoint)
+    assert {"port", "rest_api_port", "model_config_file", "enable_batching"} <= used, "the check sees the flags"
+    for source in serving_flag_sources():
+        text = source.read_text()
+        unknown = {f for f in flags_in(text) if "_" in f or f in ("port",)} - TF_SERVING_FLAGS
+        assert not unknown, f"{source.relative_to(REPO)}: unknown tensorflow_model_server flags {sorted(unknown)}"
+
+
+def test_a_typo_would_be_caught():
+    assert flags_in("--rest_api_prot=8501 --port=1") - TF_SERVING_FLAGS == {"rest_api_prot"}
+
+
+def test_baked_config_files_parse_with_tf_serving_schemas():
+    config = parse_model_config(SERVE_CPU / "models.config")
+    (model,) = config.model_config_list.config
+    assert model.base_path == f"/models/{model.name}" and model.model_version_policy.latest.num_versions == 2
+    batching = parse_batching(SERVE_CPU / "batching.config")
+    assert batching.max_batch_size >= 256, "the eval client's default batch must fit"
+    assert parse_monitoring(SERVE_CPU / "monitoring.config") == "/monitoring/prometheus/metrics"
+
+
+def test_one_tensorflow_version_everywhere():
+    version = pinned_tf_version()
+    env = dict(
+        line.split("=", 1) for line in (REPO / ".env").read_text().splitlines() if "=" in line and line[0] != "#"
+    )
+    assert env["TF_VERSION"] == version
+    for dockerfile in sorted((REPO / "images").glob("*/Dockerfile")):
+        for found in re.findall(r"ARG TF_VERSION=(\S+)", dockerfile.read_text()):
+            assert found == version, f"{dockerfile.relative_to(REPO)} pins TensorFlow {found}, pyproject {version}"
+    manifests = sorted((REPO / "k8s").rglob("*.yaml")) if (REPO / "k8s").is_dir() else []
+    for manifest in manifests:
+        for tag in re.findall(r"image:\s*\S+:(\d+\.\d+\.\d+)", manifest.read_text()):
+            assert tag == version, f"{manifest.relative_to(REPO)} uses image tag {tag}, pyproject pins {version}"
+
+
+@pytest.mark.parametrize(
+    "profiles", [[], ["train"], ["eval"], ["train", "eval"]], ids=["default", "train", "eval", "all"]
+)
+def test_compose_config_is_valid_for_every_profile(profiles):
+    compose = shutil.which("docker-compose", path=str(BIN)) or shutil.which("docker-compose")
+    args = [a for p in profiles for a in ("--profile", p)]
+    proc = subprocess.run([compose, *args, "config", "--format", "json"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    services = json.loads(proc.stdout)["services"]
+    serve = services["serve-cpu"]
+    assert all(p["host_ip"] == "127.0.0.1" for p in serve["ports"]), "ports published on loopback only"
+    assert any(v["target"] == "/models" and v.get("read_only") for v in serve["volumes"])
+    assert "healthcheck" in serve
+    if "train" in profiles:
+        devices = services["train-gpu"]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
+    if "eval" in profiles:
+        assert services["eval"]["depends_on"]["serve-cpu"]["condition"] == "service_healthy"
+
+
+def test_dockerfiles_pass_hadolint():
+    hadolint = shutil.which("hadolint", path=str(BIN)) or shutil.which("hadolint")
+    files = sorted(map(str, (REPO / "images").glob("*/Dockerfile")))
+    proc = subprocess.run([hadolint, *files], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
