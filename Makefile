@@ -14,6 +14,9 @@ DEMO_EPOCHS ?= 20
 GRPC_PORT ?= 8500
 REST_PORT ?= 8501
 PYTEST_ARGS ?=
+CHECKOV_VERSION ?= 3.3.30
+KUBERNETES_VALIDATE_VERSION ?= 1.37.0
+KUBERNETES_VERSION ?= 1.33.0
 
 ##@ Getting started
 
@@ -24,7 +27,7 @@ help: ## Show this help
 	/^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 .PHONY: venv
-venv: $(VENV)/.installed ## Create .venv: pinned TensorFlow (CPU build), serving protos, trainserve
+venv: $(VENV)/.installed $(VENV)/tools/.installed ## Create .venv: pinned TensorFlow (CPU build), serving protos, trainserve
 
 # tensorflow-serving-api goes in with --no-deps: its metadata asks for the full `tensorflow` wheel,
 # which would sit next to tensorflow-cpu as a second, conflicting TensorFlow.
@@ -34,6 +37,13 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[cpu,dev]"
 	$(BIN)/python -m pip install --quiet --no-deps "tensorflow-serving-api==$(TF_VERSION)"
 	$(BIN)/python -c "import tensorflow as tf, tensorflow_serving.apis; assert tf.__version__ == '$(TF_VERSION)', tf.__version__"
+	touch $@
+
+# Manifest checkers live in their own venv: checkov's many pins must not move TensorFlow's.
+$(VENV)/tools/.installed: $(VENV)/.installed
+	$(BIN)/python -m venv $(VENV)/tools
+	$(VENV)/tools/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/tools/bin/python -m pip install --quiet "checkov==$(CHECKOV_VERSION)" "kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION)"
 	touch $@
 
 .PHONY: demo
@@ -99,6 +109,11 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 	$(BIN)/yamllint compose.yaml .yamllint.yaml
 	$(BIN)/docker-compose config --quiet
 	for profile in train eval; do $(BIN)/docker-compose --profile $$profile config --quiet; done
+	for dir in k8s/base k8s/overlays/*; do \
+		kubectl kustomize $$dir > $(VENV)/rendered.yaml; \
+		$(VENV)/tools/bin/kubernetes-validate --strict --quiet -k $(KUBERNETES_VERSION) $(VENV)/rendered.yaml; \
+		$(VENV)/tools/bin/checkov -f $(VENV)/rendered.yaml --framework kubernetes --compact --quiet --skip-download; \
+	done
 
 .PHONY: bench
 bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)

@@ -20,6 +20,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pinned_tf_version() -> str:
+    """The one TensorFlow pin, from pyproject.toml's `cpu` extra."""
+    import tomllib
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cpu"]
+    return next(d.split("==")[1] for d in extra if d.startswith("tensorflow-cpu=="))
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300):
     """`python -m trainserve ARGS` in a fresh process; returns the CompletedProcess (text)."""
     return subprocess.run(

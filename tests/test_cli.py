@@ -8,7 +8,7 @@ import pytest
 from conftest import assert_one_line_error, run_cli
 from trainserve.cli import build_parser, main
 
-COMMANDS = ["train", "verify"]
+COMMANDS = ["train", "verify", "serve-local", "eval", "tf-config"]
 
 
 @pytest.mark.parametrize("command", [None, *COMMANDS])
@@ -75,3 +75,9 @@ def test_unknown_flag_is_rejected(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["train", "--epoch", "3x"])
     assert exit_.value.code == 2
+
+
+def test_a_variable_meant_for_one_command_does_not_break_another(monkeypatch):
+    monkeypatch.setenv("TRAINSERVE_MODEL", "digits")  # eval's --model is a name; train's is cnn|mlp
+    assert build_parser().parse_args(["eval"]).model == "digits"
+    assert build_parser().parse_args(["train"]).model == "cnn"

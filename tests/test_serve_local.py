@@ -309,7 +309,7 @@ def test_sigterm_during_a_long_request_finishes_it_and_exits_zero(serve_local, t
 def test_missing_base_path_is_polled_until_a_version_appears(serve_local, model_versions, tmp_path):
     base = tmp_path / "later"
     server = serve_local("--model_name=m", f"--model_base_path={base}")
-    server.wait_for(lambda: "does not exist yet" in server.log(), "the waiting log line")
+    server.wait_for(lambda: "base path" in server.log() and "does not exist" in server.log(), "the waiting log line")
     with pytest.raises(urllib.error.URLError):  # ports stay closed until a version is AVAILABLE, as in TF Serving
         server.get("/v1/models/m")
     base.mkdir()

@@ -6,21 +6,15 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, pinned_tf_version
 from trainserve.serving_config import TF_SERVING_FLAGS, parse_batching, parse_model_config, parse_monitoring
 
 SERVE_CPU = REPO / "images" / "serve-cpu"
 BIN = Path(sys.executable).parent
-
-
-def pinned_tf_version() -> str:
-    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cpu"]
-    return next(d.split("==")[1] for d in extra if d.startswith("tensorflow-cpu=="))
 
 
 def serving_flag_sources() -> list[Path]:

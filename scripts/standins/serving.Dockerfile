@@ -11,5 +11,5 @@ RUN pip install --no-cache-dir /opt/trainserve "tensorflow-serving-api==${TF_VER
     && pip install --no-cache-dir -r /tmp/requirements.txt \
     && printf '#!/bin/bash\nexec trainserve serve-local "$@"\n' >/usr/bin/tensorflow_model_server \
     && chmod 0755 /usr/bin/tensorflow_model_server
-ENV MODEL_BASE_PATH=/models MODEL_NAME=model
+ENV MODEL_BASE_PATH=/models MODEL_NAME=model MPLCONFIGDIR=/tmp/matplotlib
 EXPOSE 8500 8501

@@ -17,7 +17,11 @@ from trainserve.errors import TrainserveError
 
 
 class EnvDefaults(argparse.ArgumentParser):
-    """An ArgumentParser whose defaults come from TRAINSERVE_* environment variables when set."""
+    """An ArgumentParser whose defaults come from TRAINSERVE_* environment variables when set.
+
+    The variables are read when this parser parses, so only the invoked command's flags consult
+    them: TRAINSERVE_MODEL means eval's --model to `trainserve eval` and does not trouble `train`.
+    """
 
     def error(self, message: str):
         """One line, naming the problem (argparse's default adds the whole usage block)."""
@@ -25,21 +29,26 @@ class EnvDefaults(argparse.ArgumentParser):
 
     def add_argument(self, *names, **kwargs):
         action = super().add_argument(*names, **kwargs)
-        env = f"TRAINSERVE_{action.dest.upper()}"
-        if action.option_strings and env in os.environ:
+        if action.help and action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            action.help += " (default: %(default)s)"
+        return action
+
+    def parse_known_args(self, args=None, namespace=None):
+        for action in self._actions:
+            env = f"TRAINSERVE_{action.dest.upper()}"
+            if not action.option_strings or env not in os.environ:
+                continue
             raw = os.environ[env]
             if isinstance(action, argparse._StoreTrueAction):
                 action.default = raw.lower() in ("1", "true", "yes", "on")
-            else:
-                try:
-                    action.default = action.type(raw) if action.type else raw
-                except (ValueError, argparse.ArgumentTypeError) as exc:
-                    self.error(f"environment variable {env}={raw!r}: {exc}")
-                if action.choices and action.default not in action.choices:
-                    self.error(f"environment variable {env}={raw!r}: expected one of {', '.join(action.choices)}")
-        if action.help and action.default is not None and action.default is not False:
-            action.help += f" (default: {action.default})"
-        return action
+                continue
+            try:
+                action.default = action.type(raw) if action.type else raw
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                self.error(f"environment variable {env}={raw!r}: {exc}")
+            if action.choices and action.default not in action.choices:
+                self.error(f"environment variable {env}={raw!r}: expected one of {', '.join(action.choices)}")
+        return super().parse_known_args(args, namespace)
 
 
 def positive_int(text: str) -> int:
@@ -83,7 +92,10 @@ def add_train_parser(commands) -> None:
     p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--grad-accum", type=positive_int, default=1, help="accumulate gradients over K steps")
     p.add_argument(
-        "--strategy", default="auto", choices=("auto", "default", "one-device", "mirrored"), help="tf.distribute"
+        "--strategy",
+        default="auto",
+        choices=("auto", "default", "one-device", "mirrored", "multi-worker"),
+        help="tf.distribute; auto: multi-worker under TF_CONFIG, mirrored with several GPUs",
     )
     p.add_argument("--cpu-replicas", type=positive_int, default=1, help="split the CPU into N logical devices")
     p.add_argument("--mixed-precision", default="auto", choices=("auto", "on", "off"), help="auto: on for GPUs >= 7.0")
@@ -209,6 +221,26 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_tf_config_parser(commands) -> None:
+    p = commands.add_parser(
+        "tf-config",
+        help="print TF_CONFIG for this pod of a Kubernetes Indexed Job (multi-worker training)",
+        description="Builds TF_CONFIG from JOB_COMPLETION_INDEX, TRAINSERVE_WORKERS, TRAINSERVE_JOB_NAME, "
+        "TRAINSERVE_SERVICE and optionally TRAINSERVE_NAMESPACE and TRAINSERVE_WORKER_PORT (default 2222). "
+        'Use: export TF_CONFIG="$(trainserve tf-config)"',
+    )
+    p.set_defaults(func=run_tf_config)
+
+
+def run_tf_config(args: argparse.Namespace) -> int:
+    import json
+
+    from trainserve.cluster import tf_config_from_env
+
+    print(json.dumps(tf_config_from_env()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = EnvDefaults(
         prog="trainserve",
@@ -221,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_verify_parser(commands)
     add_serve_local_parser(commands)
     add_eval_parser(commands)
+    add_tf_config_parser(commands)
     return parser
 
 
@@ -238,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except TrainserveError as exc:
         print(f"trainserve {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file or socket the command needed: still one line, not a traceback
+        print(f"trainserve {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"trainserve {args.command}: interrupted", file=sys.stderr)

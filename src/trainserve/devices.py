@@ -1,20 +1,23 @@
 """Find the accelerators, pick a distribution strategy and a precision, and say what was picked.
 
 Seeds 001/002 trained on whatever TensorFlow happened to see; here the choice is explicit and logged:
-no GPU -> CPU (one log line says so), one GPU -> OneDeviceStrategy, several -> MirroredStrategy.
+no GPU -> CPU (one log line says so), one GPU -> OneDeviceStrategy, several -> MirroredStrategy,
+TF_CONFIG set -> MultiWorkerMirroredStrategy (trained by a custom loop: Keras 3's fit does not support it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import asdict, dataclass, field
 
+from trainserve.cluster import parse_tf_config
 from trainserve.errors import TrainserveError
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("auto", "default", "one-device", "mirrored")
+STRATEGIES = ("auto", "default", "one-device", "mirrored", "multi-worker")
 MIXED_PRECISION_MIN_CAPABILITY = (7, 0)  # Volta and newer have tensor cores for float16
 
 
@@ -27,6 +30,8 @@ class DevicePlan:
     devices: list[str]
     gpus: list[dict] = field(default_factory=list)
     mixed_precision: bool = False
+    workers: int = 1
+    worker_index: int = 0
     tensorflow: str = ""
     cuda: str = ""
     cudnn: str = ""
@@ -83,7 +88,9 @@ def make_strategy(name: str = "auto", cpu_replicas: int = 1):
     configure_cpu_replicas(cpu_replicas)
     gpus = gpu_details()
     if name == "auto":
-        if len(gpus) > 1 or cpu_replicas > 1:
+        if os.environ.get("TF_CONFIG"):
+            name = "multi-worker"
+        elif len(gpus) > 1 or cpu_replicas > 1:
             name = "mirrored"
         elif gpus:
             name = "one-device"
@@ -103,12 +110,18 @@ def make_strategy(name: str = "auto", cpu_replicas: int = 1):
             strategy = tf.distribute.MirroredStrategy(
                 cpus, cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device=cpus[0])
             )
+    elif name == "multi-worker":
+        addresses, _, worker_index = parse_tf_config(os.environ.get("TF_CONFIG", ""))
+        log.info("multi-worker: worker %d of %d (%s)", worker_index, len(addresses), ", ".join(addresses))
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
     else:
         strategy = tf.distribute.get_strategy()
 
     build = tf.sysconfig.get_build_info()
     plan = DevicePlan(
         strategy=name,
+        workers=len(addresses) if name == "multi-worker" else 1,
+        worker_index=worker_index if name == "multi-worker" else 0,
         replicas=int(strategy.num_replicas_in_sync),
         devices=list(strategy.extended.worker_devices) if name != "default" else ["/cpu:0"],
         gpus=gpus,

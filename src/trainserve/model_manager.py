@@ -139,7 +139,7 @@ class ModelManager:
         on_disk = model.on_disk()
         reason = ""
         if not model.base_path.is_dir():
-            reason = f"base path {model.base_path} does not exist yet; polling again"
+            reason = f"no version published yet: base path {model.base_path} does not exist; polling again"
         elif not on_disk:
             reason = f"no version published yet under {model.base_path}; waiting for a numeric version directory"
         if reason and reason != model.waiting_reason:

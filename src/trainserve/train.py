@@ -6,6 +6,7 @@ warmup + metadata -> CPU gate in a separate process -> atomic numbered version.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sys
@@ -123,7 +124,11 @@ def train(config: TrainConfig) -> TrainResult:
         else "",
     )
 
-    if config.data_dir is not None:
+    multi_worker = plan.strategy == "multi-worker"
+    chief = plan.worker_index == 0  # worker 0 shares data, writes the logs and publishes; the others only train
+    if multi_worker and (config.grad_accum > 1 or config.backup_dir is not None):
+        raise TrainserveError("multi-worker training supports neither --grad-accum nor --backup-dir yet")
+    if config.data_dir is not None and chief:
         shared = write_test_split(dataset, config.data_dir, config.model_name)
         log.info("held-out split written to %s", shared)
 
@@ -133,40 +138,50 @@ def train(config: TrainConfig) -> TrainResult:
     test_ds = make_input_pipeline(dataset.x_test, dataset.y_test, global_batch, config.seed, training=False)
     with strategy.scope():
         model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.grad_accum)
-        model.compile(
-            optimizer=keras.optimizers.Adam(config.learning_rate),
-            loss="sparse_categorical_crossentropy",
-            metrics=["accuracy"],
-        )
+        optimizer = keras.optimizers.Adam(config.learning_rate)
+        if not multi_worker:
+            model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        elif plan.mixed_precision:
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
 
-    config.logs_dir.mkdir(parents=True, exist_ok=True)
-    history_csv = config.logs_dir / "history.csv"
+    logs_dir = config.logs_dir if chief else config.logs_dir / f"worker-{plan.worker_index}"
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    history_csv = logs_dir / "history.csv"
     throughput = ThroughputCallback(len(dataset.x_train))
     callbacks = []
-    resuming_from = _resume_epoch(config.backup_dir)
-    if config.backup_dir is not None:
+    # One subdirectory per model: Keras deletes its backup directory when training ends, and a volume's
+    # mount point (or another model's backup) must survive that.
+    backup_dir = config.backup_dir / config.model_name if config.backup_dir is not None else None
+    resuming_from = _resume_epoch(backup_dir)
+    if backup_dir is not None:
         # First in the list: the backup of an epoch is on disk before anything reports that epoch done.
-        callbacks.append(keras.callbacks.BackupAndRestore(str(config.backup_dir)))
+        callbacks.append(keras.callbacks.BackupAndRestore(str(backup_dir)))
         if resuming_from:
-            log.info("resuming from epoch %d of %d (backup in %s)", resuming_from + 1, config.epochs, config.backup_dir)
+            log.info("resuming from epoch %d of %d (backup in %s)", resuming_from + 1, config.epochs, backup_dir)
     callbacks += [
         keras.callbacks.CSVLogger(str(history_csv), append=bool(resuming_from)),
-        keras.callbacks.TensorBoard(str(config.logs_dir / "tensorboard"), write_graph=False),
+        keras.callbacks.TensorBoard(str(logs_dir / "tensorboard"), write_graph=False),
         throughput,
     ]
-    model.fit(
-        train_ds,
-        validation_data=test_ds,
-        epochs=config.epochs,
-        callbacks=callbacks,
-        shuffle=False,  # the tf.data pipeline already reshuffles every epoch
-        verbose=1 if sys.stderr.isatty() else 2,
-    )
-    loss, accuracy = model.evaluate(test_ds, verbose=0)
-    metrics = {"test_loss": float(loss), "test_accuracy": float(accuracy)}
+    examples_seen = None
+    if multi_worker:
+        examples_seen = fit_multi_worker(
+            strategy, model, optimizer, train_ds, test_ds, config.epochs, global_batch, [callbacks[-3], throughput]
+        )
+    else:
+        model.fit(
+            train_ds,
+            validation_data=test_ds,
+            epochs=config.epochs,
+            callbacks=callbacks,
+            shuffle=False,  # the tf.data pipeline already reshuffles every epoch
+            verbose=1 if sys.stderr.isatty() else 2,
+        )
+    loss, accuracy = evaluate_locally(model, test_ds)
+    metrics = {"test_loss": loss, "test_accuracy": accuracy}
     log.info("held-out accuracy %.4f, loss %.4f", accuracy, loss)
 
-    result = _export_and_publish(config, dataset, model, plan, metrics)
+    result = _export_and_publish(config, dataset, model, plan, metrics) if chief else (None, None)
     summary = {
         "model_name": config.model_name,
         "version": result[0],
@@ -181,14 +196,93 @@ def train(config: TrainConfig) -> TrainResult:
         "duration_s": round(time.time() - started, 3),
         "train_examples_per_s": round(throughput.examples_per_second, 1),
         "metrics": metrics,
+        "weights_sha256": weights_digest(model),
+        "examples_seen_by_this_worker": examples_seen,
         "config": json.loads(json.dumps(asdict(config), default=str)),
     }
-    summary_path = config.logs_dir / "run_summary.json"
+    summary_path = logs_dir / "run_summary.json"
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     if history_csv.is_file():
-        plot_training_curves(history_csv, config.logs_dir / "training_curves.png")
-    log.info("logs in %s (history.csv, training_curves.png, tensorboard/, run_summary.json)", config.logs_dir)
+        plot_training_curves(history_csv, logs_dir / "training_curves.png")
+    log.info("logs in %s (history.csv, training_curves.png, tensorboard/, run_summary.json)", logs_dir)
     return TrainResult(result[0], result[1], metrics, summary_path)
+
+
+def weights_digest(model) -> str:
+    """sha256 of every weight: equal across workers exactly when their models are identical."""
+    digest = hashlib.sha256()
+    for weight in model.get_weights():
+        digest.update(np.ascontiguousarray(weight).tobytes())
+    return digest.hexdigest()
+
+
+def evaluate_locally(model, test_ds) -> tuple[float, float]:
+    """Held-out loss and accuracy by plain forward passes (no collectives: safe on every worker)."""
+    loss_sum, correct, count = 0.0, 0, 0
+    for images, labels in test_ds:
+        probabilities = np.asarray(model(images, training=False), np.float64)
+        labels = labels.numpy()
+        picked = np.clip(probabilities[np.arange(len(labels)), labels], 1e-7, 1.0)
+        loss_sum += float(-np.log(picked).sum())
+        correct += int((probabilities.argmax(axis=1) == labels).sum())
+        count += len(labels)
+    return loss_sum / count, correct / count
+
+
+def fit_multi_worker(strategy, model, optimizer, train_ds, test_ds, epochs: int, global_batch: int, callbacks) -> int:
+    """A custom loop for MultiWorkerMirroredStrategy, which Keras 3's fit does not support (keras#20585).
+
+    Each global batch is split across all replicas of all workers; the optimizer all-reduces the
+    gradients. Returns how many training examples this worker itself processed.
+    """
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    batches = strategy.experimental_distribute_dataset(train_ds.with_options(options))
+    with strategy.scope():
+        optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def step(images, labels):
+        def replica_step(images, labels):
+            with tf.GradientTape() as tape:
+                probabilities = model(images, training=True)
+                per_example = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+                scaled = optimizer.scale_loss(loss)
+            grads = tape.gradient(scaled, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            hits = tf.reduce_sum(tf.cast(tf.argmax(probabilities, axis=-1) == labels, tf.int64))
+            return loss, hits, tf.shape(images, out_type=tf.int64)[0]
+
+        return strategy.run(replica_step, args=(images, labels))
+
+    total_op = tf.distribute.ReduceOp.SUM
+    seen_here = 0
+    for callback in callbacks:
+        callback.set_model(model)
+        callback.on_train_begin()
+    for epoch in range(epochs):
+        for callback in callbacks:
+            callback.on_epoch_begin(epoch)
+        loss_sum, hits, total, steps = 0.0, 0, 0, 0
+        for images, labels in batches:
+            loss, hit, count = step(images, labels)
+            loss_sum += float(strategy.reduce(total_op, loss, axis=None))
+            hits += int(strategy.reduce(total_op, hit, axis=None))
+            total += int(strategy.reduce(total_op, count, axis=None))
+            seen_here += sum(int(c) for c in strategy.experimental_local_results(count))
+            steps += 1
+        val_loss, val_accuracy = evaluate_locally(model, test_ds)
+        logs = {"accuracy": hits / max(total, 1), "loss": loss_sum / max(steps, 1), "val_accuracy": val_accuracy,
+                "val_loss": val_loss}  # fmt: skip
+        log.info("epoch %d/%d: %s", epoch + 1, epochs, ", ".join(f"{k} {v:.4f}" for k, v in logs.items()))
+        for callback in callbacks:
+            callback.on_epoch_end(epoch, logs)
+    for callback in callbacks:
+        callback.on_train_end()
+    return seen_here
 
 
 def _resume_epoch(backup_dir: Path | None) -> int:
