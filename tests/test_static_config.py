@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import REPO, pinned_tf_version
 from trainserve.serving_config import TF_SERVING_FLAGS, parse_batching, parse_model_config, parse_monitoring
@@ -17,24 +18,34 @@ SERVE_CPU = REPO / "images" / "serve-cpu"
 BIN = Path(sys.executable).parent
 
 
-def serving_flag_sources() -> list[Path]:
-    """Everything that hands flags to tensorflow_model_server: the entrypoint, compose, k8s manifests."""
-    sources = [SERVE_CPU / "entrypoint.sh", REPO / "compose.yaml"]
-    return sources + sorted((REPO / "k8s").rglob("*.yaml")) if (REPO / "k8s").is_dir() else sources
-
-
 def flags_in(text: str) -> set[str]:
     return set(re.findall(r"--([a-z][a-z0-9_]*)(?==)", text))
 
 
+def serving_arguments() -> dict[str, str]:
+    """Every place that hands flags to tensorflow_model_server: the image's entrypoint, plus any
+    command/args that compose or a Kubernetes manifest gives the serving container."""
+    found = {"images/serve-cpu/entrypoint.sh": (SERVE_CPU / "entrypoint.sh").read_text()}
+    serve = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]["serve-cpu"]
+    found["compose.yaml"] = " ".join(map(str, serve.get("command", []) + serve.get("entrypoint", [])))
+    for manifest in sorted((REPO / "k8s").rglob("*.yaml")):
+        for doc in yaml.safe_load_all(manifest.read_text()):
+            spec = (doc or {}).get("spec", {}).get("template", {}).get("spec", {})
+            for container in spec.get("containers", []):
+                if "serve-cpu" in container.get("image", ""):
+                    args = container.get("command", []) + container.get("args", [])
+                    found[str(manifest.relative_to(REPO))] = " ".join(args)
+    return found
+
+
 def test_every_serving_flag_is_a_real_tensorflow_model_server_flag():
-    entrypoint = (SERVE_CPU / "entrypoint.sh").read_text()
-    used = flags_in(entrypoint)
-    assert {"port", "rest_api_port", "model_config_file", "enable_batching"} <= used, "the check sees the flags"
-    for source in serving_flag_sources():
-        text = source.read_text()
-        unknown = {f for f in flags_in(text) if "_" in f or f in ("port",)} - TF_SERVING_FLAGS
-        assert not unknown, f"{source.relative_to(REPO)}: unknown tensorflow_model_server flags {sorted(unknown)}"
+    sources = serving_arguments()
+    entrypoint = flags_in(sources["images/serve-cpu/entrypoint.sh"])
+    assert {"port", "rest_api_port", "model_config_file", "enable_batching"} <= entrypoint, "the check sees flags"
+    assert any(path.startswith("k8s/") for path in sources), "the check sees the serving Deployment"
+    for source, text in sources.items():
+        unknown = flags_in(text) - TF_SERVING_FLAGS
+        assert not unknown, f"{source}: unknown tensorflow_model_server flags {sorted(unknown)}"
 
 
 def test_a_typo_would_be_caught():

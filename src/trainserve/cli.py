@@ -86,7 +86,7 @@ def add_train_parser(commands) -> None:
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="where the held-out split is shared")
     p.add_argument("--logs-dir", type=Path, default=Path("logs"), help="CSV, TensorBoard, curves PNG, summary")
     p.add_argument("--backup-dir", type=Path, help="resume a killed run from its last finished epoch")
-    p.add_argument("--model", default="cnn", choices=("cnn", "mlp"), help="architecture")
+    p.add_argument("--model", dest="architecture", default="cnn", choices=("cnn", "mlp"), help="architecture")
     p.add_argument("--epochs", type=positive_int, default=10, help="epochs to train")
     p.add_argument("--batch-size", type=positive_int, default=64, help="per-replica batch size")
     p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate")

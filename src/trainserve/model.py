@@ -79,10 +79,12 @@ def build_model(
 
 
 def float32_copy(model: keras.Model, architecture: str) -> keras.Model:
-    """The same network rebuilt under the float32 policy with the trained weights copied in.
+    """The same network rebuilt under the float32 policy, outside any distribution strategy, with the
+    trained weights copied in.
 
     A mixed_float16 model exported as is computes in fp16 on the CPU server, which is slow there
-    (tensorflow#45441); its variables are float32 already, so the weights copy over exactly.
+    (tensorflow#45441); its variables are float32 already, so the weights copy over exactly. A model
+    built under a strategy holds distributed variables; the copy holds plain ones.
     """
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("float32")

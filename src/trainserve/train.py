@@ -42,7 +42,7 @@ class TrainConfig:
     data_dir: Path | None = Path("data")
     logs_dir: Path = Path("logs")
     backup_dir: Path | None = None
-    model: str = "cnn"
+    architecture: str = "cnn"  # --model cnn|mlp (TRAINSERVE_ARCHITECTURE: TRAINSERVE_MODEL is eval's)
     epochs: int = 10
     batch_size: int = 64  # per replica
     learning_rate: float = 1e-3
@@ -137,7 +137,7 @@ def train(config: TrainConfig) -> TrainResult:
     train_ds = make_input_pipeline(dataset.x_train, dataset.y_train, step_batch, config.seed, training=True)
     test_ds = make_input_pipeline(dataset.x_test, dataset.y_test, global_batch, config.seed, training=False)
     with strategy.scope():
-        model = build_model(config.model, dataset.input_shape, dataset.num_classes, config.grad_accum)
+        model = build_model(config.architecture, dataset.input_shape, dataset.num_classes, config.grad_accum)
         optimizer = keras.optimizers.Adam(config.learning_rate)
         if not multi_worker:
             model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
@@ -299,9 +299,12 @@ def _resume_epoch(backup_dir: Path | None) -> int:
 def _export_and_publish(config: TrainConfig, dataset, model, plan, metrics: dict) -> tuple[int, Path]:
     golden_images = dataset.x_test[:GOLDEN_BATCH]
     # The reference is the trained model itself, in the precision it trained in.
-    probabilities = np.asarray(model.predict(preprocess(golden_images), verbose=0), np.float32)
+    # A plain forward pass: predict() would distribute, and other workers may have finished already.
+    probabilities = np.asarray(model(preprocess(golden_images), training=False), np.float32)
     expected = {"probabilities": probabilities, "classes": probabilities.argmax(axis=-1).astype(np.int64)}
-    export_model = float32_copy(model, config.model) if plan.mixed_precision else model
+    # Always a fresh float32 copy built outside any strategy: no fp16 compute, no distributed variables,
+    # no device placement from training in the served graph.
+    export_model = float32_copy(model, config.architecture)
     atol = MIXED_PRECISION_ATOL if plan.mixed_precision else FLOAT32_ATOL
 
     model_base = config.export_base / config.model_name
