@@ -126,8 +126,12 @@ def train(config: TrainConfig) -> TrainResult:
 
     multi_worker = plan.strategy == "multi-worker"
     chief = plan.worker_index == 0  # worker 0 shares data, writes the logs and publishes; the others only train
-    if multi_worker and (config.grad_accum > 1 or config.backup_dir is not None):
-        raise TrainserveError("multi-worker training supports neither --grad-accum nor --backup-dir yet")
+    if multi_worker and config.grad_accum > 1:
+        raise TrainserveError("--grad-accum is not supported with multi-worker training: expected 1")
+    backup_root = config.backup_dir
+    if multi_worker and backup_root is not None:
+        log.warning("--backup-dir is not used by multi-worker training: a preempted run restarts at epoch 1")
+        backup_root = None
     if config.data_dir is not None and chief:
         shared = write_test_split(dataset, config.data_dir, config.model_name)
         log.info("held-out split written to %s", shared)
@@ -151,7 +155,7 @@ def train(config: TrainConfig) -> TrainResult:
     callbacks = []
     # One subdirectory per model: Keras deletes its backup directory when training ends, and a volume's
     # mount point (or another model's backup) must survive that.
-    backup_dir = config.backup_dir / config.model_name if config.backup_dir is not None else None
+    backup_dir = backup_root / config.model_name if backup_root is not None else None
     resuming_from = _resume_epoch(backup_dir)
     if backup_dir is not None:
         # First in the list: the backup of an epoch is on disk before anything reports that epoch done.
