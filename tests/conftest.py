@@ -166,6 +166,35 @@ def tiny_savedmodel(model_versions) -> Path:
     return model_versions[0]
 
 
+def save_foreign_model(path: Path, pin_device: str | None = None) -> Path:
+    """A SavedModel not made by trainserve: two inputs of different dtypes, a dict of outputs, and a
+    `slow` signature whose run time grows with its `steps` input. `pin_device` pins `serve`'s math."""
+    import contextlib
+
+    import tensorflow as tf
+
+    class Foreign(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = tf.Variable(2.0)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None], tf.int64)])
+        def serve(self, x, offset):
+            with tf.device(pin_device) if pin_device else contextlib.nullcontext():
+                scaled = x * self.scale
+            return {"scaled": scaled, "shifted": offset + 1, "total": tf.reduce_sum(x, axis=1)}
+
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
+        def slow(self, steps):
+            m = tf.random.stateless_uniform([384, 384], seed=[1, 2])
+            out = tf.while_loop(lambda i, a: i < steps, lambda i, a: (i + 1, tf.tanh(a @ m)), [0, m])[1]
+            return {"checksum": tf.reduce_sum(out)}
+
+    module = Foreign()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve, "slow": module.slow})
+    return path
+
+
 def install_version(template: Path, model_base: Path, version: int) -> Path:
     """Place a SavedModel as `model_base/<version>` atomically (staged copy, one rename)."""
     import shutil

@@ -3,36 +3,13 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import save_foreign_model
 from trainserve.gate import check_on_cpu, run_gate, save_golden
 from trainserve.savedmodel import LoadedModel, gpu_pinned_nodes
-
-
-def _save_module(path: Path, device: str | None) -> Path:
-    """A SavedModel made without Keras: two inputs of different dtypes, a dict of outputs."""
-    import tensorflow as tf
-
-    class Foreign(tf.Module):
-        def __init__(self):
-            super().__init__()
-            self.scale = tf.Variable(2.0)
-
-        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None], tf.int64)])
-        def serve(self, x, offset):
-            if device:
-                with tf.device(device):
-                    y = x * self.scale
-            else:
-                y = x * self.scale
-            return {"scaled": y, "shifted": offset + 1}
-
-    module = Foreign()
-    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
-    return path
 
 
 def test_trainserve_export_passes_with_its_golden_batch(tiny_savedmodel, tmp_path):
@@ -64,14 +41,14 @@ def test_changed_classes_fail_even_within_tolerance(tiny_savedmodel, tmp_path):
 
 
 def test_foreign_savedmodel_runs_on_zero_inputs(tmp_path):
-    path = _save_module(tmp_path / "foreign", device=None)
+    path = save_foreign_model(tmp_path / "foreign")
     result = check_on_cpu(path)
     assert result.ok, result.reason
     assert "zeros" in result.checked
 
 
 def test_gpu_pinned_nodes_are_found_in_function_bodies(tmp_path):
-    path = _save_module(tmp_path / "pinned", device="/device:GPU:0")
+    path = save_foreign_model(tmp_path / "pinned", pin_device="/device:GPU:0")
     pinned = gpu_pinned_nodes(path)
     assert pinned and all("GPU:0" in p for p in pinned)
     result = run_gate(path)

@@ -22,7 +22,7 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from conftest import install_version, run_cli
+from conftest import install_version, run_cli, save_foreign_model
 from trainserve.publish import publish_or_discard, staging_dir
 from trainserve.savedmodel import LoadedModel, serve_meta_graph
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
@@ -247,32 +247,8 @@ def running_m(model_versions, tmp_path_factory):
     assert server.stop() == 0
 
 
-def _foreign_module(path: Path) -> Path:
-    """Not made by trainserve: two inputs of different dtypes, a dict of outputs, a slow path."""
-    import tensorflow as tf
-
-    class Foreign(tf.Module):
-        def __init__(self):
-            super().__init__()
-            self.scale = tf.Variable(2.0)
-
-        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None], tf.int64)])
-        def serve(self, x, offset):
-            return {"scaled": x * self.scale, "shifted": offset + 1, "total": tf.reduce_sum(x, axis=1)}
-
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
-        def slow(self, steps):
-            m = tf.random.stateless_uniform([384, 384], seed=[1, 2])
-            out = tf.while_loop(lambda i, a: i < steps, lambda i, a: (i + 1, tf.tanh(a @ m)), [0, m])[1]
-            return {"checksum": tf.reduce_sum(out)}
-
-    module = Foreign()
-    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve, "slow": module.slow})
-    return path
-
-
 def test_foreign_savedmodel_with_two_inputs_is_served(serve_local, tmp_path):
-    _foreign_module(tmp_path / "f" / "1")
+    save_foreign_model(tmp_path / "f" / "1")
     server = serve_local("--model_name=f", f"--model_base_path={tmp_path / 'f'}")
     server.wait_available("f", 1)
     predict, _ = stubs(server)
@@ -291,7 +267,7 @@ def test_foreign_savedmodel_with_two_inputs_is_served(serve_local, tmp_path):
 
 
 def test_sigterm_during_a_long_request_finishes_it_and_exits_zero(serve_local, tmp_path):
-    _foreign_module(tmp_path / "f" / "1")
+    save_foreign_model(tmp_path / "f" / "1")
     server = serve_local("--model_name=f", f"--model_base_path={tmp_path / 'f'}")
     server.wait_available("f", 1)
     predict, _ = stubs(server)

@@ -68,6 +68,22 @@ def shape(text: str) -> tuple[int, int, int]:
     return dims  # type: ignore[return-value]
 
 
+def add_synthetic_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--synthetic-shape", type=shape, default=(28, 28, 1), help="H,W,C of --data synthetic")
+    p.add_argument("--synthetic-classes", type=positive_int, default=10, help="classes of --data synthetic")
+    p.add_argument("--synthetic-size", type=positive_int, default=10000, help="examples of --data synthetic")
+
+
+def config_from_args(cls, args: argparse.Namespace):
+    """A TrainConfig or EvalConfig from parsed flags: one field per flag, plus the synthetic spec."""
+    from trainserve.data import SyntheticSpec
+
+    return cls(
+        **{k: getattr(args, k) for k in cls.__dataclass_fields__ if k != "synthetic"},
+        synthetic=SyntheticSpec(args.synthetic_shape, args.synthetic_classes, args.synthetic_size),
+    )
+
+
 def add_train_parser(commands) -> None:
     p = commands.add_parser(
         "train",
@@ -101,20 +117,14 @@ def add_train_parser(commands) -> None:
     p.add_argument("--mixed-precision", default="auto", choices=("auto", "on", "off"), help="auto: on for GPUs >= 7.0")
     p.add_argument("--keep", type=positive_int, help="keep only the newest N versions (never the new one)")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--synthetic-shape", type=shape, default=(28, 28, 1), help="H,W,C of --data synthetic")
-    p.add_argument("--synthetic-classes", type=positive_int, default=10, help="classes of --data synthetic")
-    p.add_argument("--synthetic-size", type=positive_int, default=10000, help="examples of --data synthetic")
+    add_synthetic_arguments(p)
     p.set_defaults(func=run_train)
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from trainserve.data import SyntheticSpec
     from trainserve.train import TrainConfig, train
 
-    config = TrainConfig(
-        **{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if k != "synthetic"},
-        synthetic=SyntheticSpec(args.synthetic_shape, args.synthetic_classes, args.synthetic_size),
-    )
+    config = config_from_args(TrainConfig, args)
     result = train(config)
     print(f"published {config.model_name} version {result.version} at {result.version_dir}")
     print(f"held-out accuracy {result.metrics['test_accuracy']:.4f}; run summary {result.summary_path}")
@@ -189,21 +199,15 @@ def add_eval_parser(commands) -> None:
     p.add_argument("--min-accuracy", type=float, help="exit 1 when accuracy is below this")
     p.add_argument("--tls-ca", type=Path, help="PEM root certificate for a TLS server")
     p.add_argument("--compare-local", type=Path, help="also run this SavedModel version dir in-process on CPU")
-    p.add_argument("--synthetic-shape", type=shape, default=(28, 28, 1), help="H,W,C of --data synthetic")
-    p.add_argument("--synthetic-classes", type=positive_int, default=10, help="classes of --data synthetic")
-    p.add_argument("--synthetic-size", type=positive_int, default=10000, help="examples of --data synthetic")
+    add_synthetic_arguments(p)
     p.set_defaults(func=run_eval)
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from trainserve.data import SyntheticSpec
     from trainserve.evaluate import EvalConfig, evaluate
     from trainserve.report import summary_table, write_plots, write_report
 
-    config = EvalConfig(
-        **{k: getattr(args, k) for k in EvalConfig.__dataclass_fields__ if k != "synthetic"},
-        synthetic=SyntheticSpec(args.synthetic_shape, args.synthetic_classes, args.synthetic_size),
-    )
+    config = config_from_args(EvalConfig, args)
     result = evaluate(config)
     print(summary_table(result.report))
     if config.report:
