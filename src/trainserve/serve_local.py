@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import signal
 import socket
@@ -498,8 +499,6 @@ def _request_stop(stop: threading.Event, signum: int) -> None:
 
 
 def _affinity() -> set[int]:
-    import os
-
     return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
 
 
