@@ -3,6 +3,7 @@ and checked for what a cluster would only reveal at run time (ports, flags, vers
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, pinned_tf_version
+from conftest import REPO, pinned_tf_version, require
 from trainserve.serving_config import parse_batching, parse_model_config, parse_monitoring
 
 KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/local", "k8s/overlays/gpu", "k8s/overlays/multi-worker"]
@@ -19,6 +20,7 @@ KUBERNETES_VERSION = "1.33.0"
 
 
 def render(path: str) -> list[dict]:
+    require("kubectl", shutil.which("kubectl") is not None, "kubectl kustomize renders the manifests")
     proc = subprocess.run(["kubectl", "kustomize", str(REPO / path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
