@@ -112,7 +112,9 @@ class ServeLocal:
             except (OSError, urllib.error.URLError, ValueError):
                 pass
             time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.log()}")
+        log = self.log()
+        self.stop()  # a fixture that fails in setup gets no teardown: never leave the server behind
+        raise AssertionError(f"timed out waiting for {what}:\n{log}")
 
     def versions(self, model: str) -> dict[int, str]:
         status, body = self.get(f"/v1/models/{model}")
