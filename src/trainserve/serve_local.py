@@ -7,6 +7,7 @@ improvement: SIGTERM stops accepting, finishes in-flight requests and exits 0.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -129,22 +130,24 @@ class Servables:
                 raise ServingError(grpc.StatusCode.NOT_FOUND, f"Could not find {what}")
             return states
 
+    @contextlib.contextmanager
     def _track(self, name: str, api: str):
-        servables = self
-
-        class Track:
-            def __enter__(self):
-                with servables._lock:
-                    servables._inflight += 1
-
-            def __exit__(self, kind, exc, tb):
-                status = exc.code.name if isinstance(exc, ServingError) else ("OK" if kind is None else "UNKNOWN")
-                with servables._lock:
-                    servables._inflight -= 1
-                    servables.requests[(name, api, status)] += 1
-                return False
-
-        return Track()
+        """Count the request while it runs (for the drain log) and by outcome afterwards (for metrics)."""
+        with self._lock:
+            self._inflight += 1
+        status = "OK"
+        try:
+            yield
+        except ServingError as exc:
+            status = exc.code.name
+            raise
+        except BaseException:
+            status = "UNKNOWN"
+            raise
+        finally:
+            with self._lock:
+                self._inflight -= 1
+                self.requests[(name, api, status)] += 1
 
     @property
     def inflight(self) -> int:
