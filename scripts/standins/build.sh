@@ -8,7 +8,7 @@
 #   trainserve-standin/tensorflow:<v>-gpu       ... + tensorflow-cpu==<v>      (for tensorflow/tensorflow:<v>-gpu)
 #   trainserve-standin/serving:<v>              ... + tensorflow_model_server = `trainserve serve-local`
 #                                                                               (for tensorflow/serving:<v>)
-# Images already present are reused: a second run takes seconds.
+# Images already present are reused (the serving stand-in is rebuilt from cache): a second run takes seconds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -29,7 +29,7 @@ debian_mirror() {
 build() {  # build TAG DOCKERFILE [BUILD ARGS...]: --network host so pip inside reaches the registry
   local tag=$1 dockerfile=$2
   shift 2
-  have "$tag" && { echo "standins: $tag present"; return; }
+  [[ -z "${FORCE:-}" ]] && have "$tag" && { echo "standins: $tag present"; return; }
   echo "standins: building $tag"
   docker build --quiet --network host -t "$tag" -f "$dockerfile" "$@" .  # context: the repo, per .dockerignore
 }
@@ -48,4 +48,5 @@ if ! have trainserve-standin/debian:bookworm; then
 fi
 build trainserve-standin/python:3.11-slim "$here/python.Dockerfile"
 build "trainserve-standin/tensorflow:${TF_VERSION}-gpu" "$here/tensorflow.Dockerfile" --build-arg "TF_VERSION=$TF_VERSION"
-build "trainserve-standin/serving:${TF_VERSION}" "$here/serving.Dockerfile" --build-arg "TF_VERSION=$TF_VERSION"
+# Always rebuilt (layer cache makes it quick): it carries serve-local, so it must carry today's source.
+FORCE=1 build "trainserve-standin/serving:${TF_VERSION}" "$here/serving.Dockerfile" --build-arg "TF_VERSION=$TF_VERSION"
