@@ -88,8 +88,3 @@ def write_metadata(version_dir: Path, metadata: dict) -> None:
     extra = version_dir / "assets.extra"
     extra.mkdir(parents=True, exist_ok=True)
     (extra / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
-
-
-def read_metadata(version_dir: Path) -> dict:
-    path = version_dir / "assets.extra" / METADATA_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}

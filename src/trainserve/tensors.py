@@ -46,10 +46,6 @@ _VAL_FIELD = {
 }
 
 
-def dtype_name(dtype_enum: int) -> str:
-    return types_pb2.DataType.Name(dtype_enum)[3:].lower()
-
-
 def numpy_dtype(dtype_enum: int) -> np.dtype:
     if dtype_enum == types_pb2.DT_STRING:
         return np.dtype(object)
