@@ -36,6 +36,11 @@ class DevicePlan:
     cuda: str = ""
     cudnn: str = ""
 
+    @property
+    def precision(self) -> str:
+        """The Keras dtype policy training runs under."""
+        return "mixed_float16" if self.mixed_precision else "float32"
+
     def as_dict(self) -> dict:
         return asdict(self)
 

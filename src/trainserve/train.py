@@ -111,8 +111,8 @@ def train(config: TrainConfig) -> TrainResult:
     keras.utils.set_random_seed(config.seed)
     strategy, plan = make_strategy(config.strategy, config.cpu_replicas)
     plan.mixed_precision = resolve_mixed_precision(config.mixed_precision, plan.gpus)
-    keras.config.set_dtype_policy("mixed_float16" if plan.mixed_precision else "float32")
-    log.info("precision: %s", "mixed_float16 (float32 softmax)" if plan.mixed_precision else "float32")
+    keras.config.set_dtype_policy(plan.precision)
+    log.info("precision: %s", plan.precision + (" (float32 softmax)" if plan.mixed_precision else ""))
     global_batch = config.batch_size * plan.replicas
     log.info(
         "global batch %d = %d per replica x %d replica(s)%s",
@@ -152,25 +152,22 @@ def train(config: TrainConfig) -> TrainResult:
     logs_dir.mkdir(parents=True, exist_ok=True)
     history_csv = logs_dir / "history.csv"
     throughput = ThroughputCallback(len(dataset.x_train))
-    callbacks = []
     # One subdirectory per model: Keras deletes its backup directory when training ends, and a volume's
     # mount point (or another model's backup) must survive that.
     backup_dir = backup_root / config.model_name if backup_root is not None else None
     resuming_from = _resume_epoch(backup_dir)
+    csv_logger = keras.callbacks.CSVLogger(str(history_csv), append=bool(resuming_from))
+    callbacks = []
     if backup_dir is not None:
         # First in the list: the backup of an epoch is on disk before anything reports that epoch done.
         callbacks.append(keras.callbacks.BackupAndRestore(str(backup_dir)))
         if resuming_from:
             log.info("resuming from epoch %d of %d (backup in %s)", resuming_from + 1, config.epochs, backup_dir)
-    callbacks += [
-        keras.callbacks.CSVLogger(str(history_csv), append=bool(resuming_from)),
-        keras.callbacks.TensorBoard(str(logs_dir / "tensorboard"), write_graph=False),
-        throughput,
-    ]
+    callbacks += [csv_logger, keras.callbacks.TensorBoard(str(logs_dir / "tensorboard"), write_graph=False), throughput]
     examples_seen = None
     if multi_worker:
         examples_seen = fit_multi_worker(
-            strategy, model, optimizer, train_ds, test_ds, config.epochs, global_batch, [callbacks[-3], throughput]
+            strategy, model, optimizer, train_ds, test_ds, config.epochs, global_batch, [csv_logger, throughput]
         )
     else:
         model.fit(
@@ -185,14 +182,18 @@ def train(config: TrainConfig) -> TrainResult:
     metrics = {"test_loss": loss, "test_accuracy": accuracy}
     log.info("held-out accuracy %.4f, loss %.4f", accuracy, loss)
 
-    result = _export_and_publish(config, dataset, model, plan, metrics) if chief else (None, None)
+    # Named once (the fingerprint hashes every array) for the run summary and the published metadata.
+    data_info = {"source": config.data, "name": dataset.name, "fingerprint": dataset.fingerprint()}
+    version, version_dir = (
+        _export_and_publish(config, dataset, data_info, model, plan, metrics) if chief else (None, None)
+    )
     summary = {
         "model_name": config.model_name,
-        "version": result[0],
-        "version_dir": str(result[1]),
-        "data": {"source": config.data, "name": dataset.name, "fingerprint": dataset.fingerprint()},
+        "version": version,
+        "version_dir": str(version_dir) if version_dir else None,
+        "data": data_info,
         "devices": plan.as_dict(),
-        "precision": "mixed_float16" if plan.mixed_precision else "float32",
+        "precision": plan.precision,
         "global_batch": global_batch,
         "grad_accum": config.grad_accum,
         "epochs": config.epochs,
@@ -209,7 +210,7 @@ def train(config: TrainConfig) -> TrainResult:
     if history_csv.is_file():
         plot_training_curves(history_csv, logs_dir / "training_curves.png")
     log.info("logs in %s (history.csv, training_curves.png, tensorboard/, run_summary.json)", logs_dir)
-    return TrainResult(result[0], result[1], metrics, summary_path)
+    return TrainResult(version, version_dir, metrics, summary_path)
 
 
 def weights_digest(model) -> str:
@@ -300,7 +301,7 @@ def _resume_epoch(backup_dir: Path | None) -> int:
         raise TrainserveError(f"{meta} is unreadable: expected Keras BackupAndRestore metadata") from None
 
 
-def _export_and_publish(config: TrainConfig, dataset, model, plan, metrics: dict) -> tuple[int, Path]:
+def _export_and_publish(config: TrainConfig, dataset, data_info: dict, model, plan, metrics: dict) -> tuple[int, Path]:
     golden_images = dataset.x_test[:GOLDEN_BATCH]
     # The reference is the trained model itself, in the precision it trained in.
     # A plain forward pass: predict() would distribute, and other workers may have finished already.
@@ -320,18 +321,17 @@ def _export_and_publish(config: TrainConfig, dataset, model, plan, metrics: dict
             "replicas": plan.replicas,
             "devices": plan.devices,
             "gpus": [g["device_name"] for g in plan.gpus],
-            "precision": "mixed_float16" if plan.mixed_precision else "float32",
+            "precision": plan.precision,
         },
         "exported_precision": "float32",
-        "data": {"source": config.data, "name": dataset.name, "fingerprint": dataset.fingerprint()},
+        "data": data_info,
         "label_names": dataset.label_names,
         "input_shape": list(dataset.input_shape),
         "signature": {"name": "serving_default", "input": "images", "outputs": ["probabilities", "classes"]},
         "metrics": metrics,
+        "gate": {"atol": atol, "golden_batch": len(golden_images)},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-
-    metadata["gate"] = {"atol": atol, "golden_batch": len(golden_images)}
 
     def build_and_check(path: Path) -> None:
         export_savedmodel(export_model, path, dataset.input_shape)
