@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
+from trainserve.export import read_warmup_inputs
 from trainserve.savedmodel import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,8 @@ class ServedModel:
         return set(candidates[-self.num_versions :])
 
     def available(self) -> dict[int, VersionState]:
-        return {v: s for v, s in self.versions.items() if s.state == AVAILABLE}
+        # list(): a snapshot taken in one step, so the poller may add a version meanwhile.
+        return {v: s for v, s in list(self.versions.items()) if s.state == AVAILABLE}
 
     def resolve(self, version: int | None = None, label: str | None = None) -> VersionState:
         """The version a request names (by number, label, or the newest available)."""
@@ -103,27 +105,26 @@ class ModelManager:
     """All served models; `poll()` brings loaded versions in line with disk and config."""
 
     def __init__(self, intra_op_threads: int = 0, inter_op_threads: int = 0, warmup: bool = True):
+        # One thread changes this state (the poller, or the starting server before it); request threads
+        # only read it, through snapshots (see ServedModel.available), so no lock is needed.
         self.models: dict[str, ServedModel] = {}
         self.intra_op_threads, self.inter_op_threads, self.warmup = intra_op_threads, inter_op_threads, warmup
-        self._lock = threading.RLock()
 
     def configure(self, config) -> None:
         """Apply a ModelServerConfig: add new models, update policies and labels, drop removed models."""
         wanted = {c.name: ServedModel.from_proto(c) for c in config.model_config_list.config}
-        with self._lock:
-            for name in set(self.models) - set(wanted):
-                log.info("model %s removed from the config: unloading", name)
-                for state in self.models.pop(name).versions.values():
-                    self._unload(name, state)
-            for name, fresh in wanted.items():
-                current = self.models.get(name)
-                if current is None:
-                    log.info("model %s: serving versions from %s (policy %s)", name, fresh.base_path, fresh.policy)
-                    self.models[name] = fresh
-                else:
-                    fresh.versions, fresh.failed_dirs = current.versions, current.failed_dirs
-                    fresh.waiting_reason = current.waiting_reason
-                    self.models[name] = fresh
+        for name in set(self.models) - set(wanted):
+            log.info("model %s removed from the config: unloading", name)
+            for state in self.models.pop(name).available().values():
+                self._unload(name, state)
+        for name, fresh in wanted.items():
+            current = self.models.get(name)
+            if current is None:
+                log.info("model %s: serving versions from %s (policy %s)", name, fresh.base_path, fresh.policy)
+            else:  # new policy and labels, same loaded versions
+                fresh.versions, fresh.failed_dirs = current.versions, current.failed_dirs
+                fresh.waiting_reason = current.waiting_reason
+            self.models[name] = fresh
 
     def get(self, name: str) -> ServedModel:
         model = self.models.get(name)
@@ -156,8 +157,7 @@ class ModelManager:
 
     def _load(self, model: ServedModel, version: int, mtime: float) -> None:
         state = VersionState(version, LOADING)
-        with self._lock:
-            model.versions[version] = state
+        model.versions[version] = state
         log.info("model %s version %d: LOADING", model.name, version)
         started = time.perf_counter()
         try:
@@ -180,8 +180,6 @@ class ModelManager:
 
     def _replay_warmup(self, loaded: LoadedModel) -> int:
         """Replay assets.extra/tf_serving_warmup_requests; any failing record fails the load."""
-        from trainserve.export import read_warmup_inputs
-
         requests = read_warmup_inputs(loaded.path)
         for index, (signature, inputs) in enumerate(requests):
             try:
@@ -208,7 +206,6 @@ class ModelManager:
         return False
 
     def close(self) -> None:
-        with self._lock:
-            for model in self.models.values():
-                for state in model.available().values():
-                    self._unload(model.name, state)
+        for model in self.models.values():
+            for state in model.available().values():
+                self._unload(model.name, state)
