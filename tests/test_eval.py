@@ -214,3 +214,17 @@ def test_npz_is_streamed_not_loaded(tmp_path):
     assert [len(b[1]) for b in batches] == [256, 256, 256, 231]
     np.testing.assert_array_equal(np.concatenate([b[0] for b in batches])[:, :, :, 0], x[:999])
     np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), y[:999])
+
+
+def test_backoff_grows_is_capped_and_jittered():
+    import random
+
+    from trainserve.client import BACKOFF_BASE_S, BACKOFF_MAX_S, backoff_delay
+
+    rng = random.Random(0)
+    for attempt in range(12):
+        step = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt)
+        delays = {backoff_delay(attempt, rng) for _ in range(50)}
+        assert all(step / 2 <= d <= step for d in delays), "half fixed, half random, never above the cap"
+        assert len(delays) > 1, "jittered"
+    assert backoff_delay(30, rng) <= BACKOFF_MAX_S

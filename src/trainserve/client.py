@@ -75,14 +75,11 @@ class RequestFailed(TrainserveError):
         self.code = code
 
 
-def backoff_delays(retries: int, rng: random.Random | None = None) -> list[float]:
-    """Exponential backoff with 'equal jitter': half the step fixed, half random; capped."""
-    rng = rng or random.Random()
-    delays = []
-    for attempt in range(retries):
-        step = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt)
-        delays.append(step / 2 + rng.uniform(0, step / 2))
-    return delays
+def backoff_delay(attempt: int, rng: random.Random = random) -> float:
+    """Seconds to wait before retry `attempt` (0-based): exponential, capped, with 'equal jitter'
+    (half the step fixed, half random) so that many clients do not retry in lockstep."""
+    step = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt)
+    return step / 2 + rng.uniform(0, step / 2)
 
 
 class ServingClient:
@@ -174,7 +171,6 @@ class ServingClient:
         for key, value in inputs.items():
             request.inputs[key].CopyFrom(to_tensor_proto(value))
         request.output_filter.extend(outputs)
-        delays = backoff_delays(retries)
         for attempt in range(retries + 1):
             started = time.perf_counter()
             try:
@@ -183,12 +179,12 @@ class ServingClient:
                 if exc.code() not in RETRYABLE or attempt == retries:
                     raise _failed(exc, target, version, attempt, self.timeout) from None
                 log.debug("retrying after %s (attempt %d)", exc.code().name, attempt + 1)
-                time.sleep(delays[attempt])
+                time.sleep(backoff_delay(attempt))
                 continue
             latency = time.perf_counter() - started
             decoded = {k: from_tensor_proto(v) for k, v in response.outputs.items()}
             return response.model_spec.version.value, decoded, latency, attempt
-        raise AssertionError("unreachable")
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _status(exc: grpc.RpcError) -> str:

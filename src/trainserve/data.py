@@ -115,7 +115,7 @@ def build_dataset(
     """Check shapes, dtypes and labels; add the channel axis to HxW images."""
     where = source or name
     x_train, x_test = (_as_nhwc(x, f"{where}: {k}") for x, k in ((x_train, "x_train"), (x_test, "x_test")))
-    y_train, y_test = (_as_labels(y, f"{where}: {k}") for y, k in ((y_train, "y_train"), (y_test, "y_test")))
+    y_train, y_test = (as_labels(y, f"{where}: {k}") for y, k in ((y_train, "y_train"), (y_test, "y_test")))
     for x, y, split in ((x_train, y_train, "train"), (x_test, y_test, "test")):
         if len(x) != len(y):
             raise TrainserveError(
@@ -130,8 +130,6 @@ def build_dataset(
         raise TrainserveError(f"{where}: x_test is empty: expected at least one held-out example")
     observed = int(max(y_train.max(initial=0), y_test.max(initial=0))) + 1
     names = list(label_names or [str(i) for i in range(int(y_train.max(initial=0)) + 1)])
-    if min(int(y_train.min(initial=0)), int(y_test.min(initial=0))) < 0:
-        raise TrainserveError(f"{where}: labels must be integers >= 0")
     if observed > len(names):
         raise TrainserveError(
             f"{where}: label {observed - 1} is out of range: expected labels in [0, {len(names)})"
@@ -150,11 +148,14 @@ def _as_nhwc(x: np.ndarray, what: str) -> np.ndarray:
     return x
 
 
-def _as_labels(y: np.ndarray, what: str) -> np.ndarray:
+def as_labels(y: np.ndarray, what: str) -> np.ndarray:
+    """1-D int64 labels >= 0 ([N, 1] is flattened); anything else is an error naming `what`."""
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise TrainserveError(f"{what} has dtype {y.dtype} and shape {y.shape}: expected 1-D integer labels")
+    if y.min(initial=0) < 0:
+        raise TrainserveError(f"{what} has negative labels: labels must be integers >= 0")
     return y.astype(np.int64)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainserve.data import SyntheticSpec, load_dataset, synthetic_examples
+from trainserve.data import SyntheticSpec, as_labels, load_dataset, synthetic_examples
 from trainserve.errors import TrainserveError
 
 
@@ -117,14 +117,9 @@ def _open_npz(path: Path, limit: int | None) -> EvalData:
         raise TrainserveError(f"data file {path} is not a readable .npz ({exc})") from None
     if dtype != np.uint8 or len(shape) not in (3, 4):
         raise TrainserveError(f"{path}: x_test is {dtype} {list(shape)}: expected uint8 [N, H, W] or [N, H, W, C]")
-    if y.ndim == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) or len(y) != shape[0]:
-        raise TrainserveError(
-            f"{path}: y_test is {y.dtype} {list(y.shape)}: expected {shape[0]} integer labels, one per image"
-        )
-    if len(y) and y.min() < 0:
-        raise TrainserveError(f"{path}: y_test has negative labels: expected labels >= 0")
+    y = as_labels(y, f"{path}: y_test")  # the same label rules as training's
+    if len(y) != shape[0]:
+        raise TrainserveError(f"{path}: y_test has {len(y)} labels for {shape[0]} images: expected one per image")
     image = tuple(shape[1:]) + ((1,) if len(shape) == 3 else ())
     count = min(shape[0], limit or shape[0])
-    return NpzData(path.stem, image, dtype, count, names, int(y.max(initial=0)), path=path, y=y.astype(np.int64))
+    return NpzData(path.stem, image, dtype, count, names, int(y.max(initial=0)), path=path, y=y)
