@@ -32,7 +32,8 @@ import numpy as np  # noqa: E402
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
 from trainserve.data import SyntheticSpec, synthetic_examples  # noqa: E402
-from trainserve.evaluate import EvalConfig, evaluate  # noqa: E402
+from trainserve.evaluation.config import EvalConfig  # noqa: E402
+from trainserve.evaluation.run import evaluate  # noqa: E402
 from trainserve.savedmodel import LoadedModel  # noqa: E402
 from trainserve.tensors import to_tensor_proto  # noqa: E402
 

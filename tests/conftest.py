@@ -155,8 +155,9 @@ def model_versions(tmp_path_factory) -> list[Path]:
     """Three exports of the same 8x8x1 CNN with different weights: distinct answers per version."""
     import keras
 
-    from trainserve.export import export_savedmodel, write_warmup_requests
-    from trainserve.model import build_model
+    from trainserve.layout import write_warmup_requests
+    from trainserve.training.export import export_savedmodel
+    from trainserve.training.model import build_model
 
     root = tmp_path_factory.mktemp("versions")
     images = np.random.default_rng(0).integers(0, 256, (8, 8, 8, 1), dtype=np.uint8)
@@ -165,7 +166,7 @@ def model_versions(tmp_path_factory) -> list[Path]:
         keras.utils.set_random_seed(seed)
         path = root / f"seed{seed}"
         export_savedmodel(build_model("cnn", (8, 8, 1), 10), path, (8, 8, 1))
-        write_warmup_requests(path, "m", images)
+        write_warmup_requests(path, "m", {"images": images})
         paths.append(path)
     return paths
 

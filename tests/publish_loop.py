@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from trainserve.publish import publish_or_discard, staging_dir
+from trainserve.training.publish import publish_or_discard, staging_dir
 
 
 def copy_template(template: Path):

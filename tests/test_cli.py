@@ -81,3 +81,25 @@ def test_a_variable_meant_for_one_command_does_not_break_another(monkeypatch):
     monkeypatch.setenv("TRAINSERVE_MODEL", "digits")  # eval's --model is a name; train's is cnn|mlp
     assert build_parser().parse_args(["eval"]).model == "digits"
     assert build_parser().parse_args(["train"]).architecture == "cnn"
+
+
+def test_train_model_flag_still_works_with_a_deprecation_warning(capsys):
+    assert build_parser().parse_args(["train", "--model", "mlp"]).architecture == "mlp"
+    assert "--model is deprecated" in capsys.readouterr().err
+    assert build_parser().parse_args(["train", "--architecture", "mlp"]).architecture == "mlp"
+    assert "deprecated" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_cli_defaults_and_choices_come_from_the_config_dataclass(command):
+    from trainserve.evaluation.config import EvalConfig
+    from trainserve.options import config_from_args
+    from trainserve.training.config import STRATEGIES, TrainConfig
+
+    cls = {"train": TrainConfig, "eval": EvalConfig}[command]
+    parser = build_parser()
+    assert config_from_args(cls, parser.parse_args([command])) == cls(), "a flag's default differs from its field's"
+    if command == "train":
+        sub = parser._subparsers._group_actions[0].choices["train"]
+        strategy = next(a for a in sub._actions if a.dest == "strategy")
+        assert tuple(strategy.choices) == STRATEGIES

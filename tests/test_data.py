@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainserve.data import SyntheticSpec, load_dataset, make_input_pipeline, write_test_split
+from trainserve.data import SyntheticSpec, load_dataset, write_test_split
 from trainserve.errors import TrainserveError
+from trainserve.training.pipeline import make_input_pipeline
 
 
 def _npz(path, **overrides):

@@ -12,9 +12,10 @@ import pytest
 from conftest import ServeLocal, assert_one_line_error, install_version, run_cli
 from trainserve.cli import main
 from trainserve.data import SyntheticSpec, load_dataset
-from trainserve.evaldata import open_eval_data
-from trainserve.evaluate import EvalConfig, evaluate
-from trainserve.report import validate_report
+from trainserve.evaluation.config import EvalConfig
+from trainserve.evaluation.data import open_eval_data
+from trainserve.evaluation.report import validate_report
+from trainserve.evaluation.run import evaluate
 from trainserve.savedmodel import LoadedModel
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
 
@@ -219,7 +220,7 @@ def test_npz_is_streamed_not_loaded(tmp_path):
 def test_backoff_grows_is_capped_and_jittered():
     import random
 
-    from trainserve.client import BACKOFF_BASE_S, BACKOFF_MAX_S, backoff_delay
+    from trainserve.evaluation.client import BACKOFF_BASE_S, BACKOFF_MAX_S, backoff_delay
 
     rng = random.Random(0)
     for attempt in range(12):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import save_foreign_model
-from trainserve.gate import check_on_cpu, run_gate, save_golden
 from trainserve.savedmodel import LoadedModel, gpu_pinned_nodes
+from trainserve.training.gate import check_on_cpu, run_gate, save_golden
 
 
 def test_trainserve_export_passes_with_its_golden_batch(tiny_savedmodel, tmp_path):

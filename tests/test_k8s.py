@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import REPO, pinned_tf_version, require
-from trainserve.serving_config import parse_batching, parse_model_config, parse_monitoring
+from trainserve.serving.config import parse_batching, parse_model_config, parse_monitoring
 
 KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/local", "k8s/overlays/gpu", "k8s/overlays/multi-worker"]
 TOOLS = Path(sys.executable).parent.parent / "tools" / "bin"  # .venv/tools: see the Makefile

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from trainserve.model import GradientAccumulationModel, build_model, float32_copy
+from trainserve.training.model import GradientAccumulationModel, build_model, float32_copy
 
 
 def _pair(micro_batches: int):

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from conftest import free_port
-from trainserve.cluster import parse_tf_config, tf_config_from_env
 from trainserve.errors import TrainserveError
-from trainserve.publish import numeric_versions
+from trainserve.layout import numeric_versions
+from trainserve.training.cluster import parse_tf_config, tf_config_from_env
 
 INDEXED = {
     "JOB_COMPLETION_INDEX": "1",

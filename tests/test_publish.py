@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from trainserve.errors import TrainserveError
-from trainserve.publish import STAGING_PREFIX, numeric_versions, prune_versions, publish_or_discard, staging_dir
+from trainserve.layout import STAGING_PREFIX, numeric_versions
+from trainserve.training.publish import prune_versions, publish_or_discard, staging_dir
 
 HELPER = Path(__file__).with_name("publish_loop.py")
 

@@ -23,9 +23,9 @@ from tensorflow_serving.apis import (
 )
 
 from conftest import install_version, run_cli, save_foreign_model
-from trainserve.publish import publish_or_discard, staging_dir
 from trainserve.savedmodel import LoadedModel, serve_meta_graph
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
+from trainserve.training.publish import publish_or_discard, staging_dir
 
 pytestmark = pytest.mark.slow
 IMAGES = np.random.default_rng(5).integers(0, 256, (6, 8, 8, 1), dtype=np.uint8)
@@ -314,10 +314,10 @@ def test_batching_rejects_requests_over_max_batch_size(serve_local, model_versio
 
 
 def test_failing_warmup_record_fails_the_load(serve_local, model_versions, tmp_path):
-    from trainserve.export import write_warmup_requests
+    from trainserve.layout import write_warmup_requests
 
     version = install_version(model_versions[0], tmp_path / "m", 1)
-    write_warmup_requests(version, "m", np.zeros((2, 7, 7, 1), np.uint8))  # wrong shape for this model
+    write_warmup_requests(version, "m", {"images": np.zeros((2, 7, 7, 1), np.uint8)})  # wrong shape for this model
     server = serve_local("--model_name=m", f"--model_base_path={tmp_path / 'm'}")
     server.wait_for(lambda: "warmup record 0 failed" in server.log(), "the warmup failure")
     assert server.proc.poll() is None, "a failed load is reported, not fatal"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainserve.errors import TrainserveError
-from trainserve.serving_config import Batching, parse_batching, parse_model_config, parse_monitoring
+from trainserve.serving.config import Batching, parse_batching, parse_model_config, parse_monitoring
 
 
 def _write(tmp_path, text, name="f.config"):

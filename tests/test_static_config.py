@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import REPO, pinned_tf_version
-from trainserve.serving_config import TF_SERVING_FLAGS, parse_batching, parse_model_config, parse_monitoring
+from trainserve.serving.config import TF_SERVING_FLAGS, parse_batching, parse_model_config, parse_monitoring
 
 SERVE_CPU = REPO / "images" / "serve-cpu"
 BIN = Path(sys.executable).parent

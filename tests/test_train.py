@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from trainserve.publish import numeric_versions
+from trainserve.layout import numeric_versions
 
 pytestmark = pytest.mark.slow
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from trainserve import __version__
 from trainserve.errors import TrainserveError
+from trainserve.options import add_options, config_from_args
 
 
 class EnvDefaults(argparse.ArgumentParser):
@@ -51,78 +52,48 @@ class EnvDefaults(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: expected an integer >= 1")
-    return value
+class DeprecatedAlias(argparse.Action):
+    """An old flag name that still works for one release, with a warning naming the new one."""
 
+    def __init__(self, *args, new_flag: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.new_flag = new_flag
 
-def shape(text: str) -> tuple[int, int, int]:
-    try:
-        dims = tuple(int(d) for d in text.lower().replace("x", ",").split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected H,W,C such as 28,28,1") from None
-    if len(dims) != 3 or min(dims) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected H,W,C such as 28,28,1")
-    return dims  # type: ignore[return-value]
-
-
-def add_synthetic_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--synthetic-shape", type=shape, default=(28, 28, 1), help="H,W,C of --data synthetic")
-    p.add_argument("--synthetic-classes", type=positive_int, default=10, help="classes of --data synthetic")
-    p.add_argument("--synthetic-size", type=positive_int, default=10000, help="examples of --data synthetic")
-
-
-def config_from_args(cls, args: argparse.Namespace):
-    """A TrainConfig or EvalConfig from parsed flags: one field per flag, plus the synthetic spec."""
-    from trainserve.data import SyntheticSpec
-
-    return cls(
-        **{k: getattr(args, k) for k in cls.__dataclass_fields__ if k != "synthetic"},
-        synthetic=SyntheticSpec(args.synthetic_shape, args.synthetic_classes, args.synthetic_size),
-    )
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(
+            f"{parser.prog}: warning: {option_string} is deprecated and will be removed in the next release: "
+            f"use {self.new_flag}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
 
 
 def add_train_parser(commands) -> None:
+    from trainserve.training.config import ARCHITECTURES, TrainConfig
+
     p = commands.add_parser(
         "train",
         help="train a model and publish it as the next numbered SavedModel version",
         description="Train on the visible GPUs (or the CPU), verify the export on a CPU, publish "
         "EXPORT_BASE/MODEL_NAME/<version>/ atomically.",
     )
-    p.add_argument("--model-name", default="digits", help="name of the served model (directory under --export-base)")
-    p.add_argument("--export-base", type=Path, default=Path("models"), help="model base directory (/models in images)")
+    add_options(p, TrainConfig)
+    # `--model` named the architecture before 0.2; `eval --model` names the served model.
     p.add_argument(
-        "--data",
-        default="digits",
-        help="digits (bundled, offline) | synthetic | mnist | fashion_mnist | cifar10 | FILE.npz "
-        "with x_train y_train x_test y_test",
+        "--model",
+        dest="architecture",
+        choices=ARCHITECTURES,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+        action=DeprecatedAlias,
+        new_flag="--architecture",
     )
-    p.add_argument("--data-dir", type=Path, default=Path("data"), help="where the held-out split is shared")
-    p.add_argument("--logs-dir", type=Path, default=Path("logs"), help="CSV, TensorBoard, curves PNG, summary")
-    p.add_argument("--backup-dir", type=Path, help="resume a killed run from its last finished epoch")
-    p.add_argument("--model", dest="architecture", default="cnn", choices=("cnn", "mlp"), help="architecture")
-    p.add_argument("--epochs", type=positive_int, default=10, help="epochs to train")
-    p.add_argument("--batch-size", type=positive_int, default=64, help="per-replica batch size")
-    p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate")
-    p.add_argument("--grad-accum", type=positive_int, default=1, help="accumulate gradients over K steps")
-    p.add_argument(
-        "--strategy",
-        default="auto",
-        choices=("auto", "default", "one-device", "mirrored", "multi-worker"),
-        help="tf.distribute; auto: multi-worker under TF_CONFIG, mirrored with several GPUs",
-    )
-    p.add_argument("--cpu-replicas", type=positive_int, default=1, help="split the CPU into N logical devices")
-    p.add_argument("--mixed-precision", default="auto", choices=("auto", "on", "off"), help="auto: on for GPUs >= 7.0")
-    p.add_argument("--keep", type=positive_int, help="keep only the newest N versions (never the new one)")
-    p.add_argument("--seed", type=int, default=0, help="random seed")
-    add_synthetic_arguments(p)
     p.set_defaults(func=run_train)
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from trainserve.train import TrainConfig, train
+    from trainserve.training.config import TrainConfig
+    from trainserve.training.run import train
 
     config = config_from_args(TrainConfig, args)
     result = train(config)
@@ -143,7 +114,7 @@ def add_verify_parser(commands) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from trainserve.gate import run_gate
+    from trainserve.training.gate import run_gate
 
     if not args.version_dir.is_dir():
         raise TrainserveError(f"{args.version_dir} is not a directory: expected a SavedModel version directory")
@@ -155,7 +126,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def add_serve_local_parser(commands) -> None:
-    from trainserve.serving_config import add_serve_local_arguments
+    from trainserve.serving.config import add_serve_local_arguments
 
     p = commands.add_parser(
         "serve-local",
@@ -168,44 +139,27 @@ def add_serve_local_parser(commands) -> None:
 
 
 def run_serve_local(args: argparse.Namespace) -> int:
-    from trainserve.serve_local import serve
-    from trainserve.serving_config import options_from_args
+    from trainserve.serving.config import options_from_args
+    from trainserve.serving.server import serve
 
     return serve(options_from_args(args))
 
 
 def add_eval_parser(commands) -> None:
+    from trainserve.evaluation.config import EvalConfig
+
     p = commands.add_parser(
         "eval",
         help="evaluate a served model over gRPC: accuracy, loss, latency, throughput",
         description="Batched gRPC evaluation against TF Serving or serve-local. Exit 1 below --min-accuracy.",
     )
-    p.add_argument("--server", default="localhost:8500", help="gRPC HOST:PORT")
-    p.add_argument("--model", default="digits", help="model name")
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--version", type=positive_int, help="evaluate this version (default: newest)")
-    which.add_argument("--label", help="evaluate the version behind this label")
-    p.add_argument("--signature", default="serving_default", help="SignatureDef to call")
-    p.add_argument("--data", default="digits", help="digits | synthetic | FILE.npz with x_test, y_test")
-    p.add_argument("--batch-size", type=positive_int, default=256, help="examples per request")
-    p.add_argument("--concurrency", type=positive_int, default=4, help="requests in flight")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per request attempt")
-    p.add_argument("--retries", type=int, default=5, help="retries of UNAVAILABLE/DEADLINE_EXCEEDED/RESOURCE_EXHAUSTED")
-    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the model to be AVAILABLE")
-    p.add_argument("--limit", type=positive_int, help="evaluate only the first N examples")
-    p.add_argument("--top-k", type=positive_int, default=5, help="k of the top-k accuracy")
-    p.add_argument("--report", type=Path, help="write the JSON report here")
-    p.add_argument("--plots", type=Path, help="write confusion_matrix.png and latency_histogram.png here")
-    p.add_argument("--min-accuracy", type=float, help="exit 1 when accuracy is below this")
-    p.add_argument("--tls-ca", type=Path, help="PEM root certificate for a TLS server")
-    p.add_argument("--compare-local", type=Path, help="also run this SavedModel version dir in-process on CPU")
-    add_synthetic_arguments(p)
+    add_options(p, EvalConfig)
     p.set_defaults(func=run_eval)
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from trainserve.evaluate import EvalConfig, evaluate
-    from trainserve.report import summary_table, write_plots, write_report
+    from trainserve.evaluation.report import summary_table, write_plots, write_report
+    from trainserve.evaluation.run import EvalConfig, evaluate
 
     config = config_from_args(EvalConfig, args)
     result = evaluate(config)
@@ -239,7 +193,7 @@ def add_tf_config_parser(commands) -> None:
 def run_tf_config(args: argparse.Namespace) -> int:
     import json
 
-    from trainserve.cluster import tf_config_from_env
+    from trainserve.training.cluster import tf_config_from_env
 
     print(json.dumps(tf_config_from_env()))
     return 0

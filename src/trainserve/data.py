@@ -1,13 +1,13 @@
-"""Data sets: load, validate, fingerprint, share the held-out split, and feed tf.data on the CPU.
+"""Data sets: load, validate, fingerprint and share the held-out split (training and evaluation both).
 
 Every source ends up as uint8 images `[N, H, W, C]` and int64 labels in `[0, K)`. Scaling to float
-happens in `preprocess`, which both the training input pipeline and the exported serving signature call,
-so the model sees identically preprocessed data in training and in TF Serving.
+happens in the training graph and the serving signature (`trainserve.training.pipeline.preprocess`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import zipfile
 from dataclasses import dataclass, field
@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
+from trainserve.layout import write_file_atomic
+from trainserve.options import image_shape, option, positive_int
 
 KERAS_DATASETS = ("mnist", "fashion_mnist", "cifar10")
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -27,9 +29,9 @@ FASHION_LABELS = ["t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "
 class SyntheticSpec:
     """Shape of `--data synthetic`: learnable class templates plus noise, for load and speed runs."""
 
-    shape: tuple[int, int, int] = (28, 28, 1)
-    classes: int = 10
-    size: int = 10000
+    shape: tuple[int, int, int] = option((28, 28, 1), "H,W,C of --data synthetic", parse=image_shape)
+    classes: int = option(10, "classes of --data synthetic", parse=positive_int)
+    size: int = option(10000, "examples of --data synthetic", parse=positive_int)
 
 
 @dataclass
@@ -211,15 +213,10 @@ def _keras_dataset(name: str) -> Dataset:
 
 
 def write_npz_atomic(path: Path, **arrays: np.ndarray) -> Path:
-    """Write an npz via a temp file and one rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
+    """Write an npz so that readers never see half a file (held-out splits are small: built in memory)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return write_file_atomic(path, buffer.getvalue())
 
 
 def write_test_split(dataset: Dataset, data_dir: Path, model_name: str) -> Path:
@@ -230,28 +227,3 @@ def write_test_split(dataset: Dataset, data_dir: Path, model_name: str) -> Path:
         y_test=dataset.y_test,
         label_names=np.array(dataset.label_names),
     )
-
-
-def preprocess(images):
-    """uint8 images -> float32 in [0, 1]. Runs in tf.data for training and inside the serving graph."""
-    import tensorflow as tf
-
-    return tf.cast(images, tf.float32) / 255.0
-
-
-def make_input_pipeline(x: np.ndarray, y: np.ndarray, global_batch: int, seed: int, training: bool):
-    """tf.data on the CPU: cache the raw uint8 data, shuffle, batch, parallel preprocess, prefetch.
-
-    Caching the uint8 arrays (4x smaller than float32) and mapping per batch keeps the accelerator fed
-    without a Python loop in the way.
-    """
-    import tensorflow as tf
-
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).cache()
-    if training:
-        ds = ds.shuffle(min(len(x), 50_000), seed=seed, reshuffle_each_iteration=True)
-    # Training drops the ragged last batch (reshuffled away next epoch): every step then has full,
-    # evenly split per-replica batches, which gradient accumulation's micro-batches rely on.
-    ds = ds.batch(global_batch, drop_remainder=training and len(x) >= global_batch)
-    ds = ds.map(lambda images, labels: (preprocess(images), labels), num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE)

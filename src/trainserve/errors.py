@@ -6,3 +6,9 @@ class TrainserveError(Exception):
 
     The message is printed as is, on one line, so it must name what was expected.
     """
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (TensorFlow's run to pages), or its type's name."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

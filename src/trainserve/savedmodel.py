@@ -13,16 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from trainserve.errors import TrainserveError
+from trainserve.errors import TrainserveError, first_line
 
 SERVE_TAG = "serve"
 
 
 class UnknownSignature(TrainserveError):
     """The SignatureDef a request names is not in the model."""
-
-
-DEFAULT_SIGNATURE = "serving_default"
 
 
 def saved_model_proto(version_dir: Path):
@@ -114,8 +111,7 @@ class LoadedModel:
                 meta_graph = tf.compat.v1.saved_model.loader.load(self.session, [SERVE_TAG], str(self.path))
         except Exception as exc:  # TF raises many types; all mean "TF Serving would refuse this too"
             self.session.close()
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise TrainserveError(f"{self.path} does not load on CPU: {first}") from None
+            raise TrainserveError(f"{self.path} does not load on CPU: {first_line(exc)}") from None
         self.signature_defs = dict(meta_graph.signature_def)
         self.signatures = {
             name: (

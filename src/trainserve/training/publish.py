@@ -19,18 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
-from trainserve.export import write_metadata
+from trainserve.layout import STAGING_PREFIX, fsync_dir, numeric_versions, write_metadata
 
 log = logging.getLogger(__name__)
-
-STAGING_PREFIX = ".tmp-"
-
-
-def numeric_versions(model_base: Path) -> list[int]:
-    """Version numbers present under `model_base`, as TF Serving sees them (integer dir names)."""
-    if not model_base.is_dir():
-        return []
-    return sorted(int(p.name) for p in model_base.iterdir() if p.is_dir() and p.name.isdigit())
 
 
 def ensure_writable(model_base: Path) -> None:
@@ -88,15 +79,7 @@ def fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(Path(dirpath))
 
 
 def publish_version(staged: Path, metadata: dict, keep: int | None = None) -> tuple[int, Path]:
@@ -117,7 +100,7 @@ def publish_version(staged: Path, metadata: dict, keep: int | None = None) -> tu
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
             version = max(max(numeric_versions(model_base), default=0), version) + 1
-    _fsync_dir(model_base)
+    fsync_dir(model_base)
     log.info("published version %d at %s", version, target)
     if keep:
         prune_versions(model_base, keep, protect=version)

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainserve.errors import TrainserveError
-from trainserve.export import read_warmup_inputs
+from trainserve.errors import TrainserveError, first_line
+from trainserve.layout import read_warmup_inputs
 from trainserve.savedmodel import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class ModelManager:
             loaded = LoadedModel(model.base_path / str(version), self.intra_op_threads, self.inter_op_threads)
             replayed = self._replay_warmup(loaded) if self.warmup else 0
         except Exception as exc:  # any failure is a failed load, reported in the status, never fatal
-            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            message = first_line(exc)
             state.state, state.error_message = END, message
             model.failed_dirs[version] = mtime
             log.error("model %s version %d: load failed, END: %s", model.name, version, message)

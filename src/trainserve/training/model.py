@@ -9,8 +9,7 @@ from __future__ import annotations
 import keras
 
 from trainserve.errors import TrainserveError
-
-ARCHITECTURES = ("cnn", "mlp")
+from trainserve.training.config import ARCHITECTURES
 
 
 class GradientAccumulationModel(keras.Model):
@@ -55,8 +54,8 @@ def build_model(
     """A fresh, uncompiled model under the current Keras dtype policy."""
     inputs = keras.Input(shape=input_shape, name="images")
     if architecture == "cnn":
-        # mnist_convnet with half the filters (SERVING_FACTS.md's "small CNN"): pooling after each conv
-        # keeps the compute small enough for cheap CPU serving.
+        # Keras' mnist_convnet example with half the filters: pooling after each conv keeps the compute
+        # small enough for cheap CPU serving (docs/serving-on-cpus.md has the numbers).
         x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
         x = keras.layers.MaxPooling2D(2)(x) if min(input_shape[:2]) >= 2 else x
         x = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(x)
@@ -69,7 +68,7 @@ def build_model(
         x = keras.layers.Dropout(0.2)(x)
         x = keras.layers.Dense(128, activation="relu")(x)
     else:
-        raise TrainserveError(f"--model {architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
+        raise TrainserveError(f"--architecture {architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
     logits = keras.layers.Dense(num_classes, name="logits")(x)
     outputs = keras.layers.Activation("softmax", dtype="float32", name="probabilities")(logits)
     name = f"trainserve_{architecture}"

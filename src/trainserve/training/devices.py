@@ -12,12 +12,12 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 
-from trainserve.cluster import parse_tf_config
 from trainserve.errors import TrainserveError
+from trainserve.training.cluster import parse_tf_config
+from trainserve.training.config import STRATEGIES
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("auto", "default", "one-device", "mirrored", "multi-worker")
 MIXED_PRECISION_MIN_CAPABILITY = (7, 0)  # Volta and newer have tensor cores for float16
 
 

@@ -12,56 +12,27 @@ import logging
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import keras
 import numpy as np
 
-from trainserve.data import SyntheticSpec, load_dataset, make_input_pipeline, preprocess, write_test_split
-from trainserve.devices import make_strategy, resolve_mixed_precision
+from trainserve.data import load_dataset, write_test_split
 from trainserve.errors import TrainserveError
-from trainserve.export import export_savedmodel, write_warmup_requests
-from trainserve.gate import FLOAT32_ATOL, MIXED_PRECISION_ATOL, run_gate, save_golden
-from trainserve.model import build_model, float32_copy
+from trainserve.layout import DEFAULT_SIGNATURE, write_warmup_requests
 from trainserve.plots import plot_training_curves
-from trainserve.publish import ensure_writable, publish_or_discard, staging_dir
+from trainserve.training.config import TrainConfig
+from trainserve.training.devices import make_strategy, resolve_mixed_precision
+from trainserve.training.export import export_savedmodel
+from trainserve.training.gate import FLOAT32_ATOL, MIXED_PRECISION_ATOL, run_gate, save_golden
+from trainserve.training.model import build_model, float32_copy
+from trainserve.training.pipeline import make_input_pipeline, preprocess
+from trainserve.training.publish import ensure_writable, publish_or_discard, staging_dir
 
 log = logging.getLogger(__name__)
 
 GOLDEN_BATCH = 32
-
-
-@dataclass
-class TrainConfig:
-    """Everything `trainserve train` takes; each field is a flag of the same name."""
-
-    model_name: str = "digits"
-    export_base: Path = Path("models")
-    data: str = "digits"
-    data_dir: Path | None = Path("data")
-    logs_dir: Path = Path("logs")
-    backup_dir: Path | None = None
-    architecture: str = "cnn"  # --model cnn|mlp (TRAINSERVE_ARCHITECTURE: TRAINSERVE_MODEL is eval's)
-    epochs: int = 10
-    batch_size: int = 64  # per replica
-    learning_rate: float = 1e-3
-    grad_accum: int = 1
-    strategy: str = "auto"
-    cpu_replicas: int = 1
-    mixed_precision: str = "auto"
-    keep: int | None = None
-    seed: int = 0
-    synthetic: SyntheticSpec = field(default_factory=SyntheticSpec)
-
-    def check(self) -> None:
-        for name in ("epochs", "batch_size", "grad_accum", "cpu_replicas"):
-            if getattr(self, name) < 1:
-                raise TrainserveError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
-        if self.keep is not None and self.keep < 1:
-            raise TrainserveError(f"--keep {self.keep}: expected >= 1 (the new version is always kept)")
-        if not self.model_name or not all(c.isalnum() or c in "-_." for c in self.model_name):
-            raise TrainserveError(f"--model-name {self.model_name!r}: expected letters, digits, '-', '_' or '.'")
 
 
 @dataclass
@@ -327,7 +298,7 @@ def _export_and_publish(config: TrainConfig, dataset, data_info: dict, model, pl
         "data": data_info,
         "label_names": dataset.label_names,
         "input_shape": list(dataset.input_shape),
-        "signature": {"name": "serving_default", "input": "images", "outputs": ["probabilities", "classes"]},
+        "signature": {"name": DEFAULT_SIGNATURE, "input": "images", "outputs": ["probabilities", "classes"]},
         "metrics": metrics,
         "gate": {"atol": atol, "golden_batch": len(golden_images)},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -335,7 +306,7 @@ def _export_and_publish(config: TrainConfig, dataset, data_info: dict, model, pl
 
     def build_and_check(path: Path) -> None:
         export_savedmodel(export_model, path, dataset.input_shape)
-        write_warmup_requests(path, config.model_name, dataset.x_test)
+        write_warmup_requests(path, config.model_name, {"images": dataset.x_test})
         with tempfile.TemporaryDirectory() as tmp:
             golden = save_golden(Path(tmp) / "golden.npz", {"images": golden_images}, expected)
             gate = run_gate(path, golden, atol)

@@ -34,10 +34,10 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from trainserve.errors import TrainserveError
-from trainserve.model_manager import ModelManager, NotFound, VersionState
-from trainserve.savedmodel import DEFAULT_SIGNATURE, UnknownSignature
-from trainserve.serving_config import (
+from trainserve.errors import TrainserveError, first_line
+from trainserve.layout import DEFAULT_SIGNATURE
+from trainserve.savedmodel import UnknownSignature
+from trainserve.serving.config import (
     Batching,
     ServerOptions,
     parse_batching,
@@ -45,9 +45,10 @@ from trainserve.serving_config import (
     parse_monitoring,
     single_model_config,
 )
+from trainserve.serving.manager import ModelManager, NotFound, VersionState
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
 
-log = logging.getLogger("trainserve.serve_local")
+log = logging.getLogger("trainserve.serving.server")
 
 MAX_MESSAGE = 2**31 - 1  # TF Serving's gRPC limit (INT32_MAX)
 STATE_CODES = {"UNKNOWN": 0, "START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "END": 50}
@@ -105,8 +106,7 @@ class Servables:
             except TrainserveError as exc:
                 raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
             except Exception as exc:  # a TF runtime error inside the graph
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, first) from None
+                raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, first_line(exc)) from None
             return state.version, signature, outputs
 
     def metadata(self, name, version, label) -> tuple[int, get_model_metadata_pb2.SignatureDefMap]:

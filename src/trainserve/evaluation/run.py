@@ -13,52 +13,15 @@ import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from trainserve.client import ServingClient, Signature, Target
-from trainserve.data import SyntheticSpec
 from trainserve.errors import TrainserveError
-from trainserve.evaldata import EvalData, open_eval_data
+from trainserve.evaluation.client import ServingClient, Signature, Target
+from trainserve.evaluation.config import EvalConfig
+from trainserve.evaluation.data import EvalData, open_eval_data
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EvalConfig:
-    """Everything `trainserve eval` takes; each field is a flag of the same name."""
-
-    server: str = "localhost:8500"
-    model: str = "digits"
-    version: int | None = None
-    label: str | None = None
-    signature: str = "serving_default"
-    data: str = "digits"
-    batch_size: int = 256
-    concurrency: int = 4
-    timeout: float = 10.0
-    retries: int = 5
-    wait: float = 60.0
-    limit: int | None = None
-    top_k: int = 5
-    report: Path | None = None
-    plots: Path | None = None
-    min_accuracy: float | None = None
-    tls_ca: Path | None = None
-    compare_local: Path | None = None
-    synthetic: SyntheticSpec = field(default_factory=SyntheticSpec)
-
-    def check(self) -> None:
-        if self.version is not None and self.label:
-            raise TrainserveError("--version and --label both given: expected at most one")
-        for name in ("batch_size", "concurrency"):
-            if getattr(self, name) < 1:
-                raise TrainserveError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
-        if self.timeout <= 0 or self.retries < 0 or self.wait < 0:
-            raise TrainserveError("--timeout must be > 0, --retries and --wait >= 0")
-        if self.compare_local is not None and not (self.compare_local / "saved_model.pb").is_file():
-            raise TrainserveError(f"--compare-local {self.compare_local}: expected a SavedModel version directory")
 
 
 @dataclass
@@ -167,7 +130,7 @@ def _rss_mb() -> float:
 
 def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     """Run the whole evaluation; raises TrainserveError with a one-line message on any failure."""
-    from trainserve.report import build_report
+    from trainserve.evaluation.report import build_report
 
     config.check()
     start_rss = _rss_mb()

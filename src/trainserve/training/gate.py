@@ -7,7 +7,7 @@ process has GPUs, soft placement habits and cached kernels that a CPU server wil
 3. runs a golden batch and compares with the training process's outputs, or, for a SavedModel made
    elsewhere, replays its warmup requests (or zeros shaped like its inputs) and checks they run.
 
-`python -m trainserve.gate VERSION_DIR [--golden FILE --atol X]` prints one JSON line.
+`python -m trainserve.training.gate VERSION_DIR [--golden FILE --atol X]` prints one JSON line.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def save_golden(path: Path, inputs: dict[str, np.ndarray], outputs: dict[str, np
 
 def check_on_cpu(version_dir: Path, golden: Path | None = None, atol: float = FLOAT32_ATOL) -> GateResult:
     """The gate itself; call it in a process that sees no GPU (see `run_gate`)."""
-    from trainserve.export import read_warmup_inputs
-    from trainserve.savedmodel import DEFAULT_SIGNATURE, LoadedModel, gpu_pinned_nodes
+    from trainserve.layout import DEFAULT_SIGNATURE, read_warmup_inputs
+    from trainserve.savedmodel import LoadedModel, gpu_pinned_nodes
 
     try:
         pinned = gpu_pinned_nodes(version_dir)
@@ -103,7 +103,7 @@ def _compare(expected: dict, got: dict, atol: float, signatures: list[str]) -> G
 def run_gate(version_dir: Path, golden: Path | None = None, atol: float = FLOAT32_ATOL) -> GateResult:
     """Run `check_on_cpu` in a fresh Python process that cannot see any GPU."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL="2")
-    command = [sys.executable, "-m", "trainserve.gate", str(version_dir), "--atol", str(atol)]
+    command = [sys.executable, "-m", "trainserve.training.gate", str(version_dir), "--atol", str(atol)]
     if golden is not None:
         command += ["--golden", str(golden)]
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -115,7 +115,7 @@ def run_gate(version_dir: Path, golden: Path | None = None, atol: float = FLOAT3
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainserve.gate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m trainserve.training.gate", description=__doc__.splitlines()[0])
     parser.add_argument("version_dir", type=Path)
     parser.add_argument("--golden", type=Path)
     parser.add_argument("--atol", type=float, default=FLOAT32_ATOL)

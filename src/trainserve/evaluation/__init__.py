@@ -1,0 +1,1 @@
+"""Evaluation stage (the eval image): data -> gRPC client -> batched run -> report."""

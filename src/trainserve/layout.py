@@ -1,0 +1,127 @@
+"""The model directory contract: what training writes and serving and evaluation read.
+
+    <base>/<model>/<version>/saved_model.pb, variables/, assets/
+    <base>/<model>/<version>/assets.extra/tf_serving_warmup_requests   PredictionLog records (TF Serving's)
+    <base>/<model>/<version>/assets.extra/trainserve.json              what trainserve knows of the version
+    <base>/<model>/.tmp-<host>-<pid>-<id>/                             a version being staged
+
+A version is a child directory whose name is an integer, exactly as TF Serving's file-system source
+decides (sources/storage_path/file_system_storage_path_source.cc); any other name is skipped, which is
+what makes staging in `.tmp-*` and one rename an atomic publish. Nothing else defines these names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_SIGNATURE = "serving_default"
+ASSETS_EXTRA = "assets.extra"
+WARMUP_FILE = "tf_serving_warmup_requests"
+METADATA_FILE = "trainserve.json"
+MAX_WARMUP_RECORDS = 1000  # TF Serving replays at most this many (servables/tensorflow/saved_model_warmup)
+STAGING_PREFIX = ".tmp-"
+
+
+def is_version_dir(path: Path) -> bool:
+    return path.name.isdigit() and path.is_dir()
+
+
+def numeric_versions(model_base: Path) -> list[int]:
+    """Version numbers present under `model_base`, as TF Serving sees them (integer dir names)."""
+    if not model_base.is_dir():
+        return []
+    return sorted(int(p.name) for p in model_base.iterdir() if is_version_dir(p))
+
+
+def warmup_path(version_dir: Path) -> Path:
+    return Path(version_dir) / ASSETS_EXTRA / WARMUP_FILE
+
+
+def metadata_path(version_dir: Path) -> Path:
+    return Path(version_dir) / ASSETS_EXTRA / METADATA_FILE
+
+
+def write_metadata(version_dir: Path, metadata: dict) -> None:
+    path = metadata_path(version_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
+
+
+def read_metadata(version_dir: Path) -> dict | None:
+    """`trainserve.json` of a version, or None for a SavedModel trainserve did not publish."""
+    path = metadata_path(version_dir)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_warmup_requests(
+    version_dir: Path, model_name: str, inputs: dict[str, np.ndarray], batch_sizes=(1, 8, 32)
+) -> int:
+    """`assets.extra/tf_serving_warmup_requests`: real held-out examples as PredictionLog records.
+
+    One record per batch size the server is likely to see, so the first real requests after a load
+    are not the slow ones (tensorflow/serving#385).
+    """
+    import tensorflow as tf
+    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+    path = warmup_path(version_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for size in batch_sizes[:MAX_WARMUP_RECORDS]:
+            request = predict_pb2.PredictRequest(
+                model_spec=model_pb2.ModelSpec(name=model_name, signature_name=DEFAULT_SIGNATURE)
+            )
+            for key, array in inputs.items():
+                request.inputs[key].CopyFrom(tf.make_tensor_proto(array[: min(size, len(array))]))
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+            count += 1
+    return count
+
+
+def read_warmup_inputs(version_dir: Path) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """The (signature, inputs) of each warmup PredictionLog record, as TF Serving replays them."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = warmup_path(version_dir)
+    if not path.is_file():
+        return []
+    requests = []
+    for raw in tf.data.TFRecordDataset(str(path)).take(MAX_WARMUP_RECORDS):
+        log = prediction_log_pb2.PredictionLog.FromString(raw.numpy())
+        request = log.predict_log.request
+        inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+        requests.append((request.model_spec.signature_name or DEFAULT_SIGNATURE, inputs))
+    return requests
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomic(path: Path, data: bytes) -> Path:
+    """Write via a temp file, fsync and one rename: readers in other processes see all of it or none."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path

@@ -1,0 +1,1 @@
+"""Training stage (the train-gpu image): data -> devices -> model -> fit -> export -> CPU gate -> publish."""

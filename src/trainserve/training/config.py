@@ -1,0 +1,59 @@
+"""`trainserve train`'s options, declared once: type, default and help. The CLI is derived from them.
+
+Kept free of TensorFlow so that `trainserve train --help` answers at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from trainserve.data import SyntheticSpec
+from trainserve.errors import TrainserveError
+from trainserve.options import choices_of, option, positive_int
+
+Architecture = Literal["cnn", "mlp"]
+Strategy = Literal["auto", "default", "one-device", "mirrored", "multi-worker"]
+MixedPrecision = Literal["auto", "on", "off"]
+
+ARCHITECTURES: tuple[str, ...] = choices_of(Architecture)
+STRATEGIES: tuple[str, ...] = choices_of(Strategy)
+
+
+@dataclass
+class TrainConfig:
+    """Everything `trainserve train` takes; each field is the flag of the same name."""
+
+    model_name: str = option("digits", "name of the served model (directory under --export-base)")
+    export_base: Path = option(Path("models"), "model base directory (/models in images)")
+    data: str = option(
+        "digits",
+        "digits (bundled, offline) | synthetic | mnist | fashion_mnist | cifar10 | FILE.npz "
+        "with x_train y_train x_test y_test",
+    )
+    data_dir: Path | None = option(Path("data"), "where the held-out split is shared")
+    logs_dir: Path = option(Path("logs"), "CSV, TensorBoard, curves PNG, summary")
+    backup_dir: Path | None = option(None, "resume a killed run from its last finished epoch")
+    architecture: Architecture = option("cnn", "the built-in network to train")
+    epochs: int = option(10, "epochs to train", parse=positive_int)
+    batch_size: int = option(64, "per-replica batch size", parse=positive_int)
+    learning_rate: float = option(1e-3, "Adam learning rate")
+    grad_accum: int = option(1, "accumulate gradients over K steps", parse=positive_int)
+    strategy: Strategy = option("auto", "tf.distribute; auto: multi-worker under TF_CONFIG, mirrored with several GPUs")
+    cpu_replicas: int = option(1, "split the CPU into N logical devices", parse=positive_int)
+    mixed_precision: MixedPrecision = option("auto", "auto: on for GPUs >= 7.0")
+    keep: int | None = option(None, "keep only the newest N versions (never the new one)", parse=positive_int)
+    seed: int = option(0, "random seed")
+    synthetic: SyntheticSpec = option(factory=SyntheticSpec)
+
+    def check(self) -> None:
+        for name in ("epochs", "batch_size", "grad_accum", "cpu_replicas"):
+            if getattr(self, name) < 1:
+                raise TrainserveError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
+        if self.keep is not None and self.keep < 1:
+            raise TrainserveError(f"--keep {self.keep}: expected >= 1 (the new version is always kept)")
+        if not self.model_name or not all(c.isalnum() or c in "-_." for c in self.model_name):
+            raise TrainserveError(f"--model-name {self.model_name!r}: expected letters, digits, '-', '_' or '.'")
+        if self.architecture not in ARCHITECTURES:
+            raise TrainserveError(f"--architecture {self.architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
