@@ -78,7 +78,7 @@ def add_train_parser(commands) -> None:
         "EXPORT_BASE/MODEL_NAME/<version>/ atomically.",
     )
     add_options(p, TrainConfig)
-    # `--model` named the architecture before 0.2; `eval --model` names the served model.
+    # `--model` was the old name of --architecture; `eval --model` names the served model.
     p.add_argument(
         "--model",
         dest="architecture",
