@@ -1,4 +1,5 @@
-"""Which model versions are loaded, as TF Serving's file-system source and manager decide it.
+"""Which model versions are loaded, as TF Serving's file-system source and manager decide it
+(sources/storage_path/file_system_storage_path_source.cc, core/aspired_versions_manager.cc).
 
 Per model: scan `base_path` for numeric version directories, pick the aspired ones by the version
 policy (`latest {n}`, `all`, `specific`), load new ones (replaying warmup) before unloading old ones,
@@ -13,14 +14,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tensorflow_serving.apis.get_model_status_pb2 import ModelVersionStatus
+
 from trainserve.errors import TrainserveError, first_line
 from trainserve.layout import read_warmup_inputs
 from trainserve.savedmodel import LoadedModel
 
 log = logging.getLogger(__name__)
 
-# tensorflow.serving.ModelVersionStatus.State
-START, LOADING, AVAILABLE, UNLOADING, END = "START", "LOADING", "AVAILABLE", "UNLOADING", "END"
+# The proto's own enum (apis/get_model_status.proto), so GetModelStatus sends the state as it is and
+# REST prints its name: one source for the codes and their names.
+State = ModelVersionStatus.State
 
 
 class NotFound(TrainserveError):
@@ -30,7 +34,7 @@ class NotFound(TrainserveError):
 @dataclass
 class VersionState:
     version: int
-    state: str = START
+    state: int = State.START  # a ModelVersionStatus.State value
     error_message: str = ""
     model: LoadedModel | None = None
 
@@ -83,7 +87,7 @@ class ServedModel:
 
     def available(self) -> dict[int, VersionState]:
         # list(): a snapshot taken in one step, so the poller may add a version meanwhile.
-        return {v: s for v, s in list(self.versions.items()) if s.state == AVAILABLE}
+        return {v: s for v, s in list(self.versions.items()) if s.state == State.AVAILABLE}
 
     def resolve(self, version: int | None = None, label: str | None = None) -> VersionState:
         """The version a request names (by number, label, or the newest available)."""
@@ -156,7 +160,7 @@ class ModelManager:
                 self._unload(model.name, state)
 
     def _load(self, model: ServedModel, version: int, mtime: float) -> None:
-        state = VersionState(version, LOADING)
+        state = VersionState(version, State.LOADING)
         model.versions[version] = state
         log.info("model %s version %d: LOADING", model.name, version)
         started = time.perf_counter()
@@ -165,11 +169,11 @@ class ModelManager:
             replayed = self._replay_warmup(loaded) if self.warmup else 0
         except Exception as exc:  # any failure is a failed load, reported in the status, never fatal
             message = first_line(exc)
-            state.state, state.error_message = END, message
+            state.state, state.error_message = State.END, message
             model.failed_dirs[version] = mtime
             log.error("model %s version %d: load failed, END: %s", model.name, version, message)
             return
-        state.model, state.state = loaded, AVAILABLE
+        state.model, state.state = loaded, State.AVAILABLE
         log.info(
             "model %s version %d: AVAILABLE (%.2f s, %d warmup request(s))",
             model.name,
@@ -191,9 +195,9 @@ class ModelManager:
     def _unload(self, name: str, state: VersionState) -> None:
         # Requests already running hold their own reference; the session closes when the last one ends.
         log.info("model %s version %d: UNLOADING", name, state.version)
-        state.state = UNLOADING
+        state.state = State.UNLOADING
         state.model = None
-        state.state = END
+        state.state = State.END
         log.info("model %s version %d: END", name, state.version)
 
     def wait_until_available(self, poll_seconds: float, stop: threading.Event) -> bool:

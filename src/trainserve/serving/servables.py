@@ -1,0 +1,133 @@
+"""What both APIs (gRPC and REST) call: resolve a model spec to a loaded version, check the
+request against it, run it, and count it.
+
+Failures are raised as ServingError carrying the gRPC status TF Serving gives them; the gRPC API sends
+that code and the REST API maps it to an HTTP status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import grpc
+from tensorflow_serving.apis import get_model_metadata_pb2
+
+from trainserve.errors import TrainserveError, first_line
+from trainserve.layout import DEFAULT_SIGNATURE
+from trainserve.savedmodel import UnknownSignature
+from trainserve.serving.config import Batching
+from trainserve.serving.manager import ModelManager, NotFound, VersionState
+from trainserve.serving.metrics import RequestCounter
+
+
+class ServingError(Exception):
+    """A request failure with the gRPC status TF Serving would give it."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def unknown_signature(signature: str) -> ServingError:
+    return ServingError(grpc.StatusCode.FAILED_PRECONDITION, f'Serving signature key "{signature}" not found.')
+
+
+class Servables:
+    """The served models as requests see them, plus the request bookkeeping (in flight, counts)."""
+
+    def __init__(self, manager: ModelManager, batching: Batching | None):
+        self.manager, self.batching = manager, batching
+        self.requests = RequestCounter()
+        self._inflight = 0
+        self._lock = threading.Lock()
+
+    def resolve(self, name: str, version: int | None, label: str | None) -> VersionState:
+        try:
+            return self.manager.get(name).resolve(version, label)
+        except NotFound as exc:
+            raise ServingError(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+
+    def inputs_spec(self, state: VersionState, signature: str) -> dict:
+        """The named signature's inputs (name -> spec) in the resolved version."""
+        try:
+            inputs_spec, _ = state.model.signature(signature)
+        except UnknownSignature:
+            raise unknown_signature(signature) from None
+        return inputs_spec
+
+    def predict(self, name, version, label, signature, inputs, output_filter=()):
+        """Returns (version, signature name, outputs)."""
+        signature = signature or DEFAULT_SIGNATURE
+        with self._track(name, "predict"):
+            state = self.resolve(name, version, label)
+            self._check_batch_size(inputs)
+            return state.version, signature, self._run(state, signature, inputs, output_filter)
+
+    def _check_batch_size(self, inputs) -> None:
+        """With batching on, a request larger than max_batch_size fails, as in the batch scheduler TF
+        Serving uses (tensorflow/core/kernels/batching_util/shared_batch_scheduler.h)."""
+        if self.batching is None:
+            return
+        sizes = {v.shape[0] for v in inputs.values() if v.ndim}
+        if sizes and max(sizes) > self.batching.max_batch_size:
+            raise ServingError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Task size {max(sizes)} is larger than maximum input batch size {self.batching.max_batch_size}",
+            )
+
+    @staticmethod
+    def _run(state: VersionState, signature: str, inputs, output_filter):
+        try:
+            return state.model.run(signature, inputs, list(output_filter) or None)
+        except UnknownSignature:
+            raise unknown_signature(signature) from None
+        except TrainserveError as exc:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        except Exception as exc:  # a TF runtime error inside the graph
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, first_line(exc)) from None
+
+    def metadata(self, name, version, label) -> tuple[int, get_model_metadata_pb2.SignatureDefMap]:
+        with self._track(name, "metadata"):
+            state = self.resolve(name, version, label)
+            return state.version, get_model_metadata_pb2.SignatureDefMap(signature_def=state.model.signature_defs)
+
+    def status(self, name, version, label) -> list[VersionState]:
+        """Every version's state (all states, not only AVAILABLE), or only the one named."""
+        with self._track(name, "status"):
+            try:
+                model = self.manager.get(name)
+                if label:
+                    version = model.resolve(None, label).version
+            except NotFound as exc:
+                raise ServingError(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+            states = sorted(model.versions.values(), key=lambda s: s.version)
+            if version is not None:
+                states = [s for s in states if s.version == version]
+            if not states:
+                what = f"version {version} of model {name}" if version is not None else f"any versions of model {name}"
+                raise ServingError(grpc.StatusCode.NOT_FOUND, f"Could not find {what}")
+            return states
+
+    @contextlib.contextmanager
+    def _track(self, name: str, api: str):
+        """Count the request while it runs (for the drain log) and by outcome afterwards (for metrics)."""
+        with self._lock:
+            self._inflight += 1
+        status = "OK"
+        try:
+            yield
+        except ServingError as exc:
+            status = exc.code.name
+            raise
+        except BaseException:
+            status = "UNKNOWN"
+            raise
+        finally:
+            with self._lock:
+                self._inflight -= 1
+            self.requests.add(name, api, status)
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
