@@ -1,6 +1,6 @@
 """Evaluation throughput: `trainserve eval` against the in-process ceiling and the usual clients.
 
-One run, one machine, one published model (a small CNN on 28x28x1 uint8, as SERVING_FACTS.md measured),
+One run, one machine, one published model (a small CNN on 28x28x1 uint8, as docs/serving-on-cpus.md measured),
 serve-local on loopback. Prints examples/s and ratios:
   (a) in-process ceiling: the SavedModel's signature called directly at its best batch size
   (b) `trainserve eval` at default settings (batch 256, 4 in flight)
@@ -80,6 +80,19 @@ def rest_json(rest: str, x: np.ndarray, batch: int = 256) -> float:
     return len(x) / (time.perf_counter() - started)
 
 
+def memory_run(server: str, examples: int, report: Path) -> None:
+    """`trainserve eval` over `examples` synthetic examples in a child process: its RSS at start and peak."""
+    trainserve(
+        "eval", "--server", server, "--model", "bench", "--data", "synthetic", "--synthetic-size", str(examples),
+        "--report", str(report),
+    )  # fmt: skip
+    rss = json.loads(report.read_text())["performance"]["client_rss_mb"]
+    print(
+        f"memory: {examples:,} examples, client RSS {rss['start']:.0f} MB at start, "
+        f"peak {rss['peak']:.0f} MB: +{rss['peak'] - rss['start']:.0f} MB (target <= +300 MB)"
+    )
+
+
 def free_port() -> int:
     import socket
 
@@ -136,16 +149,7 @@ def main() -> None:
             print(f"  (b)/(d) = {ours / rest:.1f}")
 
             if args.memory_examples:
-                report = tmp / "memory.json"
-                trainserve(
-                    "eval", "--server", f"127.0.0.1:{port}", "--model", "bench", "--data", "synthetic",
-                    "--synthetic-size", str(args.memory_examples), "--report", str(report),
-                )  # fmt: skip
-                rss = json.loads(report.read_text())["performance"]["client_rss_mb"]
-                print(
-                    f"memory: {args.memory_examples:,} examples, client RSS {rss['start']:.0f} MB at start, "
-                    f"peak {rss['peak']:.0f} MB: +{rss['peak'] - rss['start']:.0f} MB (target <= +300 MB)"
-                )
+                memory_run(f"127.0.0.1:{port}", args.memory_examples, tmp / "memory.json")
         finally:
             server.terminate()
             server.wait(timeout=60)

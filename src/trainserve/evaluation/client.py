@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 RETRYABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 )
-AVAILABLE_STATE = 30  # ModelVersionStatus.State.AVAILABLE
 BACKOFF_BASE_S, BACKOFF_MAX_S = 0.25, 8.0
 
 
@@ -55,6 +54,8 @@ class Target:
         model_spec.name = self.model
         model_spec.signature_name = self.signature
         pinned = version if version is not None else self.version
+        # `is not None`: a set version, even 0, asks for exactly that one; only an unset one means the
+        # newest (ServerCore::ServableRequestFromModelSpec in tensorflow/serving).
         if pinned is not None:
             model_spec.version.CopyFrom(wrappers_pb2.Int64Value(value=pinned))
         elif self.label:
@@ -63,8 +64,20 @@ class Target:
 
 @dataclass(frozen=True)
 class Signature:
+    """A SignatureDef's input and output tensors, by key."""
+
     inputs: dict[str, TensorSpecInfo]
     outputs: dict[str, TensorSpecInfo]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One Predict's answer."""
+
+    version: int  # the version that answered
+    outputs: dict[str, np.ndarray]
+    latency_s: float  # of the attempt that was answered
+    retries: int  # attempts that failed and were retried before it
 
 
 class RequestFailed(TrainserveError):
@@ -119,7 +132,8 @@ class ServingClient:
             request.model_spec.ClearField("signature_name")
             try:
                 response = self.models.GetModelStatus(request, timeout=min(self.control_timeout, max(wait_s, 0.1)))
-                available = [s.version for s in response.model_version_status if s.state == AVAILABLE_STATE]
+                states = response.model_version_status
+                available = [s.version for s in states if s.state == get_model_status_pb2.ModelVersionStatus.AVAILABLE]
                 if available:
                     return max(available)
                 last = "no version AVAILABLE yet"
@@ -164,8 +178,8 @@ class ServingClient:
 
     def predict(
         self, target: Target, inputs: dict[str, np.ndarray], outputs: list[str], version: int | None, retries: int
-    ) -> tuple[int, dict[str, np.ndarray], float, int]:
-        """One Predict with retries; returns (version answered, outputs, latency s of the answer, retries used)."""
+    ) -> Prediction:
+        """One Predict of `outputs` from `version` (None: the target's), retrying what is worth retrying."""
         request = predict_pb2.PredictRequest()
         target.fill(request.model_spec, version)
         for key, value in inputs.items():
@@ -174,6 +188,7 @@ class ServingClient:
         for attempt in range(retries + 1):
             started = time.perf_counter()
             try:
+                # wait_for_ready: while the server restarts, wait (within the deadline) for it to listen again.
                 response = self.prediction.Predict(request, timeout=self.timeout, wait_for_ready=True)
             except grpc.RpcError as exc:
                 if exc.code() not in RETRYABLE or attempt == retries:
@@ -182,8 +197,10 @@ class ServingClient:
                 time.sleep(backoff_delay(attempt))
                 continue
             latency = time.perf_counter() - started
+            # Answers come as repeated *_val fields unless the server runs with
+            # --enable_serialization_as_tensor_content (tensorflow/serving#1276); both decode here.
             decoded = {k: from_tensor_proto(v) for k, v in response.outputs.items()}
-            return response.model_spec.version.value, decoded, latency, attempt
+            return Prediction(response.model_spec.version.value, decoded, latency, attempt)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
 

@@ -6,10 +6,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trainserve import __version__
+from trainserve.layout import write_file_atomic
+
+if TYPE_CHECKING:
+    from trainserve.evaluation.run import FinishedRun
 
 SCHEMA_ID = "trainserve.eval/1"
 SCHEMA_PATH = Path(__file__).with_name("eval_report.schema.json")
@@ -36,25 +41,19 @@ def per_class(confusion: np.ndarray, label_names: list[str]) -> list[dict]:
     ]
 
 
-def build_report(config, data, plan, tally, version, wall_s, start_rss_mb, peak_rss_mb) -> dict:
-    n = max(tally.examples, 1)
+def build_report(run: FinishedRun) -> dict:
+    """The report's JSON document (passed: True until the caller applies --min-accuracy)."""
+    config, totals = run.config, run.totals
     report = {
         "schema": SCHEMA_ID,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "trainserve": __version__,
         "server": config.server,
         "model": config.model,
-        "version": version,
+        "version": totals.version,
         "label": config.label,
         "signature": config.signature,
-        "data": {
-            "source": config.data,
-            "name": data.name,
-            "examples": tally.examples,
-            "input_shape": list(data.shape),
-            "classes": plan.num_classes,
-            "label_names": data.label_names or [str(i) for i in range(plan.num_classes)],
-        },
+        "data": _data_section(run),
         "settings": {
             "batch_size": config.batch_size,
             "concurrency": config.concurrency,
@@ -62,23 +61,8 @@ def build_report(config, data, plan, tally, version, wall_s, start_rss_mb, peak_
             "retries": config.retries,
             "limit": config.limit,
         },
-        "metrics": {
-            "accuracy": tally.correct / n,
-            "top_k": min(config.top_k, plan.num_classes),
-            "top_k_accuracy": tally.top_k_hits / n,
-            "loss": tally.loss_sum / n,
-            "per_class": per_class(tally.confusion, data.label_names),
-            "confusion_matrix": tally.confusion.tolist(),
-        },
-        "performance": {
-            "wall_s": wall_s,
-            "examples_per_s": tally.examples / wall_s if wall_s > 0 else 0.0,
-            "requests": tally.requests,
-            "retries": tally.retries,
-            "failed_requests": 0,  # a request that fails for good ends the run with an error instead
-            "latency_ms": _percentiles(tally.latencies),
-            "client_rss_mb": {"start": start_rss_mb, "peak": peak_rss_mb},
-        },
+        "metrics": _metrics_section(run),
+        "performance": _performance_section(run),
         "compare_local": None,
         "min_accuracy": config.min_accuracy,
         "passed": True,
@@ -86,10 +70,48 @@ def build_report(config, data, plan, tally, version, wall_s, start_rss_mb, peak_
     if config.compare_local is not None:
         report["compare_local"] = {
             "version_dir": str(config.compare_local),
-            "max_abs_diff": tally.local_max_abs_diff,
-            "class_agreement": tally.local_agree / n,
+            "max_abs_diff": totals.tally.local_max_abs_diff,
+            "class_agreement": totals.tally.local_agree / max(totals.tally.examples, 1),
         }
     return json.loads(json.dumps(report, default=float))  # numpy scalars -> plain JSON numbers
+
+
+def _data_section(run: FinishedRun) -> dict:
+    data, classes = run.data, run.plan.num_classes
+    return {
+        "source": run.config.data,
+        "name": data.name,
+        "examples": run.totals.tally.examples,
+        "input_shape": list(data.shape),
+        "classes": classes,
+        "label_names": data.label_names or [str(i) for i in range(classes)],
+    }
+
+
+def _metrics_section(run: FinishedRun) -> dict:
+    tally = run.totals.tally
+    n = max(tally.examples, 1)
+    return {
+        "accuracy": tally.correct / n,
+        "top_k": min(run.config.top_k, run.plan.num_classes),
+        "top_k_accuracy": tally.top_k_hits / n,
+        "loss": tally.loss_sum / n,
+        "per_class": per_class(tally.confusion, run.data.label_names),
+        "confusion_matrix": tally.confusion.tolist(),
+    }
+
+
+def _performance_section(run: FinishedRun) -> dict:
+    tally, wall_s = run.totals.tally, run.totals.wall_s
+    return {
+        "wall_s": wall_s,
+        "examples_per_s": tally.examples / wall_s if wall_s > 0 else 0.0,
+        "requests": tally.requests,
+        "retries": tally.retries,
+        "failed_requests": 0,  # a request that fails for good ends the run with an error instead
+        "latency_ms": _percentiles(tally.latencies),
+        "client_rss_mb": {"start": run.start_rss_mb, "peak": run.peak_rss_mb},
+    }
 
 
 def validate_report(report: dict) -> None:
@@ -100,11 +122,8 @@ def validate_report(report: dict) -> None:
 
 
 def write_report(report: dict, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    """Publish the report whole or not at all: a CI job reading it never sees half a file."""
+    return write_file_atomic(path, (json.dumps(report, indent=2) + "\n").encode())
 
 
 def summary_table(report: dict) -> str:
