@@ -14,8 +14,7 @@ DEMO_EPOCHS ?= 20
 GRPC_PORT ?= 8500
 REST_PORT ?= 8501
 PYTEST_ARGS ?=
-CHECKOV_VERSION ?= 3.3.30
-KUBERNETES_VALIDATE_VERSION ?= 1.37.0
+UV_VERSION ?= $(shell sed -n 's/.*"uv==\([0-9.]*\)".*/\1/p' pyproject.toml)
 KUBERNETES_VERSION ?= 1.33.0
 
 ##@ Getting started
@@ -27,23 +26,21 @@ help: ## Show this help
 	/^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 .PHONY: venv
-venv: $(VENV)/.installed $(VENV)/tools/.installed ## Create .venv: pinned TensorFlow (CPU build), serving protos, trainserve
+venv: $(VENV)/.installed $(VENV)/tools/.installed ## Create .venv from uv.lock: pinned TensorFlow (CPU build), serving protos, trainserve
 
-# tensorflow-serving-api goes in with --no-deps: its metadata asks for the full `tensorflow` wheel,
-# which would sit next to tensorflow-cpu as a second, conflicting TensorFlow.
-$(VENV)/.installed: pyproject.toml
+# Every package comes from uv.lock (exact versions and hashes). pip bootstraps the pinned uv once; from then
+# on uv is itself one of the locked packages.
+$(VENV)/.installed: pyproject.toml uv.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[cpu,dev]"
-	$(BIN)/python -m pip install --quiet --no-deps "tensorflow-serving-api==$(TF_VERSION)"
+	test -x $(BIN)/uv || $(BIN)/python -m pip install --quiet "uv==$(UV_VERSION)"
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(BIN)/uv sync --quiet --frozen --extra cpu --extra dev
 	$(BIN)/python -c "import tensorflow as tf, tensorflow_serving.apis; assert tf.__version__ == '$(TF_VERSION)', tf.__version__"
 	touch $@
 
-# Manifest checkers live in their own venv: checkov's many pins must not move TensorFlow's.
-$(VENV)/tools/.installed: $(VENV)/.installed
-	$(BIN)/python -m venv $(VENV)/tools
-	$(VENV)/tools/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/tools/bin/python -m pip install --quiet "checkov==$(CHECKOV_VERSION)" "kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION)"
+# Manifest checkers live in their own venv, from their own lock: checkov's many pins must not move TensorFlow's.
+$(VENV)/tools/.installed: $(VENV)/.installed requirements/tools.txt
+	$(BIN)/python -m venv --without-pip $(VENV)/tools
+	$(BIN)/uv pip install --quiet --python $(VENV)/tools/bin/python --require-hashes -r requirements/tools.txt
 	touch $@
 
 .PHONY: demo
@@ -119,6 +116,24 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/train_input.py
 	$(BIN)/python bench/eval_throughput.py
+
+# One export per image, from the same lock: the GPU image keeps its base's TensorFlow (no tensorflow-cpu).
+EXPORT = $(BIN)/uv export --quiet --frozen --format requirements.txt --no-header --no-emit-project \
+	--no-emit-package tensorflow
+
+.PHONY: lock
+lock: ## Re-resolve uv.lock after editing pyproject.toml, and re-export requirements/ (images, lint tools)
+	$(BIN)/uv lock
+	$(EXPORT) --extra cpu -o requirements/eval.txt
+	$(EXPORT) --no-emit-package tensorflow-cpu -o requirements/train-gpu.txt
+	$(BIN)/uv pip compile --quiet --generate-hashes --universal --python-version 3.11 \
+		--custom-compile-command "make lock" requirements/tools.in -o requirements/tools.txt
+
+.PHONY: upgrade-deps
+upgrade-deps: venv ## Scheduled upgrade: newest versions pyproject allows into the lock, then the whole test suite
+	$(BIN)/uv lock --upgrade
+	$(MAKE) lock
+	$(MAKE) test
 
 .PHONY: clean
 clean: ## Remove demo output and caches (keeps .venv)

@@ -3,12 +3,12 @@
 ARG TF_VERSION=2.21.0
 FROM trainserve-standin/tensorflow:${TF_VERSION}-gpu
 ARG TF_VERSION
+# The locked dependencies (the base already has the same tensorflow-cpu), then trainserve itself.
+COPY requirements/eval.txt /opt/trainserve/requirements.txt
+RUN pip install --no-cache-dir --no-deps --require-hashes -r /opt/trainserve/requirements.txt
 COPY pyproject.toml README.md /opt/trainserve/
 COPY src /opt/trainserve/src
-RUN pip install --no-cache-dir /opt/trainserve "tensorflow-serving-api==${TF_VERSION}" --no-deps \
-    && python3 -c "import tomllib; print('\n'.join(tomllib.load(open('/opt/trainserve/pyproject.toml', 'rb'))['project']['dependencies']))" \
-       > /tmp/requirements.txt \
-    && pip install --no-cache-dir -r /tmp/requirements.txt \
+RUN pip install --no-cache-dir --no-deps /opt/trainserve \
     && printf '#!/bin/bash\nexec trainserve serve-local "$@"\n' >/usr/bin/tensorflow_model_server \
     && chmod 0755 /usr/bin/tensorflow_model_server
 ENV MODEL_BASE_PATH=/models MODEL_NAME=model MPLCONFIGDIR=/tmp/matplotlib
