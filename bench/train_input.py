@@ -21,9 +21,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from trainserve.data import SyntheticSpec, load_dataset  # noqa: E402
+from trainserve.training.callbacks import ThroughputCallback  # noqa: E402
 from trainserve.training.model import build_model  # noqa: E402
 from trainserve.training.pipeline import make_input_pipeline  # noqa: E402
-from trainserve.training.run import ThroughputCallback  # noqa: E402
 
 
 def run(policy: str, pipeline: bool, data, batch: int, epochs: int, device: str | None) -> float:

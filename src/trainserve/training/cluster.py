@@ -11,10 +11,19 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from trainserve.errors import TrainserveError
 
 DEFAULT_PORT = 2222
+
+
+class ClusterTask(NamedTuple):
+    """This process's place in a TF_CONFIG cluster."""
+
+    workers: list[str]  # every worker's host:port, in index order
+    task_type: str
+    index: int
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int) -> int:
@@ -53,8 +62,8 @@ def tf_config_from_env(env: Mapping[str, str] | None = None) -> dict:
     }
 
 
-def parse_tf_config(raw: str) -> tuple[list[str], str, int]:
-    """(worker addresses, task type, task index) from a TF_CONFIG string; clear errors when malformed."""
+def parse_tf_config(raw: str) -> ClusterTask:
+    """The worker addresses, task type and task index in a TF_CONFIG string; clear errors when malformed."""
     try:
         config = json.loads(raw)
         workers = list(config["cluster"]["worker"])
@@ -66,4 +75,4 @@ def parse_tf_config(raw: str) -> tuple[list[str], str, int]:
         ) from None
     if kind != "worker" or not 0 <= index < len(workers):
         raise TrainserveError(f"TF_CONFIG task {kind}/{index}: expected a worker index below {len(workers)}")
-    return workers, kind, index
+    return ClusterTask(workers, kind, index)

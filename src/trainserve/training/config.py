@@ -19,6 +19,7 @@ MixedPrecision = Literal["auto", "on", "off"]
 
 ARCHITECTURES: tuple[str, ...] = choices_of(Architecture)
 STRATEGIES: tuple[str, ...] = choices_of(Strategy)
+MIXED_PRECISION_MODES: tuple[str, ...] = choices_of(MixedPrecision)
 
 
 @dataclass

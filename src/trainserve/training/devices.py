@@ -1,8 +1,8 @@
 """Find the accelerators, pick a distribution strategy and a precision, and say what was picked.
 
-Seeds 001/002 trained on whatever TensorFlow happened to see; here the choice is explicit and logged:
+Rather than train on whatever TensorFlow happens to see, the choice is explicit and logged:
 no GPU -> CPU (one log line says so), one GPU -> OneDeviceStrategy, several -> MirroredStrategy,
-TF_CONFIG set -> MultiWorkerMirroredStrategy (trained by a custom loop: Keras 3's fit does not support it).
+TF_CONFIG set -> MultiWorkerMirroredStrategy (trained by `training.multi_worker`'s custom loop).
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import contextlib
 import logging
 import os
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from trainserve.errors import TrainserveError
-from trainserve.training.cluster import parse_tf_config
-from trainserve.training.config import STRATEGIES
+from trainserve.training.cluster import ClusterTask, parse_tf_config
+from trainserve.training.config import MIXED_PRECISION_MODES, STRATEGIES, MixedPrecision, Strategy
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +24,13 @@ MIXED_PRECISION_MIN_CAPABILITY = (7, 0)  # Volta and newer have tensor cores for
 
 @dataclass
 class DevicePlan:
-    """What training runs on; recorded in the run summary and the published metadata."""
+    """What training runs on; recorded in the run summary and the published metadata.
 
-    strategy: str
+    `mixed_precision` says whether float16 compute is on; `precision` names the Keras dtype policy that
+    follows from it.
+    """
+
+    strategy: Strategy  # as resolved: never "auto"
     replicas: int
     devices: list[str]
     gpus: list[dict] = field(default_factory=list)
@@ -41,8 +46,25 @@ class DevicePlan:
         """The Keras dtype policy training runs under."""
         return "mixed_float16" if self.mixed_precision else "float32"
 
+    @property
+    def multi_worker(self) -> bool:
+        return self.strategy == "multi-worker"
+
+    @property
+    def is_chief(self) -> bool:
+        """Worker 0 shares the data, writes the top-level logs and publishes; the others only train."""
+        return self.worker_index == 0
+
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class Distribution:
+    """A tf.distribute strategy and the plan it carries out."""
+
+    strategy: Any  # tf.distribute.Strategy; TensorFlow is imported only when training starts
+    plan: DevicePlan
 
 
 def configure_cpu_replicas(count: int) -> None:
@@ -75,23 +97,45 @@ def gpu_details() -> list[dict]:
     return details
 
 
-def resolve_mixed_precision(mode: str, gpus: list[dict]) -> bool:
+def resolve_mixed_precision(mode: MixedPrecision, gpus: list[dict]) -> bool:
     """`auto` turns float16 on only when every GPU has tensor cores (compute capability >= 7.0)."""
     if mode == "on":
         return True
     if mode == "off":
         return False
     if mode != "auto":
-        raise TrainserveError(f"--mixed-precision {mode!r}: expected auto, on or off")
+        expected = f"{', '.join(MIXED_PRECISION_MODES[:-1])} or {MIXED_PRECISION_MODES[-1]}"
+        raise TrainserveError(f"--mixed-precision {mode!r}: expected {expected}")
     return bool(gpus) and all(tuple(g["compute_capability"] or (0, 0)) >= MIXED_PRECISION_MIN_CAPABILITY for g in gpus)
 
 
-def make_strategy(name: str = "auto", cpu_replicas: int = 1):
-    """Build the tf.distribute strategy; returns (strategy, plan without precision)."""
+def make_strategy(name: Strategy, cpu_replicas: int, mixed_precision: MixedPrecision) -> Distribution:
+    """Build the tf.distribute strategy `name` (`auto`: from TF_CONFIG and the devices) and log the plan."""
     import tensorflow as tf
 
     configure_cpu_replicas(cpu_replicas)
     gpus = gpu_details()
+    name = _pick_strategy(name, gpus, cpu_replicas)
+    cluster = parse_tf_config(os.environ.get("TF_CONFIG", "")) if name == "multi-worker" else None
+    strategy = _build_strategy(name, gpus, cluster)
+    build = tf.sysconfig.get_build_info()
+    plan = DevicePlan(
+        strategy=name,
+        workers=len(cluster.workers) if cluster else 1,
+        worker_index=cluster.index if cluster else 0,
+        replicas=int(strategy.num_replicas_in_sync),
+        devices=list(strategy.extended.worker_devices) if name != "default" else ["/cpu:0"],
+        gpus=gpus,
+        tensorflow=tf.__version__,
+        cuda=str(build.get("cuda_version", "")),
+        cudnn=str(build.get("cudnn_version", "")),
+    )
+    _log_plan(plan)
+    plan.mixed_precision = resolve_mixed_precision(mixed_precision, gpus)
+    return Distribution(strategy, plan)
+
+
+def _pick_strategy(name: Strategy, gpus: list[dict], cpu_replicas: int) -> Strategy:
     if name == "auto":
         if os.environ.get("TF_CONFIG"):
             name = "multi-worker"
@@ -103,48 +147,38 @@ def make_strategy(name: str = "auto", cpu_replicas: int = 1):
             name = "default"
     if name not in STRATEGIES:
         raise TrainserveError(f"--strategy {name!r}: expected one of {', '.join(STRATEGIES)}")
+    return name
+
+
+def _build_strategy(name: Strategy, gpus: list[dict], cluster: ClusterTask | None):
+    import tensorflow as tf
 
     if name == "one-device":
-        device = "/gpu:0" if gpus else "/cpu:0"
-        strategy = tf.distribute.OneDeviceStrategy(device)
-    elif name == "mirrored":
+        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+    if name == "mirrored":
         if gpus:
-            strategy = tf.distribute.MirroredStrategy()
-        else:
-            cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
-            strategy = tf.distribute.MirroredStrategy(
-                cpus, cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device=cpus[0])
-            )
-    elif name == "multi-worker":
-        addresses, _, worker_index = parse_tf_config(os.environ.get("TF_CONFIG", ""))
-        log.info("multi-worker: worker %d of %d (%s)", worker_index, len(addresses), ", ".join(addresses))
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    else:
-        strategy = tf.distribute.get_strategy()
+            return tf.distribute.MirroredStrategy()
+        cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+        return tf.distribute.MirroredStrategy(
+            cpus, cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device=cpus[0])
+        )
+    if name == "multi-worker":
+        log.info("multi-worker: worker %d of %d (%s)", cluster.index, len(cluster.workers), ", ".join(cluster.workers))
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    return tf.distribute.get_strategy()
 
-    build = tf.sysconfig.get_build_info()
-    plan = DevicePlan(
-        strategy=name,
-        workers=len(addresses) if name == "multi-worker" else 1,
-        worker_index=worker_index if name == "multi-worker" else 0,
-        replicas=int(strategy.num_replicas_in_sync),
-        devices=list(strategy.extended.worker_devices) if name != "default" else ["/cpu:0"],
-        gpus=gpus,
-        tensorflow=tf.__version__,
-        cuda=str(build.get("cuda_version", "")),
-        cudnn=str(build.get("cudnn_version", "")),
-    )
-    if not gpus:
+
+def _log_plan(plan: DevicePlan) -> None:
+    if not plan.gpus:
         log.info("no GPU visible: training on the CPU (%d replica(s))", plan.replicas)
     log.info(
         "strategy %s, %d replica(s) on %s; TensorFlow %s, CUDA %s, cuDNN %s",
-        name,
+        plan.strategy,
         plan.replicas,
         ", ".join(plan.devices),
         plan.tensorflow,
         plan.cuda or "none",
         plan.cudnn or "none",
     )
-    for gpu in gpus:
+    for gpu in plan.gpus:
         log.info("GPU %s: %s, compute capability %s", gpu["name"], gpu["device_name"], gpu["compute_capability"])
-    return strategy, plan

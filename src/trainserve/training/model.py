@@ -9,7 +9,7 @@ from __future__ import annotations
 import keras
 
 from trainserve.errors import TrainserveError
-from trainserve.training.config import ARCHITECTURES
+from trainserve.training.config import ARCHITECTURES, Architecture
 
 
 class GradientAccumulationModel(keras.Model):
@@ -49,7 +49,7 @@ class GradientAccumulationModel(keras.Model):
 
 
 def build_model(
-    architecture: str, input_shape: tuple[int, int, int], num_classes: int, grad_accum: int = 1
+    architecture: Architecture, input_shape: tuple[int, int, int], num_classes: int, grad_accum: int = 1
 ) -> keras.Model:
     """A fresh, uncompiled model under the current Keras dtype policy."""
     inputs = keras.Input(shape=input_shape, name="images")
@@ -77,7 +77,7 @@ def build_model(
     return keras.Model(inputs, outputs, name=name)
 
 
-def float32_copy(model: keras.Model, architecture: str) -> keras.Model:
+def float32_copy(model: keras.Model, architecture: Architecture) -> keras.Model:
     """The same network rebuilt under the float32 policy, outside any distribution strategy, with the
     trained weights copied in.
 

@@ -6,7 +6,12 @@ serving signature call, so the model sees identically preprocessed data in train
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
+
+from trainserve.data import Dataset
 
 
 def preprocess(images):
@@ -32,3 +37,20 @@ def make_input_pipeline(x: np.ndarray, y: np.ndarray, global_batch: int, seed: i
     ds = ds.batch(global_batch, drop_remainder=training and len(x) >= global_batch)
     ds = ds.map(lambda images, labels: (preprocess(images), labels), num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+@dataclass
+class Batches:
+    """One run's tf.data pipelines."""
+
+    train: Any  # shuffled step batches: --grad-accum K global batches each, sliced inside the train step
+    test: Any  # the held-out split, in global batches
+
+
+def make_batches(dataset: Dataset, global_batch: int, grad_accum: int, seed: int) -> Batches:
+    """The training and held-out pipelines over `dataset` for a run with this global batch."""
+    step_batch = global_batch * grad_accum
+    return Batches(
+        train=make_input_pipeline(dataset.x_train, dataset.y_train, step_batch, seed, training=True),
+        test=make_input_pipeline(dataset.x_test, dataset.y_test, global_batch, seed, training=False),
+    )

@@ -17,11 +17,19 @@ import socket
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from trainserve.errors import TrainserveError
 from trainserve.layout import STAGING_PREFIX, fsync_dir, numeric_versions, write_metadata
 
 log = logging.getLogger(__name__)
+
+
+class PublishedVersion(NamedTuple):
+    """A version's number and directory; a tuple, so `version, path = publish_version(...)` unpacks."""
+
+    version: int
+    path: Path
 
 
 def ensure_writable(model_base: Path) -> None:
@@ -82,8 +90,8 @@ def fsync_tree(root: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
-def publish_version(staged: Path, metadata: dict, keep: int | None = None) -> tuple[int, Path]:
-    """Rename `staged` to the next free version number under its parent; returns (version, path).
+def publish_version(staged: Path, metadata: dict, keep: int | None = None) -> PublishedVersion:
+    """Rename `staged` to the next free version number under its parent.
 
     `metadata` is written to `assets.extra/trainserve.json` with the number it is published as.
     """
@@ -104,7 +112,7 @@ def publish_version(staged: Path, metadata: dict, keep: int | None = None) -> tu
     log.info("published version %d at %s", version, target)
     if keep:
         prune_versions(model_base, keep, protect=version)
-    return version, target
+    return PublishedVersion(version, target)
 
 
 def prune_versions(model_base: Path, keep: int, protect: int) -> list[int]:
@@ -123,7 +131,9 @@ def prune_versions(model_base: Path, keep: int, protect: int) -> list[int]:
     return doomed
 
 
-def publish_or_discard(staged: Path, prepare: Callable[[Path], None], metadata: dict, keep: int | None):
+def publish_or_discard(
+    staged: Path, prepare: Callable[[Path], None], metadata: dict, keep: int | None
+) -> PublishedVersion:
     """Fill and check the staged directory with `prepare`; publish it if that passes, else delete it."""
     try:
         prepare(staged)
