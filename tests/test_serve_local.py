@@ -313,6 +313,40 @@ def test_batching_rejects_requests_over_max_batch_size(serve_local, model_versio
     assert "Task size 6 is larger than maximum input batch size 4" in error.details()
 
 
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+
+
+def health_check(server, service: str = "") -> bytes:
+    """A raw grpc.health.v1 Check: the wire bytes, decoded by hand so the test shares no code with the
+    server. HealthCheckResponse{status: SERVING} is b"\\x08\\x01", NOT_SERVING b"\\x08\\x02"."""
+    request = b"\x0a" + bytes([len(service)]) + service.encode() if service else b""
+    check = grpc.insecure_channel(server.target).unary_unary(HEALTH_CHECK)
+    return check(request, timeout=10)
+
+
+def test_grpc_health_is_model_aware(serve_local, model_versions, tmp_path):
+    install_version(model_versions[0], tmp_path / "m", 1)
+    server = serve_local("--model_name=m", f"--model_base_path={tmp_path / 'm'}", "--enable_grpc_healthcheck_service")
+    server.wait_available("m", 1)
+    assert health_check(server) == b"\x08\x01" and health_check(server, "m") == b"\x08\x01"
+    assert health_check(server, "tensorflow.serving.PredictionService") == b"\x08\x01"
+    with pytest.raises(grpc.RpcError) as err:
+        health_check(server, "nope")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    shutil.rmtree(tmp_path / "m" / "1")  # the only version goes: nothing left to serve
+    server.wait_for(lambda: server.versions("m").get(1) == "END", "version 1 unloaded")
+    assert health_check(server) == b"\x08\x02" and health_check(server, "m") == b"\x08\x02"
+    install_version(model_versions[1], tmp_path / "m", 2)
+    server.wait_available("m", 2)
+    assert health_check(server) == b"\x08\x01"
+
+
+def test_grpc_health_is_off_by_default(running_m):
+    with pytest.raises(grpc.RpcError) as err:
+        health_check(running_m)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED, "as in TF Serving, only with the flag"
+
+
 def test_failing_warmup_record_fails_the_load(serve_local, model_versions, tmp_path):
     from trainserve.layout import write_warmup_requests
 

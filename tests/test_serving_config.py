@@ -33,6 +33,9 @@ def test_batching_parameters_with_wrapper_fields(tmp_path):
         pytest.param("max_batch_size { value: 8 }\nallowed_batch_sizes: 8\nallowed_batch_sizes: 4\n",
                      "expected increasing sizes", id="order"),
         pytest.param("max_batch_size { value: 0 }\n", "must be >= 1", id="zero"),
+        pytest.param("batch_timeout_micros { value: -1 }\n", "must be >= 0", id="negative-timeout"),
+        pytest.param("pad_variable_length_inputs: true\n", "pad_variable_length_inputs is not supported by "
+                     "serve-local: expected it false", id="pad-variable-length"),
     ],
 )  # fmt: skip
 def test_bad_batching_parameters(tmp_path, text, message):

@@ -177,7 +177,8 @@ def single_model_config(name: str, base_path: str):
 
 @dataclass(frozen=True)
 class Batching:
-    """The parts of BatchingParameters serve-local enforces (defaults: TF Serving's)."""
+    """BatchingParameters as serve-local's batch scheduler uses them (defaults: TF Serving's;
+    num_batch_threads 0 = one per CPU this process may use)."""
 
     max_batch_size: int = 1000
     batch_timeout_micros: int = 0
@@ -205,6 +206,17 @@ def parse_batching(path: Path | None) -> Batching:
     sizes = batching.allowed_batch_sizes
     if batching.max_batch_size < 1 or batching.max_enqueued_batches < 1:
         raise TrainserveError(f"batching parameters file {path}: max_batch_size and max_enqueued_batches must be >= 1")
+    if batching.batch_timeout_micros < 0 or batching.num_batch_threads < 0:
+        raise TrainserveError(
+            f"batching parameters file {path}: batch_timeout_micros and num_batch_threads must be >= 0"
+        )
+    if params.pad_variable_length_inputs:
+        # Padding other dimensions changes the shapes callers get back; serve-local batches only requests
+        # of equal shapes (others go to their own queue) rather than answer with padded outputs.
+        raise TrainserveError(
+            f"batching parameters file {path}: pad_variable_length_inputs is not supported by serve-local: "
+            "expected it false (requests of different shapes are batched separately)"
+        )
     if sizes and (list(sizes) != sorted(set(sizes)) or sizes[-1] != batching.max_batch_size):
         raise TrainserveError(
             f"batching parameters file {path}: allowed_batch_sizes {list(sizes)}: expected increasing sizes "
@@ -244,6 +256,7 @@ class ServerOptions:
     monitoring_config_file: str = ""
     tensorflow_intra_op_parallelism: int = 0
     tensorflow_inter_op_parallelism: int = 0
+    enable_grpc_healthcheck_service: bool = False
 
 
 def _bool(text: str) -> bool:
@@ -265,12 +278,13 @@ FLAG_HELP = {
     "model_config_file": "ModelServerConfig text proto (overrides --model_name/--model_base_path)",
     "model_config_file_poll_wait_seconds": "re-read the config file this often; 0 = once",
     "file_system_poll_wait_seconds": "re-scan version directories this often",
-    "enable_batching": "enable batching (request size checked against max_batch_size)",
+    "enable_batching": "merge concurrent Predict requests into batches (BatchingParameters)",
     "batching_parameters_file": "BatchingParameters text proto; needs --enable_batching",
     "enable_model_warmup": "replay assets.extra/tf_serving_warmup_requests on load",
     "monitoring_config_file": "MonitoringConfig text proto: Prometheus metrics on the REST port",
     "tensorflow_intra_op_parallelism": "threads per op; 0 = all CPUs (set it from the CPU limit)",
     "tensorflow_inter_op_parallelism": "ops in parallel; 0 = all CPUs (set it from the CPU limit)",
+    "enable_grpc_healthcheck_service": "grpc.health.v1 on --port: SERVING while every model has a version AVAILABLE",
 }
 
 

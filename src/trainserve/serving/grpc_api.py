@@ -21,6 +21,7 @@ from tensorflow_serving.apis import (
 )
 
 from trainserve.errors import TrainserveError
+from trainserve.serving.health import health_handler
 from trainserve.serving.servables import Servables, ServingError
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
 
@@ -121,14 +122,16 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         abort(context, ServingError(grpc.StatusCode.UNIMPLEMENTED, "serve-local reloads by polling its config file"))
 
 
-def start_grpc_server(servables: Servables, port: int, max_workers: int) -> grpc.Server:
-    """Both services on 0.0.0.0:`port`, started."""
+def start_grpc_server(servables: Servables, port: int, max_workers: int, health: bool = False) -> grpc.Server:
+    """Both services (and grpc.health.v1 when `health`) on 0.0.0.0:`port`, started."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
         options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)],
     )
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(servables), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(servables), server)
+    if health:
+        server.add_generic_rpc_handlers((health_handler(servables),))
     if server.add_insecure_port(f"0.0.0.0:{port}") == 0:
         raise TrainserveError(f"--port {port} could not be bound: expected a free port")
     server.start()

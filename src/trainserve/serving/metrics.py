@@ -1,18 +1,33 @@
 """Prometheus metrics in the text exposition format, served on the REST port when
 `--monitoring_config_file` enables them (config/monitoring_config.proto).
 
-The request counter keeps TF Serving's metric name (`:tensorflow:serving:request_count`, from
-servables/tensorflow/util.cc) so dashboards built on the real server read serve-local too.
+Names are TF Serving's, as its Prometheus exporter writes them (`/` becomes `:`), so dashboards built on
+the real server read serve-local too:
+- `:tensorflow:serving:request_count` and `:tensorflow:serving:request_latency` (microseconds, labels
+  model_name, API, entrypoint; buckets 10 x 1.8^i, i < 33), from servables/tensorflow/util.cc;
+- with batching, `:tensorflow:serving:batching_session:{input_batch_size,processed_batch_size,padding_size}`
+  from batching/batching_session.cc (TF Serving samples these as percentiles; here they are histograms).
+Our request_count keeps an `api` label TF Serving's lacks; `available_versions` is serve-local's own.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import Counter
+from dataclasses import dataclass, field
 
 from trainserve.serving.manager import ModelManager
 
 CONTENT_TYPE = "text/plain; version=0.0.4"
+PREFIX = ":tensorflow:serving"
+LATENCY_BUCKETS = tuple(10 * 1.8**i for i in range(33))  # Buckets::Exponential(10, 1.8, 33)
+BATCH_BUCKETS = tuple(2.0**i for i in range(15))  # 1 .. 16384 rows
+
+
+def _labels(names: tuple[str, ...], values: tuple[str, ...], extra: str = "") -> str:
+    parts = [f'{n}="{v}"' for n, v in zip(names, values)] + ([extra] if extra else [])
+    return "{" + ",".join(parts) + "}" if parts else ""
 
 
 class RequestCounter:
@@ -32,10 +47,75 @@ class RequestCounter:
             return sorted(self._counts.items())
 
 
-def prometheus_text(requests: RequestCounter, manager: ModelManager) -> str:
-    lines = ["# TYPE :tensorflow:serving:request_count counter"]
-    for (name, api, status), count in requests.snapshot():
-        lines.append(f':tensorflow:serving:request_count{{model_name="{name}",api="{api}",status="{status}"}} {count}')
+@dataclass
+class Histogram:
+    """A Prometheus histogram per label values: cumulative buckets, sum and count."""
+
+    name: str
+    label_names: tuple[str, ...]
+    bounds: tuple[float, ...]
+    _cells: dict[tuple[str, ...], list] = field(default_factory=dict, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    def observe(self, value: float, *labels: str) -> None:
+        with self._lock:
+            cell = self._cells.setdefault(labels, [[0] * (len(self.bounds) + 1), 0.0])
+            cell[0][bisect.bisect_left(self.bounds, value)] += 1
+            cell[1] += value
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            cells = sorted((labels, list(counts), total) for labels, (counts, total) in self._cells.items())
+        out = [f"# TYPE {self.name} histogram"]
+        for labels, counts, total in cells:
+            running = 0
+            for bound, count in zip((*self.bounds, float("inf")), counts):
+                running += count
+                le = 'le="+Inf"' if bound == float("inf") else f'le="{bound:g}"'
+                out.append(f"{self.name}_bucket{_labels(self.label_names, labels, le)} {running}")
+            out.append(f"{self.name}_sum{_labels(self.label_names, labels)} {total:g}")
+            out.append(f"{self.name}_count{_labels(self.label_names, labels)} {running}")
+        return out
+
+
+@dataclass
+class ServingMetrics:
+    """Everything serve-local exports; request and batch threads record concurrently."""
+
+    requests: RequestCounter = field(default_factory=RequestCounter)
+    request_latency: Histogram = field(
+        default_factory=lambda: Histogram(
+            f"{PREFIX}:request_latency", ("model_name", "API", "entrypoint"), LATENCY_BUCKETS
+        )
+    )
+    input_batch_size: Histogram = field(
+        default_factory=lambda: Histogram(f"{PREFIX}:batching_session:input_batch_size", (), BATCH_BUCKETS)
+    )
+    processed_batch_size: Histogram = field(
+        default_factory=lambda: Histogram(f"{PREFIX}:batching_session:processed_batch_size", (), BATCH_BUCKETS)
+    )
+    padding_size: Histogram = field(
+        default_factory=lambda: Histogram(
+            f"{PREFIX}:batching_session:padding_size", ("execution_batch_size",), BATCH_BUCKETS
+        )
+    )
+
+    def record_batch(self, task_sizes: list[int], processed: int) -> None:
+        """One batch run: each request's rows, the rows run, and the padding among them."""
+        for size in task_sizes:
+            self.input_batch_size.observe(size)
+        self.processed_batch_size.observe(processed)
+        self.padding_size.observe(processed - sum(task_sizes), str(processed))
+
+
+def prometheus_text(metrics: ServingMetrics, manager: ModelManager, batching: bool = False) -> str:
+    lines = [f"# TYPE {PREFIX}:request_count counter"]
+    for (name, api, status), count in metrics.requests.snapshot():
+        lines.append(f'{PREFIX}:request_count{{model_name="{name}",api="{api}",status="{status}"}} {count}')
+    lines += metrics.request_latency.lines()
+    if batching:
+        lines += metrics.input_batch_size.lines() + metrics.processed_batch_size.lines()
+        lines += metrics.padding_size.lines()
     lines.append("# TYPE :trainserve:serve_local:available_versions gauge")
     for name, model in sorted(manager.models.items()):
         lines.append(f':trainserve:serve_local:available_versions{{model_name="{name}"}} {len(model.available())}')

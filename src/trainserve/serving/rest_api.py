@@ -172,18 +172,19 @@ class RestHandler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.metrics_path and self.path.split("?")[0] == self.metrics_path:
-            text = prometheus_text(self.servables.requests, self.servables.manager)
+            servables = self.servables
+            text = prometheus_text(servables.metrics, servables.manager, batching=servables.batching is not None)
             return self._send(200, text.encode(), METRICS_CONTENT_TYPE)
         self._handle(self._get)
 
     def _get(self):
         name, version, label, verb = self._route()
         if verb == "/metadata":
-            version, signature_map = self.servables.metadata(name, version, label)
+            version, signature_map = self.servables.metadata(name, version, label, entrypoint="REST")
             return self._send(200, metadata_json(name, version, signature_map))
         if verb:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"{verb} needs POST")
-        return self._send(200, status_json(self.servables.status(name, version, label)))
+        return self._send(200, status_json(self.servables.status(name, version, label, entrypoint="REST")))
 
     def do_POST(self):
         self._handle(self._post)
@@ -201,7 +202,7 @@ class RestHandler(BaseHTTPRequestHandler):
         # Resolve once and predict on that version: the JSON is converted with its signature's dtypes.
         state = self.servables.resolve(name, version, label)
         inputs, row = rest_inputs(body, self.servables.inputs_spec(state, signature))
-        _, _, outputs = self.servables.predict(name, state.version, None, signature, inputs)
+        _, _, outputs = self.servables.predict(name, state.version, None, signature, inputs, entrypoint="REST")
         return self._send(200, predict_json(outputs, row))
 
 

@@ -8,17 +8,20 @@ that code and the REST API maps it to an HTTP status.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
+import time
 
 import grpc
 from tensorflow_serving.apis import get_model_metadata_pb2
 
 from trainserve.errors import TrainserveError, first_line
 from trainserve.layout import DEFAULT_SIGNATURE
-from trainserve.savedmodel import UnknownSignature
+from trainserve.savedmodel import LoadedModel, UnknownSignature
+from trainserve.serving.batching import BatchScheduler, QueueFull, shape_key, task_size
 from trainserve.serving.config import Batching
 from trainserve.serving.manager import ModelManager, NotFound, VersionState
-from trainserve.serving.metrics import RequestCounter
+from trainserve.serving.metrics import ServingMetrics
 
 
 class ServingError(Exception):
@@ -33,12 +36,40 @@ def unknown_signature(signature: str) -> ServingError:
     return ServingError(grpc.StatusCode.FAILED_PRECONDITION, f'Serving signature key "{signature}" not found.')
 
 
+# request_latency's API label: the RPC's name, as TF Serving records it.
+LATENCY_API = {"predict": "Predict", "metadata": "GetModelMetadata", "status": "GetModelStatus"}
+
+
+@contextlib.contextmanager
+def tf_errors(signature: str):
+    """A model's failure as the ServingError TF Serving answers with."""
+    try:
+        yield
+    except ServingError:
+        raise
+    except UnknownSignature:
+        raise unknown_signature(signature) from None
+    except TrainserveError as exc:
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+    except Exception as exc:  # a TF runtime error inside the graph
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, first_line(exc)) from None
+
+
+def check_output_filter(model: LoadedModel, signature: str, output_filter: tuple[str, ...]) -> None:
+    _, outputs = model.signature(signature)
+    unknown = [k for k in output_filter if k not in outputs]
+    if unknown:
+        raise TrainserveError(f"output_filter {unknown} not in signature {signature!r}: expected {sorted(outputs)}")
+
+
 class Servables:
     """The served models as requests see them, plus the request bookkeeping (in flight, counts)."""
 
     def __init__(self, manager: ModelManager, batching: Batching | None):
         self.manager, self.batching = manager, batching
-        self.requests = RequestCounter()
+        self.metrics = ServingMetrics()
+        self.scheduler = BatchScheduler(batching, self.metrics.record_batch) if batching else None
+        self.stopping = threading.Event()  # set when the drain begins (health answers NOT_SERVING)
         self._inflight = 0
         self._lock = threading.Lock()
 
@@ -56,13 +87,26 @@ class Servables:
             raise unknown_signature(signature) from None
         return inputs_spec
 
-    def predict(self, name, version, label, signature, inputs, output_filter=()):
+    def predict(self, name, version, label, signature, inputs, output_filter=(), entrypoint="GRPC"):
         """Returns (version, signature name, outputs)."""
         signature = signature or DEFAULT_SIGNATURE
-        with self._track(name, "predict"):
+        with self._track(name, "predict", entrypoint):
             state = self.resolve(name, version, label)
+            model, output_filter = state.model, tuple(output_filter)
             self._check_batch_size(inputs)
-            return state.version, signature, self._run(state, signature, inputs, output_filter)
+            run = functools.partial(self._run, model, signature, output_filter=output_filter)
+            size = task_size(inputs) if self.scheduler else None
+            if size is None:  # batching off, or a request that cannot be concatenated: it runs alone
+                return state.version, signature, run(inputs)
+            # Checked before queueing: one malformed request must not fail the batch it would join.
+            with tf_errors(signature):
+                model.check_inputs(signature, inputs)
+                check_output_filter(model, signature, output_filter)
+            key = (model, signature, frozenset(output_filter), shape_key(inputs))
+            try:
+                return state.version, signature, self.scheduler.submit(key, run, inputs, size)
+            except QueueFull as exc:
+                raise ServingError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
 
     def _check_batch_size(self, inputs) -> None:
         """With batching on, a request larger than max_batch_size fails, as in the batch scheduler TF
@@ -77,24 +121,18 @@ class Servables:
             )
 
     @staticmethod
-    def _run(state: VersionState, signature: str, inputs, output_filter):
-        try:
-            return state.model.run(signature, inputs, list(output_filter) or None)
-        except UnknownSignature:
-            raise unknown_signature(signature) from None
-        except TrainserveError as exc:
-            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        except Exception as exc:  # a TF runtime error inside the graph
-            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, first_line(exc)) from None
+    def _run(model: LoadedModel, signature: str, inputs, output_filter):
+        with tf_errors(signature):
+            return model.run(signature, inputs, list(output_filter) or None)
 
-    def metadata(self, name, version, label) -> tuple[int, get_model_metadata_pb2.SignatureDefMap]:
-        with self._track(name, "metadata"):
+    def metadata(self, name, version, label, entrypoint="GRPC") -> tuple[int, get_model_metadata_pb2.SignatureDefMap]:
+        with self._track(name, "metadata", entrypoint):
             state = self.resolve(name, version, label)
             return state.version, get_model_metadata_pb2.SignatureDefMap(signature_def=state.model.signature_defs)
 
-    def status(self, name, version, label) -> list[VersionState]:
+    def status(self, name, version, label, entrypoint="GRPC") -> list[VersionState]:
         """Every version's state (all states, not only AVAILABLE), or only the one named."""
-        with self._track(name, "status"):
+        with self._track(name, "status", entrypoint):
             try:
                 model = self.manager.get(name)
                 if label:
@@ -110,11 +148,11 @@ class Servables:
             return states
 
     @contextlib.contextmanager
-    def _track(self, name: str, api: str):
-        """Count the request while it runs (for the drain log) and by outcome afterwards (for metrics)."""
+    def _track(self, name: str, api: str, entrypoint: str):
+        """Count the request while it runs (for the drain log), then by outcome and latency (for metrics)."""
         with self._lock:
             self._inflight += 1
-        status = "OK"
+        status, started = "OK", time.perf_counter()
         try:
             yield
         except ServingError as exc:
@@ -126,8 +164,16 @@ class Servables:
         finally:
             with self._lock:
                 self._inflight -= 1
-            self.requests.add(name, api, status)
+            self.metrics.requests.add(name, api, status)
+            micros = (time.perf_counter() - started) * 1e6
+            self.metrics.request_latency.observe(micros, name, LATENCY_API[api], entrypoint)
 
     @property
     def inflight(self) -> int:
         return self._inflight
+
+    def drain(self) -> None:
+        """Shutdown: health turns NOT_SERVING and every queued batch runs (their callers get answers)."""
+        self.stopping.set()
+        if self.scheduler is not None:
+            self.scheduler.close()

@@ -142,8 +142,10 @@ def _open_ports(
     """Start the APIs whose port is set (0 turns one off); the log lines are TF Serving's."""
     grpc_server = http_server = None
     if options.port:
+        # Each request waiting for its batch holds one of these threads, so this also caps how many
+        # requests can be merged (TF Serving's default, 4 x CPUs, caps it likewise).
         workers = options.grpc_max_threads or 4 * max(1, len(_affinity()))
-        grpc_server = start_grpc_server(servables, options.port, workers)
+        grpc_server = start_grpc_server(servables, options.port, workers, options.enable_grpc_healthcheck_service)
         log.info("Running gRPC ModelServer at 0.0.0.0:%d ...", options.port)
     if options.rest_api_port:
         http_server = start_rest_server(servables, options.rest_api_port, metrics_path)
@@ -159,12 +161,15 @@ def _affinity() -> set[int]:
 def _stop_serving(
     servables: Servables, grpc_server: grpc.Server | None, http_server: ThreadingHTTPServer | None, grace_seconds: float
 ) -> None:
-    """Stop accepting on both ports first, then let in-flight requests finish (gRPC within the grace)."""
+    """Stop accepting on both ports first, then let in-flight requests finish (gRPC within the grace),
+    queued batches included."""
     log.info("stopping: no new requests; finishing %d in-flight request(s)", servables.inflight)
     if http_server is not None:
         http_server.shutdown()
-    if grpc_server is not None:
-        grpc_server.stop(grace=grace_seconds).wait()
+    stopped = grpc_server.stop(grace=grace_seconds) if grpc_server is not None else None
+    servables.drain()  # queued batches run now rather than at their timeout
+    if stopped is not None:
+        stopped.wait()
     if http_server is not None:
         http_server.server_close()  # joins the request threads (daemon_threads is off)
 
