@@ -71,3 +71,22 @@ def test_shared_modules_import_no_stage():
         if (bad := sorted(m for m in imported_modules(p.read_text()) if m.split(".")[1:2] in ([s] for s in STAGES)))
     }
     assert not offenders, f"shared modules must not depend on a stage: {offenders}"
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 350, 60
+
+
+def test_modules_and_functions_stay_small():
+    """A module does one job and a function fits on a screen; past that, split by responsibility."""
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text()
+        name = str(path.relative_to(PACKAGE))
+        if source.count("\n") >= MAX_MODULE_LINES:
+            too_long.append(f"{name}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}:{node.lineno} {node.name}(): {length} lines")
+    assert not too_long, f"modules >= {MAX_MODULE_LINES} or functions > {MAX_FUNCTION_LINES} lines: {too_long}"
