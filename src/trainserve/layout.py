@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -24,6 +26,42 @@ WARMUP_FILE = "tf_serving_warmup_requests"
 METADATA_FILE = "trainserve.json"
 MAX_WARMUP_RECORDS = 1000  # TF Serving replays at most this many (servables/tensorflow/saved_model_warmup)
 STAGING_PREFIX = ".tmp-"
+
+# Output names of the serving signature trainserve exports, by task.
+PROBABILITIES, CLASSES, PREDICTIONS = "probabilities", "classes", "predictions"
+
+# The held-out split training shares with the eval client (`<data_dir>/<model>/test.npz`) carries the task
+# too, as JSON in a 0-d string array under this key: the client sees only gRPC and that file, never the
+# server's disk.
+SPLIT_TASK_KEY = "task"
+
+TaskKind = Literal["classification", "regression"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a model predicts, as `trainserve.json` records it under "task": training writes it, the eval
+    client reads it to pick its metrics. Classification: `classes` (K) and optional `label_names`;
+    regression: `targets` (T, the width of `predictions` [N, T])."""
+
+    kind: TaskKind
+    classes: int = 0
+    targets: int = 0
+    label_names: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "classes": self.classes,
+            "targets": self.targets,
+            "label_names": list(self.label_names),
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict) -> Task:
+        return cls(
+            raw["kind"], int(raw.get("classes", 0)), int(raw.get("targets", 0)), tuple(raw.get("label_names", ()))
+        )
 
 
 def is_version_dir(path: Path) -> bool:
@@ -55,6 +93,12 @@ def read_metadata(version_dir: Path) -> dict | None:
     """`trainserve.json` of a version, or None for a SavedModel trainserve did not publish."""
     path = metadata_path(version_dir)
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def read_task(version_dir: Path) -> Task | None:
+    """The task recorded in `trainserve.json`, or None (a SavedModel not made by trainserve, or an older one)."""
+    metadata = read_metadata(version_dir)
+    return Task.from_json(metadata["task"]) if metadata and "task" in metadata else None
 
 
 def write_warmup_requests(
