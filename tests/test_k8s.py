@@ -3,6 +3,8 @@ and checked for what a cluster would only reveal at run time (ports, flags, vers
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,8 +14,9 @@ import pytest
 import yaml
 
 from conftest import REPO, pinned_tf_version, require
-from trainserve.serving.config import parse_batching, parse_model_config, parse_monitoring
+from trainserve.serving.config import parse_batching, parse_monitoring
 
+SERVE_CPU = REPO / "images" / "serve-cpu"
 KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/local", "k8s/overlays/gpu", "k8s/overlays/multi-worker"]
 TOOLS = Path(sys.executable).parent.parent / "tools" / "bin"  # .venv/tools: see the Makefile
 KUBERNETES_VERSION = "1.33.0"
@@ -64,18 +67,36 @@ def test_images_carry_the_pinned_tensorflow_version(rendered):
     assert images and all(image.endswith(f":{pinned_tf_version()}") for image in images), images
 
 
-def test_probes_target_named_ports_that_exist(rendered):
+def test_probes_target_named_ports_or_scripts_that_exist(rendered):
     _, docs, _ = rendered
     for doc, spec in pod_specs(docs):
         for container in spec["containers"]:
             names = {p["name"] for p in container.get("ports", [])}
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-                if probe in container:
-                    action = next(
-                        container[probe][k] for k in ("httpGet", "tcpSocket", "grpc") if k in container[probe]
-                    )
-                    port = action["port"]
-                    assert port in names, f"{doc['metadata']['name']}: {probe} targets {port!r}, ports are {names}"
+                if probe not in container:
+                    continue
+                if "exec" in container[probe]:  # the serving image's own script, with a mode it knows
+                    script, *args = container[probe]["exec"]["command"]
+                    assert script == "/usr/local/bin/healthcheck.sh" and "serve-cpu" in container["image"]
+                    assert args in (["ready"], ["live"]), args
+                    continue
+                action = next(container[probe][k] for k in ("httpGet", "tcpSocket", "grpc") if k in container[probe])
+                port = action["port"]
+                assert port in names, f"{doc['metadata']['name']}: {probe} targets {port!r}, ports are {names}"
+
+
+def test_serving_probes_never_restart_a_pod_that_waits_for_its_first_model(rendered):
+    """Serving is applied before training has published: readiness = serving, liveness = answering."""
+    _, docs, _ = rendered
+    container = serving_container(docs)
+    assert "startupProbe" not in container, "a start-up limit would be a limit on how long training may take"
+    assert container["readinessProbe"]["exec"]["command"][1:] == ["ready"]
+    liveness = container["livenessProbe"]
+    # TF Serving keeps its ports closed until the initial models are AVAILABLE: a port-based liveness
+    # would kill the waiting pod. `healthcheck.sh live` passes while the port is closed.
+    assert not {"httpGet", "tcpSocket", "grpc"} & set(liveness) and liveness["exec"]["command"][1:] == ["live"]
+    (pdb,) = (d for d in docs if d["kind"] == "PodDisruptionBudget")
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow", "a waiting pod never blocks a drain"
 
 
 def test_every_container_is_locked_down(rendered):
@@ -91,21 +112,38 @@ def test_every_container_is_locked_down(rendered):
             assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"]), "scratch for a read-only root"
 
 
+def serving_container(docs: list[dict]) -> dict:
+    (deployment,) = (d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "serve-cpu")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def config_map(docs: list[dict], name: str) -> dict:
+    """A generated ConfigMap, found by its name before kustomize's content-hash suffix."""
+    (found,) = (d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].rsplit("-", 1)[0] == name)
+    return found
+
+
 def test_serving_is_consistent(rendered):
     name, docs, _ = rendered
     by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     deployment = by_kind[("Deployment", "serve-cpu")]
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    container = serving_container(docs)
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     threads = {e["name"]: e for e in container["env"] if e["name"].startswith("TF_")}
     assert all(e["valueFrom"]["resourceFieldRef"]["resource"] == "limits.cpu" for e in threads.values())
     assert all(m.get("readOnly") for m in container["volumeMounts"] if m["mountPath"] == "/models")
     ports = {p["name"] for p in by_kind[("Service", "serve-cpu")]["spec"]["ports"]}
     assert ports == {"grpc", "http"}
-    config = by_kind[("ConfigMap", "serve-cpu-config")]["data"]
+    generated = config_map(docs, "serve-cpu-config")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == generated["metadata"]["name"]
+    config = generated["data"]
+    # The image's own files, byte for byte (generated from images/serve-cpu, no copy); no models.config:
+    # the entrypoint generates it from MODEL_NAME unless an overlay adds one.
+    assert config == {key: (SERVE_CPU / key).read_text() for key in ("batching.config", "monitoring.config")}
     tmp = Path(__import__("tempfile").mkdtemp())
-    for key, parse in (("models.config", parse_model_config), ("batching.config", parse_batching),
-                       ("monitoring.config", parse_monitoring)):  # fmt: skip
+    for key, parse in (("batching.config", parse_batching), ("monitoring.config", parse_monitoring)):
         (tmp / key).write_text(config[key])
         parse(tmp / key)
     access = {d["metadata"]["name"]: d["spec"]["accessModes"] for d in docs if d["kind"] == "PersistentVolumeClaim"}
@@ -127,3 +165,61 @@ def test_multi_worker_component_wires_dns_and_tf_config():
     assert env["TRAINSERVE_SERVICE"] == service["metadata"]["name"] and env["TRAINSERVE_JOB_NAME"] == "train-mw"
     assert "trainserve tf-config" in " ".join(spec["containers"][0]["command"])
     assert all(d["metadata"].get("namespace") == "trainserve" for d in docs if d["kind"] != "Namespace")
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """The kubelet's `$(VAR)` expansion in env values, command and args (unknown names stay as written)."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), text)
+
+
+def resolved(docs: list[dict]) -> dict[str, dict]:
+    """What each workload's container gets at run time, as the kubelet resolves it: env values (literal or
+    from a ConfigMap key) and args with `$(VAR)` expanded. Keyed by workload name."""
+    data = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+    found = {}
+    for doc, spec in pod_specs(docs):
+        (container,) = spec["containers"]
+        env = {}
+        for var in container.get("env", []):
+            if "value" in var:
+                env[var["name"]] = expand(var["value"], env)
+            elif "configMapKeyRef" in var["valueFrom"]:
+                ref = var["valueFrom"]["configMapKeyRef"]
+                env[var["name"]] = data[ref["name"]][ref["key"]]
+        args = [expand(arg, env) for arg in container.get("args", [])]
+        found[doc["metadata"]["name"]] = {"env": env, "args": args}
+    return found
+
+
+def assert_one_model(docs: list[dict], model: str) -> None:
+    workloads = resolved(docs)
+    assert workloads["serve-cpu"]["env"]["MODEL_NAME"] == model
+    trainer = workloads.get("train") or workloads["train-mw"]
+    assert trainer["env"]["TRAINSERVE_MODEL_NAME"] == model and trainer["env"]["TRAINSERVE_EXPORT_BASE"] == "/models"
+    assert {f"--model={model}", f"--data=/data/{model}/test.npz"} <= set(workloads["eval"]["args"])
+
+
+@pytest.mark.parametrize("overlay", KUSTOMIZATIONS[1:])
+def test_the_model_name_is_set_once_per_overlay(overlay):
+    text = subprocess.run(["kubectl", "kustomize", str(REPO / overlay)], capture_output=True, text=True).stdout
+    assert text.count("digits") == 1, "only the trainserve-model ConfigMap names the model"
+    docs = render(overlay)
+    assert config_map(docs, "trainserve-model")["data"] == {"MODEL_NAME": "digits"}
+    assert_one_model(docs, "digits")
+
+
+@pytest.mark.parametrize("overlay", KUSTOMIZATIONS[1:])
+def test_another_model_name_reaches_training_serving_and_eval(overlay, tmp_path):
+    """A user's overlay on top of ours sets MODEL_NAME once: no `digits` is left anywhere."""
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump({
+            "resources": [os.path.relpath(REPO / overlay, tmp_path)],
+            "configMapGenerator": [{"name": "trainserve-model", "behavior": "merge", "literals": ["MODEL_NAME=cats"]}],
+        })
+    )  # fmt: skip
+    require("kubectl", shutil.which("kubectl") is not None, "kubectl kustomize renders the manifests")
+    proc = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "digits" not in proc.stdout
+    docs = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    assert_one_model(docs, "cats")

@@ -52,10 +52,15 @@ def test_a_typo_would_be_caught():
     assert flags_in("--rest_api_prot=8501 --port=1") - TF_SERVING_FLAGS == {"rest_api_prot"}
 
 
-def test_baked_config_files_parse_with_tf_serving_schemas():
-    config = parse_model_config(SERVE_CPU / "models.config")
+def test_baked_config_files_parse_with_tf_serving_schemas(tmp_path):
+    # models.config is a template: the entrypoint fills in MODEL_NAME (test_serve_cpu_scripts runs it).
+    template = (SERVE_CPU / "models.config.template").read_text()
+    assert "digits" not in template, "the default config names no model: MODEL_NAME does"
+    (tmp_path / "models.config").write_text(template.replace("${MODEL_NAME}", "cats"))
+    config = parse_model_config(tmp_path / "models.config")
     (model,) = config.model_config_list.config
-    assert model.base_path == f"/models/{model.name}" and model.model_version_policy.latest.num_versions == 2
+    assert (model.name, model.base_path) == ("cats", "/models/cats")
+    assert model.model_version_policy.latest.num_versions == 2
     batching = parse_batching(SERVE_CPU / "batching.config")
     assert batching.max_batch_size >= 256, "the eval client's default batch must fit"
     assert parse_monitoring(SERVE_CPU / "monitoring.config") == "/monitoring/prometheus/metrics"
