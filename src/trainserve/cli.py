@@ -179,6 +179,28 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_runs_parser(commands) -> None:
+    p = commands.add_parser(
+        "runs",
+        help="compare training runs (CPU vs GPU, strategies, precisions) from their run summaries",
+        description="One table of the runs' devices, strategies, precisions, replicas, examples/s, epochs, wall "
+        "time, held-out metrics and data fingerprints; warns when the fingerprints differ.",
+    )
+    p.add_argument("logs", nargs="+", type=Path, help="training --logs-dir directories (or run_summary.json files)")
+    p.set_defaults(func=run_runs)
+
+
+def run_runs(args: argparse.Namespace) -> int:
+    from trainserve.training.runs import fingerprint_warning, read_run, runs_table
+
+    rows = [read_run(path) for path in args.logs]
+    print(runs_table(rows))
+    warning = fingerprint_warning(rows)
+    if warning:
+        print(warning, file=sys.stderr)
+    return 0
+
+
 def add_tf_config_parser(commands) -> None:
     p = commands.add_parser(
         "tf-config",
@@ -211,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_verify_parser(commands)
     add_serve_local_parser(commands)
     add_eval_parser(commands)
+    add_runs_parser(commands)
     add_tf_config_parser(commands)
     return parser
 
