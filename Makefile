@@ -48,6 +48,20 @@ demo: venv ## Whole pipeline on bundled data: train, publish, serve-local, eval 
 	BIN=$(BIN) DEMO_DIR=$(DEMO_DIR) MODEL_NAME=$(MODEL_NAME) DEMO_EPOCHS=$(DEMO_EPOCHS) \
 		GRPC_PORT=$(GRPC_PORT) REST_PORT=$(REST_PORT) scripts/demo.sh
 
+COMPARE_DIR ?= compare
+COMPARE_EPOCHS ?= 5
+COMPARE_TRAIN = --epochs $(COMPARE_EPOCHS) --model-name compare --seed 0
+
+.PHONY: compare
+compare: venv ## The same training on the CPU and, where an NVIDIA runtime exists, the GPU image; one table
+	CUDA_VISIBLE_DEVICES=-1 $(BIN)/trainserve train $(COMPARE_TRAIN) --logs-dir $(COMPARE_DIR)/cpu \
+		--export-base $(COMPARE_DIR)/models --data-dir $(COMPARE_DIR)/data
+	if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia; then \
+		$(COMPOSE) --profile train run --rm --user "$$(id -u):$$(id -g)" -v "$(abspath $(COMPARE_DIR)):/compare" \
+			train-gpu $(COMPARE_TRAIN) --logs-dir /compare/gpu --export-base /compare/models --data-dir /compare/data; \
+	else echo "make compare: no NVIDIA container runtime here: CPU run only" >&2; fi
+	$(BIN)/trainserve runs $(COMPARE_DIR)/cpu $$(test -d $(COMPARE_DIR)/gpu && echo $(COMPARE_DIR)/gpu)
+
 ##@ Containers (Docker; GPU training needs the NVIDIA container toolkit)
 
 COMPOSE ?= docker compose
