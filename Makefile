@@ -130,6 +130,7 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/train_input.py
 	$(BIN)/python bench/eval_throughput.py
+	$(BIN)/python bench/serve_batching.py
 
 # One export per image, from the same lock: the GPU image keeps its base's TensorFlow (no tensorflow-cpu).
 EXPORT = $(BIN)/uv export --quiet --frozen --format requirements.txt --no-header --no-emit-project \
