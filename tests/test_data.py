@@ -105,11 +105,88 @@ def test_test_split_is_shared_exactly(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["test.npz"], "no temp file left behind"
 
 
-def test_input_pipeline_preprocesses_and_batches():
+def test_input_pipeline_batches_the_stored_data_and_the_model_scales_it():
+    """Scaling moved into the built-in models' first layer (so the served graph does what training did)."""
+    from trainserve.training.model import build_model
+    from trainserve.training.pipeline import preprocess
+
     ds = load_dataset("digits")
     batches = list(make_input_pipeline(ds.x_test, ds.y_test, 64, seed=0, training=False))
     images, labels = batches[0]
-    assert images.dtype.name == "float32" and images.shape == (64, 8, 8, 1)
-    assert float(images.numpy().max()) == 1.0 and float(images.numpy().min()) == 0.0
+    assert images.dtype.name == "uint8" and images.shape == (64, 8, 8, 1)
     assert sum(len(b[1]) for b in batches) == len(ds.y_test)
     np.testing.assert_array_equal(labels.numpy(), ds.y_test[:64])
+    scale = build_model("cnn", (8, 8, 1), 10).get_layer("scale")
+    scaled = np.asarray(scale(images))
+    np.testing.assert_allclose(scaled, preprocess(images).numpy(), atol=1e-7)
+    assert scaled.max() == 1.0 and scaled.min() == 0.0
+
+
+def _regression_npz(path, **overrides):
+    rng = np.random.default_rng(0)
+    arrays = {
+        "x_train/age": rng.integers(18, 90, (20, 1)),
+        "x_train/scores": rng.random((20, 3)).astype(np.float32),
+        "y_train": rng.random(20).astype(np.float32),
+        "x_test/age": rng.integers(18, 90, (5, 1)),
+        "x_test/scores": rng.random((5, 3)).astype(np.float32),
+        "y_test": rng.random(5).astype(np.float32),
+    }
+    arrays.update(overrides)
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return path
+
+
+def test_named_inputs_and_float_labels_make_a_regression(tmp_path):
+    from trainserve.layout import split_input_names, split_task
+
+    ds = load_dataset(str(_regression_npz(tmp_path / "r.npz")))
+    assert sorted(ds.train) == ["age", "scores"] and not ds.single
+    assert ds.task.kind == "regression" and ds.task.targets == 1 and ds.y_train.shape == (20, 1)
+    path = write_test_split(ds, tmp_path, "r")
+    with np.load(path) as npz:
+        assert split_input_names(npz.files) == ["age", "scores"] and "x_test" not in npz.files
+        assert split_task(npz) == ds.task
+        np.testing.assert_array_equal(npz["x_test/age"], ds.test["age"])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        pytest.param(
+            {"y_train": np.array(["a"] * 20)}, "expected 1-D integer labels (classification) or float", id="str"
+        ),
+        pytest.param({"y_test": np.arange(5)}, "of the same kind as y_test", id="mixed-kinds"),
+        pytest.param({"x_test/age": np.zeros((5, 2), np.int64)}, "expected one example shape", id="shape"),
+        pytest.param(
+            {"x_test/age": None}, "x_train has inputs ['age', 'scores'] but x_test has ['scores']", id="names"
+        ),
+        pytest.param({"x_train": np.zeros((20, 3))}, "has both x_train and x_train/<input>", id="both-forms"),
+        pytest.param({"x_test/scores": np.array([["a"] * 3] * 5)}, "expected a numeric array", id="text-input"),
+        pytest.param({"y_test": np.full(5, np.nan, np.float32)}, "NaN or infinite", id="nan"),
+    ],
+)
+def test_bad_named_inputs_and_labels(tmp_path, overrides, message):
+    with pytest.raises(TrainserveError) as err:
+        load_dataset(str(_regression_npz(tmp_path / "r.npz", **overrides)))
+    assert message in str(err.value)
+
+
+def test_csv_columns_become_inputs_and_a_seeded_fraction_is_held_out(tmp_path):
+    path = tmp_path / "t.csv"
+    rows = ["size,rooms,kind,price"] + [f"{i * 1.5},{i % 4},{i % 3},{i * 2.0}" for i in range(20)]
+    path.write_text("\n".join(rows) + "\n")
+    ds = load_dataset(str(path), seed=1, label_column="price", test_fraction=0.25)
+    assert sorted(ds.train) == ["kind", "rooms", "size"] and len(ds.y_test) == 5 and len(ds.y_train) == 15
+    assert ds.train["rooms"].dtype == np.int64 and ds.train["size"].dtype == np.float32
+    assert ds.train["size"].shape == (15, 1) and ds.task.kind == "regression"
+    assert ds.fingerprint() == load_dataset(str(path), seed=1, label_column="price", test_fraction=0.25).fingerprint()
+    by_kind = load_dataset(str(path), seed=1, label_column="kind", test_fraction=0.25)
+    assert by_kind.task.kind == "classification" and by_kind.task.classes == 3
+    with pytest.raises(TrainserveError, match="has no column 'cost': expected --label-column to name one of"):
+        load_dataset(str(path), label_column="cost")
+    with pytest.raises(TrainserveError, match="needs --label-column NAME"):
+        load_dataset(str(path))
+    path.write_text("a,b\n1,x\n2,3\n")
+    with pytest.raises(TrainserveError, match="column 'b' line 2 is 'x': expected a number"):
+        load_dataset(str(path), label_column="a")

@@ -98,7 +98,8 @@ def run_train(args: argparse.Namespace) -> int:
     config = config_from_args(TrainConfig, args)
     result = train(config)
     print(f"published {config.model_name} version {result.version} at {result.version_dir}")
-    print(f"held-out accuracy {result.metrics['test_accuracy']:.4f}; run summary {result.summary_path}")
+    held_out = ", ".join(f"{k.removeprefix('test_')} {v:.4f}" for k, v in result.metrics.items())
+    print(f"held-out {held_out}; run summary {result.summary_path}")
     return 0
 
 

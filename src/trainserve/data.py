@@ -1,7 +1,9 @@
 """Data sets: load, validate, fingerprint and share the held-out split (training and evaluation both).
 
-Every source ends up as uint8 images `[N, H, W, C]` and int64 labels in `[0, K)`. Scaling to float
-happens in the training graph and the serving signature (`trainserve.training.pipeline.preprocess`).
+A data set is named inputs (each any numeric dtype and shape) and labels: integer labels make a
+classification task (K classes), float labels a regression one (T targets). The built-in image sources
+(`digits`, `synthetic`, keras sets) give one uint8 input `images` [N, H, W, C]; files are read by
+`trainserve.data_files` (`.npz`, `.csv`). Scaling and other preprocessing happen inside the model.
 """
 
 from __future__ import annotations
@@ -9,18 +11,19 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.layout import write_file_atomic
+from trainserve.layout import Task, split_arrays, write_file_atomic
 from trainserve.options import image_shape, option, positive_int
 
 KERAS_DATASETS = ("mnist", "fashion_mnist", "cifar10")
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+IMAGES = "images"  # the input name of image data (the built-in sources, and a single uint8 [N, H, W(, C)] array)
+SINGLE = "x"  # the input name of any other single array (`x_train` in an .npz)
 CIFAR10_LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 FASHION_LABELS = ["t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot"]
 
@@ -36,125 +39,208 @@ class SyntheticSpec:
 
 @dataclass
 class Dataset:
-    """A train/test split of uint8 NHWC images with integer labels."""
+    """Named inputs and labels, split into train and test; `single` when the file held one `x_train`."""
 
     name: str
-    x_train: np.ndarray
+    train: dict[str, np.ndarray]
     y_train: np.ndarray
-    x_test: np.ndarray
+    test: dict[str, np.ndarray]
     y_test: np.ndarray
-    label_names: list[str] = field(default_factory=list)
+    task: Task
+    single: bool = True
 
     @property
-    def input_shape(self) -> tuple[int, int, int]:
-        return tuple(int(d) for d in self.x_train.shape[1:])  # type: ignore[return-value]
+    def x_train(self) -> np.ndarray:
+        return self._only(self.train)
+
+    @property
+    def x_test(self) -> np.ndarray:
+        return self._only(self.test)
+
+    def _only(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        if len(inputs) != 1:
+            raise TrainserveError(f"{self.name} has inputs {', '.join(inputs)}: expected a single input here")
+        return next(iter(inputs.values()))
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.x_train.shape[1:])
 
     @property
     def num_classes(self) -> int:
-        return len(self.label_names)
+        return self.task.classes
+
+    @property
+    def label_names(self) -> list[str]:
+        return list(self.task.label_names)
+
+    def __len__(self) -> int:
+        return len(self.y_train)
 
     def fingerprint(self) -> str:
-        """sha256 over all four arrays: names exactly which data a model was trained and tested on."""
+        """sha256 over every array: names exactly which data a model was trained and tested on."""
         digest = hashlib.sha256()
-        for array in (self.x_train, self.y_train, self.x_test, self.y_test):
+        arrays = [*self.train.values(), self.y_train, *self.test.values(), self.y_test]
+        if not self.single:
+            digest.update(str(sorted(self.train)).encode())
+        for array in arrays:
             digest.update(str((array.dtype.str, array.shape)).encode())
             digest.update(np.ascontiguousarray(array).tobytes())
         return digest.hexdigest()
 
+    def split_validation(
+        self, fraction: float, seed: int
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, dict, np.ndarray]:
+        """(train inputs, train labels, validation inputs, validation labels): `fraction` of the training
+        examples, drawn with `seed`, held back for the per-epoch metrics. The test split is left alone."""
+        count = len(self.y_train)
+        n_val = int(round(count * fraction)) if fraction > 0 else 0
+        if fraction > 0 and not 1 <= n_val < count:
+            raise TrainserveError(
+                f"--validation-split {fraction} of {count} training examples leaves none for training or"
+                " validation: expected a fraction that keeps at least one example on each side"
+            )
+        order = np.random.default_rng(seed).permutation(count)
+        held, kept = np.sort(order[:n_val]), np.sort(order[n_val:])
+        pick = lambda idx: {k: v[idx] for k, v in self.train.items()}  # noqa: E731
+        return pick(kept), self.y_train[kept], pick(held), self.y_train[held]
 
-def load_dataset(source: str, synthetic: SyntheticSpec | None = None, seed: int = 0) -> Dataset:
-    """Load `digits`, `synthetic`, a keras data set name, or an `.npz` file, validated."""
+
+def load_dataset(
+    source: str,
+    synthetic: SyntheticSpec | None = None,
+    seed: int = 0,
+    label_column: str | None = None,
+    test_fraction: float = 0.2,
+) -> Dataset:
+    """Load `digits`, `synthetic`, a keras data set name, an `.npz` or a `.csv` file, validated."""
+    from trainserve import data_files
+
     if source == "digits":
         return _digits(seed)
     if source == "synthetic":
         return _synthetic(synthetic or SyntheticSpec(), seed)
     if source in KERAS_DATASETS:
         return _keras_dataset(source)
+    if source.endswith(".csv"):
+        return data_files.load_csv(Path(source), label_column, test_fraction, seed)
     if source.endswith(".npz") or os.path.sep in source:
-        return load_npz(Path(source))
+        return data_files.load_npz(Path(source))
     raise TrainserveError(
-        f"unknown data source {source!r}: expected digits, synthetic, {', '.join(KERAS_DATASETS)} or a FILE.npz"
-    )
-
-
-def load_npz(path: Path, keys: tuple[str, ...] = NPZ_KEYS) -> Dataset:
-    """Read an npz holding `x_train y_train x_test y_test` (or the subset named by `keys`)."""
-    if not path.is_file():
-        raise TrainserveError(f"data file {path} not found: expected an .npz with keys {', '.join(keys)}")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            missing = [k for k in keys if k not in npz.files]
-            if missing:
-                raise TrainserveError(
-                    f"data file {path} lacks {', '.join(missing)}: expected keys {', '.join(keys)}"
-                    f" (found {', '.join(npz.files) or 'none'})"
-                )
-            arrays = {k: npz[k] for k in keys}
-            names = [str(n) for n in npz["label_names"]] if "label_names" in npz.files else []
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise TrainserveError(f"data file {path} is not a readable .npz ({exc})") from None
-    empty = np.zeros((0, 1, 1, 1), np.uint8)
-    return build_dataset(
-        path.stem,
-        arrays.get("x_train", empty),
-        arrays.get("y_train", np.zeros(0, np.int64)),
-        arrays["x_test"],
-        arrays["y_test"],
-        names,
-        source=str(path),
+        f"unknown data source {source!r}: expected digits, synthetic, {', '.join(KERAS_DATASETS)}, "
+        "a FILE.npz or a FILE.csv"
     )
 
 
 def build_dataset(
     name: str,
-    x_train: np.ndarray,
+    x_train: np.ndarray | dict[str, np.ndarray],
     y_train: np.ndarray,
-    x_test: np.ndarray,
+    x_test: np.ndarray | dict[str, np.ndarray],
     y_test: np.ndarray,
     label_names: list[str] | None = None,
     source: str = "",
 ) -> Dataset:
-    """Check shapes, dtypes and labels; add the channel axis to HxW images."""
+    """Check every array against the others; decide the task from the labels. One array (not a dict) is a
+    single input: `images` when uint8 [N, H, W] (gains a channel axis) or [N, H, W, C], else `x`."""
     where = source or name
-    x_train, x_test = (_as_nhwc(x, f"{where}: {k}") for x, k in ((x_train, "x_train"), (x_test, "x_test")))
-    y_train, y_test = (as_labels(y, f"{where}: {k}") for y, k in ((y_train, "y_train"), (y_test, "y_test")))
-    for x, y, split in ((x_train, y_train, "train"), (x_test, y_test, "test")):
+    single = not isinstance(x_train, dict)
+    train, test = (_named(x, single, x_train) for x in (x_train, x_test))
+    if sorted(train) != sorted(test):
+        raise TrainserveError(
+            f"{where}: x_train has inputs {sorted(train)} but x_test has {sorted(test)}: expected the same inputs"
+        )
+    for input_name in train:
+        _check_input(where, input_name, train[input_name], test[input_name], (y_train, y_test), single)
+    if not len(y_test):
+        raise TrainserveError(f"{where}: x_test is empty: expected at least one held-out example")
+    y_train, y_test, task = labels_and_task(y_train, y_test, label_names, where)
+    return Dataset(name, train, y_train, test, y_test, task, single)
+
+
+def _check_input(where: str, name: str, a: np.ndarray, b: np.ndarray, labels: tuple, single: bool) -> None:
+    """One input of both splits: numeric, one dtype, one example shape, as many examples as labels."""
+    keys = {split: f"x_{split}" if single else f"x_{split}/{name}" for split in ("train", "test")}
+    _numeric(a, f"{where}: {keys['train']}")
+    _numeric(b, f"{where}: {keys['test']}")
+    if a.dtype != b.dtype:
+        raise TrainserveError(f"{where}: {keys['test']} has dtype {b.dtype}: expected {a.dtype}, as {keys['train']}")
+    if a.shape[1:] != b.shape[1:]:
+        what = "image" if name == IMAGES else "example"
+        raise TrainserveError(
+            f"{where}: {keys['train']} {what}s are {a.shape[1:]} but {keys['test']} {what}s are {b.shape[1:]}:"
+            f" expected one {what} shape"
+        )
+    for x, y, split in ((a, labels[0], "train"), (b, labels[1], "test")):
         if len(x) != len(y):
             raise TrainserveError(
-                f"{where}: x_{split} has {len(x)} examples but y_{split} has {len(y)}: expected equal lengths"
+                f"{where}: {keys[split]} has {len(x)} examples but y_{split} has {len(y)}: expected equal lengths"
             )
-    if len(x_train) and x_train.shape[1:] != x_test.shape[1:]:
-        raise TrainserveError(
-            f"{where}: x_train images are {x_train.shape[1:]} but x_test images are {x_test.shape[1:]}:"
-            " expected one image shape"
-        )
-    if not len(x_test):
-        raise TrainserveError(f"{where}: x_test is empty: expected at least one held-out example")
-    observed = int(max(y_train.max(initial=0), y_test.max(initial=0))) + 1
-    names = list(label_names or [str(i) for i in range(int(y_train.max(initial=0)) + 1)])
-    if observed > len(names):
-        raise TrainserveError(
-            f"{where}: label {observed - 1} is out of range: expected labels in [0, {len(names)})"
-            " (the classes seen in y_train, or label_names)"
-        )
-    return Dataset(name, x_train, y_train, x_test, y_test, names)
 
 
-def _as_nhwc(x: np.ndarray, what: str) -> np.ndarray:
-    if x.dtype != np.uint8:
-        raise TrainserveError(f"{what} has dtype {x.dtype}: expected uint8 images (0-255)")
-    if x.ndim == 3:
-        return x[..., np.newaxis]
-    if x.ndim != 4:
-        raise TrainserveError(f"{what} has shape {x.shape}: expected [N, H, W] or [N, H, W, C] images")
+def _named(x, single: bool, first) -> dict[str, np.ndarray]:
+    """The inputs of one split; a single array is named after `first` (x_train), so both splits agree."""
+    if not single:
+        return dict(x)
+    x, first = np.asarray(x), np.asarray(first)
+    if first.dtype == np.uint8 and first.ndim in (3, 4):
+        return {IMAGES: x[..., np.newaxis] if x.ndim == 3 else x}
+    return {SINGLE: x}
+
+
+def _numeric(x: np.ndarray, what: str) -> np.ndarray:
+    if x.dtype.kind not in "biuf" or x.ndim < 1:
+        raise TrainserveError(
+            f"{what} has dtype {x.dtype} and shape {x.shape}: expected a numeric array [N, ...] (bool, int, float)"
+        )
     return x
+
+
+def labels_and_task(y_train, y_test, label_names, where: str) -> tuple[np.ndarray, np.ndarray, Task]:
+    """Integer labels -> classification (int64 [N]); float labels -> regression (float32 [N, T])."""
+    kinds = [y.dtype.kind for y in (y_train, y_test)]
+    if all(k in "biu" for k in kinds):
+        y_train, y_test = (as_labels(y, f"{where}: {k}") for y, k in ((y_train, "y_train"), (y_test, "y_test")))
+        observed = int(max(y_train.max(initial=0), y_test.max(initial=0))) + 1
+        names = list(label_names or [str(i) for i in range(int(y_train.max(initial=0)) + 1)])
+        if observed > len(names):
+            raise TrainserveError(
+                f"{where}: label {observed - 1} is out of range: expected labels in [0, {len(names)})"
+                " (the classes seen in y_train, or label_names)"
+            )
+        if len(names) < 2:
+            raise TrainserveError(f"{where}: y_train holds one class: expected at least 2 classes")
+        return y_train, y_test, Task("classification", classes=len(names), label_names=tuple(names))
+    if all(k == "f" for k in kinds):
+        y_train, y_test = (_targets(y, f"{where}: {k}") for y, k in ((y_train, "y_train"), (y_test, "y_test")))
+        if y_train.shape[1] != y_test.shape[1]:
+            raise TrainserveError(
+                f"{where}: y_train has {y_train.shape[1]} targets but y_test has {y_test.shape[1]}: expected equal"
+            )
+        if label_names:
+            raise TrainserveError(f"{where}: label_names given for float labels (regression): expected none")
+        return y_train, y_test, Task("regression", targets=int(y_train.shape[1]))
+    bad, other = ("y_train", "y_test") if kinds[0] not in "biuf" or kinds[1] in "biu" else ("y_test", "y_train")
+    y = y_train if bad == "y_train" else y_test
+    raise TrainserveError(
+        f"{where}: {bad} has dtype {y.dtype} and shape {y.shape}: expected 1-D integer labels (classification) "
+        f"or float labels [N] / [N, T] (regression), of the same kind as {other}"
+    )
+
+
+def _targets(y: np.ndarray, what: str) -> np.ndarray:
+    if y.ndim not in (1, 2):
+        raise TrainserveError(f"{what} has shape {y.shape}: expected float labels [N] or [N, T] (regression)")
+    if not np.all(np.isfinite(y)):
+        raise TrainserveError(f"{what} holds NaN or infinite values: expected finite regression targets")
+    return (y[:, np.newaxis] if y.ndim == 1 else y).astype(np.float32)
 
 
 def as_labels(y: np.ndarray, what: str) -> np.ndarray:
     """1-D int64 labels >= 0 ([N, 1] is flattened); anything else is an error naming `what`."""
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
-    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+    if y.ndim != 1 or not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
         raise TrainserveError(f"{what} has dtype {y.dtype} and shape {y.shape}: expected 1-D integer labels")
     if y.min(initial=0) < 0:
         raise TrainserveError(f"{what} has negative labels: labels must be integers >= 0")
@@ -220,10 +306,7 @@ def write_npz_atomic(path: Path, **arrays: np.ndarray) -> Path:
 
 
 def write_test_split(dataset: Dataset, data_dir: Path, model_name: str) -> Path:
-    """Share the held-out split (`<data_dir>/<model>/test.npz`) with the eval client in another container."""
-    return write_npz_atomic(
-        data_dir / model_name / "test.npz",
-        x_test=dataset.x_test,
-        y_test=dataset.y_test,
-        label_names=np.array(dataset.label_names),
-    )
+    """Share the held-out split (`<data_dir>/<model>/test.npz`) with the eval client in another container:
+    the named inputs (`x_test`, or `x_test/<input>`), `y_test`, `label_names` and the task (JSON)."""
+    arrays = split_arrays(dataset.test, dataset.y_test, dataset.task, dataset.single)
+    return write_npz_atomic(data_dir / model_name / "test.npz", **arrays)

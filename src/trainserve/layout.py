@@ -169,3 +169,34 @@ def write_file_atomic(path: Path, data: bytes) -> Path:
         raise
     fsync_dir(path.parent)
     return path
+
+
+# The shared held-out split (`<data_dir>/<model>/test.npz`): one input as `x_test`, several as
+# `x_test/<input>`; labels `y_test`; `label_names` (classification); the Task as JSON under SPLIT_TASK_KEY.
+SPLIT_INPUTS, SPLIT_LABELS, SPLIT_LABEL_NAMES = "x_test", "y_test", "label_names"
+
+
+def split_arrays(inputs: dict[str, np.ndarray], labels: np.ndarray, task: Task, single: bool) -> dict[str, np.ndarray]:
+    """The arrays of a shared split: `x_test` when `single` (one input), else `x_test/<input>` each."""
+    if single and len(inputs) != 1:
+        raise ValueError(f"a single-input split needs exactly one input, got {sorted(inputs)}")
+    arrays = {SPLIT_INPUTS: next(iter(inputs.values()))} if single else {}
+    if not single:
+        arrays.update({f"{SPLIT_INPUTS}/{name}": array for name, array in inputs.items()})
+    arrays[SPLIT_LABELS] = labels
+    arrays[SPLIT_LABEL_NAMES] = np.array(list(task.label_names), dtype=str)
+    arrays[SPLIT_TASK_KEY] = np.array(json.dumps(task.to_json()))
+    return arrays
+
+
+def split_task(npz) -> Task | None:
+    """The Task a shared split carries (a mapping of arrays, e.g. an open np.load), or None (older files)."""
+    if SPLIT_TASK_KEY not in getattr(npz, "files", npz):
+        return None
+    return Task.from_json(json.loads(str(npz[SPLIT_TASK_KEY][()])))
+
+
+def split_input_names(files) -> list[str]:
+    """Input names of a shared split's `x_test/<input>` keys; [] when it holds one `x_test`."""
+    prefix = SPLIT_INPUTS + "/"
+    return sorted(f[len(prefix) :] for f in files if f.startswith(prefix))

@@ -31,12 +31,20 @@ class TrainConfig:
     data: str = option(
         "digits",
         "digits (bundled, offline) | synthetic | mnist | fashion_mnist | cifar10 | FILE.npz "
-        "with x_train y_train x_test y_test",
+        "(x_train y_train x_test y_test, or x_train/<input> x_test/<input>) | FILE.csv (with --label-column)",
+    )
+    label_column: str | None = option(None, "the label column of a --data FILE.csv; the other columns are inputs")
+    test_fraction: float = option(0.2, "held-out fraction of a --data FILE.csv (drawn with --seed)", parse=float)
+    validation_split: float = option(
+        0.1, "fraction of the training data held back for per-epoch metrics (0: none)", parse=float
     )
     data_dir: Path | None = option(Path("data"), "where the held-out split is shared")
     logs_dir: Path = option(Path("logs"), "CSV, TensorBoard, curves PNG, summary")
     backup_dir: Path | None = option(None, "resume a killed run from its last finished epoch")
-    architecture: Architecture = option("cnn", "the built-in network to train")
+    architecture: Architecture = option("cnn", "the built-in network to train (unless --model-fn)")
+    model_fn: str | None = option(
+        None, "your own model: path/to/file.py:function or package.module:function (see README)"
+    )
     epochs: int = option(10, "epochs to train", parse=positive_int)
     batch_size: int = option(64, "per-replica batch size", parse=positive_int)
     learning_rate: float = option(1e-3, "Adam learning rate")
@@ -56,5 +64,15 @@ class TrainConfig:
             raise TrainserveError(f"--keep {self.keep}: expected >= 1 (the new version is always kept)")
         if not self.model_name or not all(c.isalnum() or c in "-_." for c in self.model_name):
             raise TrainserveError(f"--model-name {self.model_name!r}: expected letters, digits, '-', '_' or '.'")
+        if not 0 <= self.validation_split < 1 or not 0 < self.test_fraction < 1:
+            raise TrainserveError(
+                f"--validation-split {self.validation_split} / --test-fraction {self.test_fraction}:"
+                " expected 0 <= validation split < 1 and 0 < test fraction < 1"
+            )
         if self.architecture not in ARCHITECTURES:
             raise TrainserveError(f"--architecture {self.architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
+
+    @property
+    def model_reference(self) -> str:
+        """The model function to call: --model-fn, or the built-in --architecture's."""
+        return self.model_fn or self.architecture

@@ -1,15 +1,17 @@
-"""The Keras models: a small CNN (default) and an MLP, taking float32 images in [0, 1].
-
-The softmax is its own layer with dtype float32, so under mixed_float16 the probabilities are still
-computed in float32 (Keras' mixed-precision guide: fp16 softmax loses too much precision).
+"""Building the model to train: the `--model-fn` function (built-ins included), compiled for the task,
+wrapped for gradient accumulation; and the float32 rebuild that export uses.
 """
 
 from __future__ import annotations
 
 import keras
+import numpy as np
 
 from trainserve.errors import TrainserveError
+from trainserve.layout import Task
+from trainserve.training import model_fn
 from trainserve.training.config import ARCHITECTURES, Architecture
+from trainserve.training.model_fn import DataSpec, InputSpec
 
 
 class GradientAccumulationModel(keras.Model):
@@ -29,12 +31,12 @@ class GradientAccumulationModel(keras.Model):
         from keras.src.losses.loss import unscale_loss_for_distribution
 
         x, y = data[0], data[1]
-        size = tf.shape(x)[0]
+        size = tf.shape(tf.nest.flatten(x)[0])[0]
         weights = self.trainable_weights
         total = None
         for i in range(self.micro_batches):
             start, end = (size * i) // self.micro_batches, (size * (i + 1)) // self.micro_batches
-            xs, ys = x[start:end], y[start:end]
+            xs, ys = tf.nest.map_structure(lambda t, a=start, b=end: t[a:b], x), y[start:end]
             share = tf.cast(end - start, tf.float32) / tf.cast(size, tf.float32)
             with tf.GradientTape() as tape:
                 y_pred = self(xs, training=True)
@@ -48,48 +50,81 @@ class GradientAccumulationModel(keras.Model):
         return metrics
 
 
-def build_model(
-    architecture: Architecture, input_shape: tuple[int, int, int], num_classes: int, grad_accum: int = 1
+def task_loss(task: Task, units: int) -> str:
+    """The loss trainserve compiles with: cross-entropy on probabilities (binary for one sigmoid unit), MSE."""
+    if task.kind == "regression":
+        return "mean_squared_error"
+    return "binary_crossentropy" if units == 1 else "sparse_categorical_crossentropy"
+
+
+def build_for_training(
+    reference: str, spec: DataSpec, learning_rate: float, grad_accum: int = 1, compile: bool = True
 ) -> keras.Model:
-    """A fresh, uncompiled model under the current Keras dtype policy."""
-    inputs = keras.Input(shape=input_shape, name="images")
-    if architecture == "cnn":
-        # Keras' mnist_convnet example with half the filters: pooling after each conv keeps the compute
-        # small enough for cheap CPU serving (docs/serving-on-cpus.md has the numbers).
-        x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
-        x = keras.layers.MaxPooling2D(2)(x) if min(input_shape[:2]) >= 2 else x
-        x = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(x)
-        x = keras.layers.MaxPooling2D(2)(x) if min(input_shape[:2]) >= 4 else x
-        x = keras.layers.Flatten()(x)
-        x = keras.layers.Dropout(0.5)(x)
-    elif architecture == "mlp":
-        x = keras.layers.Flatten()(inputs)
-        x = keras.layers.Dense(256, activation="relu")(x)
-        x = keras.layers.Dropout(0.2)(x)
-        x = keras.layers.Dense(128, activation="relu")(x)
-    else:
-        raise TrainserveError(f"--architecture {architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
-    logits = keras.layers.Dense(num_classes, name="logits")(x)
-    outputs = keras.layers.Activation("softmax", dtype="float32", name="probabilities")(logits)
-    name = f"trainserve_{architecture}"
+    """The model `reference` builds for `spec` (call under the strategy scope), ready for `fit`: the user's
+    compile kept, or Adam with the task's loss and metrics; wrapped to accumulate gradients over K slices."""
+    model = model_fn.build(reference, spec)
+    compiled = getattr(model, "compiled", False)
+    config = model.get_compile_config() if compiled else None
     if grad_accum > 1:
-        return GradientAccumulationModel(inputs, outputs, name=name, micro_batches=grad_accum)
-    return keras.Model(inputs, outputs, name=name)
+        try:
+            model = GradientAccumulationModel(model.input, model.output, name=model.name, micro_batches=grad_accum)
+        except Exception as exc:
+            raise TrainserveError(
+                f"--grad-accum {grad_accum} with --model-fn {reference!r}: {type(exc).__name__}: {exc}:"
+                " expected a functional model (keras.Model(inputs, outputs))"
+            ) from None
+    if not compile:
+        return model
+    if config is not None:
+        if grad_accum > 1:
+            model.compile_from_config(config)
+        return model
+    units = int(model.outputs[0].shape[-1]) if len(model.outputs[0].shape) == 2 else 1
+    metrics = ["accuracy"] if spec.task.kind == "classification" else ["mean_absolute_error"]
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss=task_loss(spec.task, units), metrics=metrics)
+    return model
 
 
-def float32_copy(model: keras.Model, architecture: Architecture) -> keras.Model:
-    """The same network rebuilt under the float32 policy, outside any distribution strategy, with the
+def rebuild_float32(reference: str, spec: DataSpec, weights: list[np.ndarray]) -> keras.Model:
+    """The same network rebuilt by its function under the float32 policy, outside any strategy, with the
     trained weights copied in.
 
     A mixed_float16 model exported as is computes in fp16 on the CPU server, which is slow there
     (tensorflow#45441); its variables are float32 already, so the weights copy over exactly. A model
-    built under a strategy holds distributed variables; the copy holds plain ones.
+    built under a strategy holds distributed variables; the rebuild holds plain ones.
     """
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("float32")
     try:
-        clone = build_model(architecture, tuple(model.input_shape[1:]), int(model.output_shape[-1]))
+        clone = model_fn.build(reference, spec)
     finally:
         keras.config.set_dtype_policy(previous)
-    clone.set_weights(model.get_weights())
+    try:
+        clone.set_weights(weights)
+    except ValueError as exc:
+        raise TrainserveError(
+            f"--model-fn {reference!r} built a different model the second time ({exc}): expected the same"
+            " network for the same spec (no randomness in its structure)"
+        ) from None
     return clone
+
+
+def build_model(
+    architecture: Architecture, input_shape: tuple[int, ...], num_classes: int, grad_accum: int = 1
+) -> keras.Model:
+    """A built-in model for uint8 images `input_shape`, uncompiled, under the current dtype policy."""
+    if architecture not in ARCHITECTURES:
+        raise TrainserveError(f"--architecture {architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
+    task = Task("classification", classes=num_classes, label_names=tuple(map(str, range(num_classes))))
+    spec = DataSpec((InputSpec("images", tuple(input_shape), "uint8"),), task)
+    model = model_fn.build(architecture, spec)
+    if grad_accum > 1:
+        return GradientAccumulationModel(model.input, model.output, name=model.name, micro_batches=grad_accum)
+    return model
+
+
+def float32_copy(model: keras.Model, architecture: Architecture) -> keras.Model:
+    """A built-in model rebuilt under the float32 policy with `model`'s weights (see `rebuild_float32`)."""
+    task = Task("classification", classes=int(model.output_shape[-1]))
+    spec = DataSpec((InputSpec("images", tuple(model.input_shape[1:]), "uint8"),), task)
+    return rebuild_float32(architecture, spec, model.get_weights())

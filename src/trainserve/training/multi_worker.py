@@ -16,15 +16,10 @@ from dataclasses import dataclass
 import keras
 import numpy as np
 
+from trainserve.layout import CLASSES, PREDICTIONS, PROBABILITIES, Task
 from trainserve.training.pipeline import Batches
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Evaluation:
-    loss: float
-    accuracy: float
 
 
 @dataclass
@@ -37,14 +32,12 @@ class EpochTotals:
     steps: int = 0
     seen_here: int = 0  # examples this worker itself processed
 
-    def logs(self, validation: Evaluation) -> dict[str, float]:
+    def logs(self, task: Task, validation: dict[str, float] | None) -> dict[str, float]:
         """The epoch's numbers under the names Keras' fit reports them by (CSVLogger's columns)."""
-        return {
-            "accuracy": self.hits / max(self.examples, 1),
-            "loss": self.loss_sum / max(self.steps, 1),
-            "val_accuracy": validation.accuracy,
-            "val_loss": validation.loss,
-        }
+        logs = {"loss": self.loss_sum / max(self.steps, 1)}
+        if task.kind == "classification":
+            logs["accuracy"] = self.hits / max(self.examples, 1)
+        return logs | {f"val_{k}": v for k, v in (validation or {}).items()}
 
 
 def weights_digest(model) -> str:
@@ -55,17 +48,26 @@ def weights_digest(model) -> str:
     return digest.hexdigest()
 
 
-def evaluate_locally(model, test_ds) -> Evaluation:
-    """Held-out loss and accuracy by plain forward passes (no collectives: safe on every worker)."""
-    loss_sum, correct, count = 0.0, 0, 0
-    for images, labels in test_ds:
-        probabilities = np.asarray(model(images, training=False), np.float64)
+def evaluate_locally(model, dataset, task: Task) -> dict[str, float]:
+    """Held-out metrics by plain forward passes (no collectives: safe on every worker): classification
+    `loss` (cross-entropy) and `accuracy`; regression `loss` (mean squared error) and `mae`."""
+    from trainserve.training.export import serving_outputs
+
+    sums, count = {"loss": 0.0, "accuracy" if task.kind == "classification" else "mae": 0.0}, 0
+    for inputs, labels in dataset:
+        outputs = serving_outputs(model(inputs, training=False), task)
         labels = labels.numpy()
-        picked = np.clip(probabilities[np.arange(len(labels)), labels], 1e-7, 1.0)
-        loss_sum += float(-np.log(picked).sum())
-        correct += int((probabilities.argmax(axis=1) == labels).sum())
+        if task.kind == "classification":
+            probabilities = np.asarray(outputs[PROBABILITIES], np.float64)
+            picked = np.clip(probabilities[np.arange(len(labels)), labels], 1e-7, 1.0)
+            sums["loss"] += float(-np.log(picked).sum())
+            sums["accuracy"] += float((outputs[CLASSES].numpy() == labels).sum())
+        else:
+            error = np.asarray(outputs[PREDICTIONS], np.float64) - labels.reshape(len(labels), -1)
+            sums["loss"] += float((error**2).mean(axis=1).sum())
+            sums["mae"] += float(np.abs(error).mean(axis=1).sum())
         count += len(labels)
-    return Evaluation(loss_sum / count, correct / count)
+    return {k: v / max(count, 1) for k, v in sums.items()}
 
 
 def fit_multi_worker(
@@ -78,6 +80,7 @@ def fit_multi_worker(
     learning_rate: float,
     mixed_precision: bool,
     callbacks: list[keras.callbacks.Callback],
+    task: Task,
 ) -> int:
     """Train `model` (built under `strategy`) for `epochs`, reporting each epoch to `callbacks` as fit
     would; returns how many training examples this worker itself processed."""
@@ -91,7 +94,7 @@ def fit_multi_worker(
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     distributed = strategy.experimental_distribute_dataset(batches.train.with_options(options))
-    step = _make_train_step(strategy, model, optimizer, global_batch)
+    step = _make_train_step(strategy, model, optimizer, global_batch, task)
 
     seen_here = 0
     for callback in callbacks:
@@ -102,7 +105,8 @@ def fit_multi_worker(
             callback.on_epoch_begin(epoch)
         totals = _train_one_epoch(strategy, step, distributed)
         seen_here += totals.seen_here
-        logs = totals.logs(evaluate_locally(model, batches.test))
+        validation = evaluate_locally(model, batches.validation, task) if batches.validation is not None else None
+        logs = totals.logs(task, validation)
         log.info("epoch %d/%d: %s", epoch + 1, epochs, ", ".join(f"{k} {v:.4f}" for k, v in logs.items()))
         for callback in callbacks:
             callback.on_epoch_end(epoch, logs)
@@ -111,24 +115,33 @@ def fit_multi_worker(
     return seen_here
 
 
-def _make_train_step(strategy, model: keras.Model, optimizer, global_batch: int):
+def _make_train_step(strategy, model: keras.Model, optimizer, global_batch: int, task: Task):
     """One distributed step; each replica returns its loss share, its correct predictions and its batch size."""
     import tensorflow as tf
 
-    def replica_step(images, labels):
+    from trainserve.training.export import serving_outputs
+    from trainserve.training.model import task_loss
+
+    units = int(model.outputs[0].shape[-1]) if len(model.outputs[0].shape) == 2 else 1
+    loss_fn = keras.losses.get(task_loss(task, units))
+
+    def replica_step(inputs, labels):
         with tf.GradientTape() as tape:
-            probabilities = model(images, training=True)
-            per_example = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
+            outputs = model(inputs, training=True)
+            per_example = loss_fn(labels, outputs)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
             scaled = optimizer.scale_loss(loss)
         grads = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        hits = tf.reduce_sum(tf.cast(tf.argmax(probabilities, axis=-1) == labels, tf.int64))
-        return loss, hits, tf.shape(images, out_type=tf.int64)[0]
+        hits = tf.constant(0, tf.int64)
+        if task.kind == "classification":
+            classes = serving_outputs(outputs, task)[CLASSES]
+            hits = tf.reduce_sum(tf.cast(classes == tf.cast(labels, tf.int64), tf.int64))
+        return loss, hits, tf.shape(labels, out_type=tf.int64)[0]
 
     @tf.function
-    def step(images, labels):
-        return strategy.run(replica_step, args=(images, labels))
+    def step(inputs, labels):
+        return strategy.run(replica_step, args=(inputs, labels))
 
     return step
 
@@ -138,8 +151,8 @@ def _train_one_epoch(strategy, step, distributed) -> EpochTotals:
 
     total = tf.distribute.ReduceOp.SUM
     totals = EpochTotals()
-    for images, labels in distributed:
-        loss, hits, count = step(images, labels)
+    for inputs, labels in distributed:
+        loss, hits, count = step(inputs, labels)
         totals.loss_sum += float(strategy.reduce(total, loss, axis=None))
         totals.hits += int(strategy.reduce(total, hits, axis=None))
         totals.examples += int(strategy.reduce(total, count, axis=None))

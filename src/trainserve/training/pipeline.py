@@ -1,7 +1,7 @@
-"""The training input pipeline, and the preprocessing that training and the serving signature share.
+"""The training input pipeline: named inputs and labels as tf.data, batched for the strategy.
 
-Scaling uint8 images to float happens in `preprocess`, which both the tf.data pipeline and the exported
-serving signature call, so the model sees identically preprocessed data in training and in TF Serving.
+The data goes in as it is stored (uint8 images, int64 ids, float features): preprocessing such as
+scaling belongs inside the model, so the exported serving graph does exactly what training did.
 """
 
 from __future__ import annotations
@@ -15,27 +15,26 @@ from trainserve.data import Dataset
 
 
 def preprocess(images):
-    """uint8 images -> float32 in [0, 1]. Runs in tf.data for training and inside the serving graph."""
+    """uint8 images -> float32 in [0, 1], as the built-in models' first layer (`Rescaling`) does."""
     import tensorflow as tf
 
     return tf.cast(images, tf.float32) / 255.0
 
 
-def make_input_pipeline(x: np.ndarray, y: np.ndarray, global_batch: int, seed: int, training: bool):
-    """tf.data on the CPU: cache the raw uint8 data, shuffle, batch, parallel preprocess, prefetch.
-
-    Caching the uint8 arrays (4x smaller than float32) and mapping per batch keeps the accelerator fed
-    without a Python loop in the way.
-    """
+def make_input_pipeline(x, y: np.ndarray, global_batch: int, seed: int, training: bool, structure=None):
+    """tf.data on the CPU: cache the stored arrays (`x`: one array, or a dict of named inputs), shuffle,
+    batch, prefetch. Caching the raw arrays (uint8 images are 4x smaller than float32) keeps the
+    accelerator fed without a Python loop in the way. `structure` maps the dict of inputs to the model's."""
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices((x, y)).cache()
     if training:
-        ds = ds.shuffle(min(len(x), 50_000), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(min(len(y), 50_000), seed=seed, reshuffle_each_iteration=True)
     # Training drops the ragged last batch (reshuffled away next epoch): every step then has full,
     # evenly split per-replica batches, which gradient accumulation's micro-batches rely on.
-    ds = ds.batch(global_batch, drop_remainder=training and len(x) >= global_batch)
-    ds = ds.map(lambda images, labels: (preprocess(images), labels), num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(global_batch, drop_remainder=training and len(y) >= global_batch)
+    if structure is not None:
+        ds = ds.map(lambda inputs, labels: (structure(inputs), labels))
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
@@ -44,13 +43,23 @@ class Batches:
     """One run's tf.data pipelines."""
 
     train: Any  # shuffled step batches: --grad-accum K global batches each, sliced inside the train step
-    test: Any  # the held-out split, in global batches
+    validation: Any  # carved from the training data: the per-epoch metrics (None: --validation-split 0)
+    test: Any  # the held-out split: the final evaluation only
+    train_examples: int = 0
 
 
-def make_batches(dataset: Dataset, global_batch: int, grad_accum: int, seed: int) -> Batches:
-    """The training and held-out pipelines over `dataset` for a run with this global batch."""
+def make_batches(
+    dataset: Dataset, global_batch: int, grad_accum: int, seed: int, validation_split: float, structure=None
+) -> Batches:
+    """The pipelines over `dataset` for a run with this global batch; `validation_split` of the training
+    examples (drawn with `seed`) become the validation set. The test split never steers training."""
+    x_train, y_train, x_val, y_val = dataset.split_validation(validation_split, seed)
     step_batch = global_batch * grad_accum
     return Batches(
-        train=make_input_pipeline(dataset.x_train, dataset.y_train, step_batch, seed, training=True),
-        test=make_input_pipeline(dataset.x_test, dataset.y_test, global_batch, seed, training=False),
+        train=make_input_pipeline(x_train, y_train, step_batch, seed, training=True, structure=structure),
+        validation=make_input_pipeline(x_val, y_val, global_batch, seed, training=False, structure=structure)
+        if len(y_val)
+        else None,
+        test=make_input_pipeline(dataset.test, dataset.y_test, global_batch, seed, training=False, structure=structure),
+        train_examples=len(y_train),
     )

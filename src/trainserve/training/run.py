@@ -22,16 +22,17 @@ import numpy as np
 
 from trainserve.data import Dataset, load_dataset, write_test_split
 from trainserve.errors import TrainserveError
-from trainserve.layout import DEFAULT_SIGNATURE, write_warmup_requests
+from trainserve.layout import CLASSES, DEFAULT_SIGNATURE, PREDICTIONS, PROBABILITIES, write_warmup_requests
 from trainserve.plots import plot_training_curves
 from trainserve.training.callbacks import FitCallbacks, backup_dir_for, make_callbacks
 from trainserve.training.config import TrainConfig
 from trainserve.training.devices import DevicePlan, make_strategy
-from trainserve.training.export import export_savedmodel
+from trainserve.training.export import export_on_cpu, serving_outputs
 from trainserve.training.gate import FLOAT32_ATOL, MIXED_PRECISION_ATOL, run_gate, save_golden
-from trainserve.training.model import build_model, float32_copy
+from trainserve.training.model import build_for_training
+from trainserve.training.model_fn import DataSpec, data_spec, input_structure
 from trainserve.training.multi_worker import evaluate_locally, fit_multi_worker, weights_digest
-from trainserve.training.pipeline import Batches, make_batches, preprocess
+from trainserve.training.pipeline import Batches, make_batches
 from trainserve.training.publish import PublishedVersion, ensure_writable, publish_or_discard, staging_dir
 
 log = logging.getLogger(__name__)
@@ -60,16 +61,16 @@ class Devices:
 class TrainingOutcome:
     """What fitting produced, beyond the model itself."""
 
-    metrics: dict[str, float]  # on the held-out split
+    metrics: dict[str, float]  # on the held-out split: test_loss and test_accuracy, or test_loss and test_mae
     examples_seen: int | None  # by this worker; counted only by the multi-worker loop
     weights_sha256: str
 
 
 @dataclass
 class GoldenBatch:
-    """Held-out images and the trained model's outputs for them: what the exported version must reproduce."""
+    """Held-out inputs and the trained model's outputs for them: what the exported version must reproduce."""
 
-    images: np.ndarray
+    inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
 
 
@@ -86,14 +87,20 @@ def train(config: TrainConfig) -> TrainResult:
         shared = write_test_split(dataset, config.data_dir, config.model_name)
         log.info("held-out split written to %s", shared)
 
-    batches = make_batches(dataset, devices.global_batch, config.grad_accum, config.seed)
-    model = _build_model(config, dataset, devices)
-    callbacks = make_callbacks(config, plan, backup_dir, len(dataset.x_train))
-    outcome = _fit_and_evaluate(config, devices, model, batches, callbacks)
+    spec = data_spec(dataset.train, dataset.task)
+    model = _build_model(config, spec, devices)
+    structure = input_structure(model)
+    batches = make_batches(
+        dataset, devices.global_batch, config.grad_accum, config.seed, config.validation_split, structure
+    )
+    callbacks = make_callbacks(config, plan, backup_dir, batches.train_examples)
+    outcome = _fit_and_evaluate(config, devices, model, batches, callbacks, spec)
 
     # Named once (the fingerprint hashes every array) for the run summary and the published metadata.
     data_info = {"source": config.data, "name": dataset.name, "fingerprint": dataset.fingerprint()}
-    published = _export_and_publish(config, dataset, data_info, model, plan, outcome.metrics) if plan.is_chief else None
+    published = (
+        _export_and_publish(config, dataset, spec, data_info, model, plan, outcome.metrics) if plan.is_chief else None
+    )
     summary_path = _write_run_summary(config, started, data_info, devices, callbacks, outcome, published)
     if callbacks.history_csv.is_file():
         plot_training_curves(callbacks.history_csv, callbacks.logs_dir / "training_curves.png")
@@ -104,17 +111,20 @@ def train(config: TrainConfig) -> TrainResult:
 
 def _load_data(config: TrainConfig) -> Dataset:
     """Load and describe the training data; also proves the export directory writable, before training."""
-    dataset = load_dataset(config.data, config.synthetic, config.seed)
+    dataset = load_dataset(config.data, config.synthetic, config.seed, config.label_column, config.test_fraction)
     ensure_writable(config.export_base / config.model_name)  # fail now, not after training
-    if len(dataset.x_train) == 0:
+    if len(dataset.y_train) == 0:
         raise TrainserveError(f"{config.data}: x_train is empty: expected training examples")
+    task = dataset.task
     log.info(
-        "data %s: %d train / %d test examples, images %s, %d classes",
+        "data %s: %d train / %d test examples; inputs %s; %s",
         dataset.name,
-        len(dataset.x_train),
-        len(dataset.x_test),
-        "x".join(map(str, dataset.input_shape)),
-        dataset.num_classes,
+        len(dataset.y_train),
+        len(dataset.y_test),
+        ", ".join(f"{k} {v.dtype.name}{list(v.shape[1:])}" for k, v in dataset.train.items()),
+        f"classification, {task.classes} classes"
+        if task.kind == "classification"
+        else f"regression, {task.targets} target(s)",
     )
     return dataset
 
@@ -140,20 +150,26 @@ def _set_up_devices(config: TrainConfig) -> Devices:
     return Devices(distribution.strategy, plan, global_batch)
 
 
-def _build_model(config: TrainConfig, dataset: Dataset, devices: Devices) -> keras.Model:
-    """The model, built under the strategy; compiled for Keras' fit unless the multi-worker loop trains it."""
+def _build_model(config: TrainConfig, spec: DataSpec, devices: Devices) -> keras.Model:
+    """The model its function builds under the strategy and dtype policy; compiled for Keras' fit unless
+    the multi-worker loop trains it."""
     with devices.strategy.scope():
-        model = build_model(config.architecture, dataset.input_shape, dataset.num_classes, config.grad_accum)
-        if not devices.plan.multi_worker:
-            optimizer = keras.optimizers.Adam(config.learning_rate)
-            model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        model = build_for_training(
+            config.model_reference,
+            spec,
+            config.learning_rate,
+            config.grad_accum,
+            compile=not devices.plan.multi_worker,
+        )
+    log.info("model %s from %s: %d parameters", model.name, config.model_reference, model.count_params())
     return model
 
 
 def _fit_and_evaluate(
-    config: TrainConfig, devices: Devices, model: keras.Model, batches: Batches, callbacks: FitCallbacks
+    config: TrainConfig, devices: Devices, model: keras.Model, batches: Batches, callbacks: FitCallbacks, spec: DataSpec
 ) -> TrainingOutcome:
-    """Train for --epochs, then score the held-out split with plain forward passes."""
+    """Train for --epochs (per-epoch metrics on the validation split), then score the held-out test split
+    with plain forward passes."""
     examples_seen = None
     if devices.plan.multi_worker:
         examples_seen = fit_multi_worker(
@@ -165,59 +181,68 @@ def _fit_and_evaluate(
             learning_rate=config.learning_rate,
             mixed_precision=devices.plan.mixed_precision,
             callbacks=[callbacks.history, callbacks.throughput],
+            task=spec.task,
         )
     else:
         model.fit(
             batches.train,
-            validation_data=batches.test,
+            validation_data=batches.validation,
             epochs=config.epochs,
             callbacks=callbacks.for_fit(),
             shuffle=False,  # the tf.data pipeline already reshuffles every epoch
             verbose=1 if sys.stderr.isatty() else 2,
         )
-    evaluation = evaluate_locally(model, batches.test)
-    log.info("held-out accuracy %.4f, loss %.4f", evaluation.accuracy, evaluation.loss)
+    metrics = {f"test_{k}": v for k, v in evaluate_locally(model, batches.test, spec.task).items()}
+    log.info("held-out %s", ", ".join(f"{k[5:]} {v:.4f}" for k, v in metrics.items()))
     return TrainingOutcome(
-        metrics={"test_loss": evaluation.loss, "test_accuracy": evaluation.accuracy},
+        metrics=metrics,
         examples_seen=examples_seen,
         weights_sha256=weights_digest(model),
     )
 
 
 def _export_and_publish(
-    config: TrainConfig, dataset: Dataset, data_info: dict, model: keras.Model, plan: DevicePlan, metrics: dict
+    config: TrainConfig,
+    dataset: Dataset,
+    spec: DataSpec,
+    data_info: dict,
+    model: keras.Model,
+    plan: DevicePlan,
+    metrics: dict,
 ) -> PublishedVersion:
-    """Export a float32 copy of `model`, check it on a CPU against `model`'s own outputs, then publish it."""
-    golden = _golden_batch(model, dataset.x_test[:GOLDEN_BATCH])
-    # Always a fresh float32 copy built outside any strategy: no fp16 compute, no distributed variables,
-    # no device placement from training in the served graph.
-    export_model = float32_copy(model, config.architecture)
+    """Export a float32 rebuild of `model`, check it on a CPU against `model`'s own outputs, then publish it."""
+    golden = _golden_batch(model, {k: v[:GOLDEN_BATCH] for k, v in dataset.test.items()}, spec)
     atol = MIXED_PRECISION_ATOL if plan.mixed_precision else FLOAT32_ATOL
-    gate = {"atol": atol, "golden_batch": len(golden.images)}
+    gate = {"atol": atol, "golden_batch": len(next(iter(golden.inputs.values())))}
     metadata = _version_metadata(config, dataset, data_info, plan, metrics, gate)
+    # Always a fresh float32 rebuild, traced in a process that sees no GPU: no fp16 compute, no distributed
+    # variables, no cuDNN kernel and no device placement from training in the served graph.
     prepare = functools.partial(
-        _export_and_gate, model=export_model, dataset=dataset, model_name=config.model_name, golden=golden, atol=atol
+        _export_and_gate,
+        export=functools.partial(export_on_cpu, config.model_reference, spec, model.get_weights()),
+        dataset=dataset,
+        model_name=config.model_name,
+        golden=golden,
+        atol=atol,
     )
     return publish_or_discard(staging_dir(config.export_base / config.model_name), prepare, metadata, config.keep)
 
 
-def _golden_batch(model: keras.Model, images: np.ndarray) -> GoldenBatch:
+def _golden_batch(model: keras.Model, inputs: dict[str, np.ndarray], spec: DataSpec) -> GoldenBatch:
     """The reference is the trained model itself, in the precision it trained in."""
     # A plain forward pass: predict() would distribute, and other workers may have finished already.
-    probabilities = np.asarray(model(preprocess(images), training=False), np.float32)
-    return GoldenBatch(
-        images, {"probabilities": probabilities, "classes": probabilities.argmax(axis=-1).astype(np.int64)}
-    )
+    outputs = serving_outputs(model(input_structure(model)(inputs), training=False), spec.task)
+    return GoldenBatch(inputs, {k: np.asarray(v) for k, v in outputs.items()})
 
 
 def _export_and_gate(
-    path: Path, *, model: keras.Model, dataset: Dataset, model_name: str, golden: GoldenBatch, atol: float
+    path: Path, *, export, dataset: Dataset, model_name: str, golden: GoldenBatch, atol: float
 ) -> None:
     """Fill the staged version directory and run the CPU gate on it; raises when the gate fails."""
-    export_savedmodel(model, path, dataset.input_shape)
-    write_warmup_requests(path, model_name, {"images": dataset.x_test})
+    export(path)
+    write_warmup_requests(path, model_name, dataset.test)
     with tempfile.TemporaryDirectory() as tmp:
-        golden_file = save_golden(Path(tmp) / "golden.npz", {"images": golden.images}, golden.outputs)
+        golden_file = save_golden(Path(tmp) / "golden.npz", golden.inputs, golden.outputs)
         gate = run_gate(path, golden_file, atol)
     if not gate.ok:
         raise TrainserveError(f"CPU gate failed, nothing published: {gate.reason}")
@@ -240,13 +265,24 @@ def _version_metadata(
         },
         "exported_precision": "float32",
         "data": data_info,
+        "model_fn": config.model_reference,
+        "task": dataset.task.to_json(),
         "label_names": dataset.label_names,
-        "input_shape": list(dataset.input_shape),
-        "signature": {"name": DEFAULT_SIGNATURE, "input": "images", "outputs": ["probabilities", "classes"]},
+        "inputs": [{"name": k, "dtype": v.dtype.name, "shape": list(v.shape[1:])} for k, v in dataset.test.items()],
+        **({"input_shape": list(dataset.input_shape)} if len(dataset.test) == 1 else {}),
+        "signature": {
+            "name": DEFAULT_SIGNATURE,
+            "inputs": list(dataset.test),
+            "outputs": sorted(serving_outputs_names(dataset.task)),
+        },
         "metrics": metrics,
         "gate": gate,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def serving_outputs_names(task) -> list[str]:
+    return [PREDICTIONS] if task.kind == "regression" else [PROBABILITIES, CLASSES]
 
 
 def _write_run_summary(

@@ -1,0 +1,54 @@
+"""The built-in models (`--architecture cnn|mlp`): two `--model-fn` functions like any other.
+
+They take uint8 images `images` [N, H, W, C] and scale them to [0, 1] in their first layer, so training
+and the serving graph preprocess identically. The softmax is its own layer with dtype float32, so under
+mixed_float16 the probabilities are still computed in float32 (Keras' mixed-precision guide).
+"""
+
+from __future__ import annotations
+
+import keras
+
+from trainserve.training.model_fn import DataSpec
+
+
+def cnn(spec: DataSpec) -> keras.Model:
+    """Keras' mnist_convnet example with half the filters: pooling after each conv keeps the compute small
+    enough for cheap CPU serving (docs/serving-on-cpus.md has the numbers)."""
+    inputs, x = _scaled_images(spec)
+    height, width = spec.inputs[0].shape[:2]
+    x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(x)
+    x = keras.layers.MaxPooling2D(2)(x) if min(height, width) >= 2 else x
+    x = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+    x = keras.layers.MaxPooling2D(2)(x) if min(height, width) >= 4 else x
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dropout(0.5)(x)
+    return _head(inputs, x, spec, "trainserve_cnn")
+
+
+def mlp(spec: DataSpec) -> keras.Model:
+    inputs, x = _scaled_images(spec)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(256, activation="relu")(x)
+    x = keras.layers.Dropout(0.2)(x)
+    x = keras.layers.Dense(128, activation="relu")(x)
+    return _head(inputs, x, spec, "trainserve_mlp")
+
+
+def _scaled_images(spec: DataSpec):
+    from trainserve.errors import TrainserveError
+
+    if len(spec.inputs) != 1 or len(spec.inputs[0].shape) != 3 or spec.task.kind != "classification":
+        raise TrainserveError(
+            f"the built-in models classify images: expected one input [N, H, W, C], got {list(spec.inputs)}"
+            f" and a {spec.task.kind} task (use --model-fn for other data)"
+        )
+    (name, shape) = spec.inputs[0].name, spec.inputs[0].shape
+    inputs = keras.Input(shape=shape, name=name)
+    return inputs, keras.layers.Rescaling(1.0 / 255.0, name="scale")(inputs)
+
+
+def _head(inputs, x, spec: DataSpec, name: str) -> keras.Model:
+    logits = keras.layers.Dense(spec.task.classes, name="logits")(x)
+    outputs = keras.layers.Activation("softmax", dtype="float32", name="probabilities")(logits)
+    return keras.Model(inputs, outputs, name=name)

@@ -1,0 +1,139 @@
+"""Your own model and data (`--model-fn`, named inputs, regression): the examples train, pass the CPU gate and
+publish; the shared split carries the task and the named inputs; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_cli
+from trainserve.cli import main
+from trainserve.layout import read_metadata, read_task, split_input_names, split_task
+
+EXAMPLES = REPO / "examples"
+
+# (example file, epochs, inputs and their dtypes, task kind, the metric that shows it learned)
+CASES = {
+    "diabetes_regression": (20, {"x": "float32"}, "regression", ("test_mae", lambda v: v < 0.75)),
+    "breast_cancer_two_inputs": ("8 --learning-rate 0.01", {"features": "float32", "radius_bucket": "int64"},
+                                 "classification", ("test_accuracy", lambda v: v > 0.8)),
+    "digits_rows_lstm": (8, {"x": "float32"}, "classification", ("test_accuracy", lambda v: v > 0.5)),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", sorted(CASES))
+def test_example_trains_passes_the_gate_and_publishes(example, tmp_path):
+    from trainserve.savedmodel import LoadedModel
+
+    epochs, inputs, kind, (metric, learned) = CASES[example]
+    data = tmp_path / f"{example}.npz"
+    runpy.run_path(str(EXAMPLES / f"{example}.py"))["write_data"](str(data))
+    proc = run_cli(
+        "train", "--data", data, "--model-fn", f"{EXAMPLES / example}.py:build_model", "--model-name", "m",
+        "--epochs", *str(epochs).split(), "--export-base", tmp_path / "models", "--data-dir", tmp_path / "shared",
+        "--logs-dir", tmp_path / "logs", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CPU gate passed" in proc.stderr
+    version = tmp_path / "models" / "m" / "1"
+    meta = read_metadata(version)
+    assert read_task(version).kind == kind and meta["task"]["kind"] == kind
+    assert {i["name"]: i["dtype"] for i in meta["inputs"]} == inputs
+    assert learned(meta["metrics"][metric]), meta["metrics"]
+    print(f"{example}: {json.dumps(meta['metrics'])}")
+
+    model = LoadedModel(version)
+    wanted, outputs = model.signature("serving_default")
+    assert {k: v.dtype.name for k, v in wanted.items()} == inputs
+    assert sorted(outputs) == (["predictions"] if kind == "regression" else ["classes", "probabilities"])
+    with np.load(tmp_path / "shared" / "m" / "test.npz") as split:
+        task = split_task(split)
+        assert task == read_task(version)
+        feed = {n: split[f"x_test/{n}"] for n in split_input_names(split.files)} or {"x": split["x_test"]}
+        answer = model.run("serving_default", feed)
+        if kind == "regression":
+            assert answer["predictions"].shape == (len(split["y_test"]), task.targets)
+        else:
+            assert answer["probabilities"].shape == (len(split["y_test"]), task.classes)
+            accuracy = float(np.mean(answer["classes"] == split["y_test"]))
+            assert accuracy == pytest.approx(meta["metrics"]["test_accuracy"], abs=1e-6), "served == in-process"
+    verify = run_cli("verify", version)
+    assert verify.returncode == 0 and "OK on CPU" in verify.stdout, verify.stderr[-2000:]
+
+
+TINY_TABULAR = """
+import keras
+
+def build_model(spec):
+    inputs = spec.keras_inputs()
+    x = keras.layers.Concatenate()([keras.layers.Normalization(axis=None)(inputs[n]) if i.dtype != "int64"
+                                    else keras.ops.cast(inputs[n], "float32") for n, i in zip(spec.names, spec.inputs)])
+    return keras.Model(inputs, keras.layers.Dense(spec.output_units)(x))
+"""
+
+
+@pytest.mark.slow
+def test_csv_with_a_label_column_trains_and_shares_named_inputs(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = ["area,rooms,price"] + [
+        f"{a:.3f},{r},{a * 2 + r:.3f}" for a, r in zip(rng.random(120), rng.integers(1, 5, 120))
+    ]
+    (tmp_path / "houses.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "tiny.py").write_text(TINY_TABULAR)
+    proc = run_cli(
+        "train", "--data", "houses.csv", "--label-column", "price", "--model-fn", "tiny.py:build_model",
+        "--epochs", "2", "--export-base", "models", "--data-dir", "shared", "--logs-dir", "logs", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with np.load(tmp_path / "shared" / "digits" / "test.npz") as split:
+        assert split_input_names(split.files) == ["area", "rooms"] and len(split["y_test"]) == 24
+        assert split["x_test/rooms"].dtype == np.int64 and split_task(split).kind == "regression"
+
+
+BAD_MODELS = """
+import keras
+
+def not_a_model(spec):
+    return 42
+
+def wrong_names(spec):
+    inputs = keras.Input((8, 8, 1), name="pixels")
+    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(inputs)))
+
+def wrong_width(spec):
+    inputs = spec.keras_inputs()
+    return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(inputs["images"])))
+"""
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        pytest.param(["--model-fn", "nope.py:f"], "file nope.py not found", id="missing-file"),
+        pytest.param(["--model-fn", "no_such_pkg.models:f"], "module 'no_such_pkg' not found", id="missing-module"),
+        pytest.param(["--model-fn", "bad.py:missing"], "has no function 'missing'", id="missing-function"),
+        pytest.param(["--model-fn", "bad.py"], "expected path/to/file.py:function", id="no-function"),
+        pytest.param(["--model-fn", "bad.py:not_a_model"], "returned int: expected a keras.Model", id="not-a-model"),
+        pytest.param(["--model-fn", "bad.py:wrong_names"], "model inputs ['pixels'] do not match", id="names"),
+        pytest.param(["--model-fn", "bad.py:wrong_width"], "expected [N, 10] probabilities", id="width"),
+        pytest.param(["--data", "labels.npz"], "expected 1-D integer labels (classification) or float", id="labels"),
+        pytest.param(["--data", "t.csv"], "needs --label-column NAME", id="csv-no-label-flag"),
+        pytest.param(["--data", "t.csv", "--label-column", "y"], "has no column 'y'", id="csv-no-label-column"),
+    ],
+)
+def test_bad_model_or_data_is_one_line(args, fragment, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("bad.py").write_text(BAD_MODELS)
+    Path("t.csv").write_text("a,b\n1,2\n3,4\n")
+    x = np.zeros((4, 3), np.float32)
+    np.savez("labels.npz", x_train=x, y_train=np.array(["a"] * 4), x_test=x, y_test=np.array(["a"] * 4))
+    code = main(["train", "--epochs", "1", "--export-base", "models", "--logs-dir", "logs", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert "error:" in err[-1] and fragment in err[-1], err[-1]
+    assert not list(Path("models").glob("*/[0-9]*")), "nothing published"
