@@ -1,4 +1,5 @@
-"""End to end on a real Docker engine: train-cpu -> serve-cpu -> eval -> version 2 -> down -v.
+"""End to end on a real Docker engine: train-cpu -> serve-cpu -> eval -> version 2 -> down -v, under a
+model name that is not the default: MODEL_NAME alone must name the model for all three stages.
 
 The images are built from our unchanged Dockerfiles on locally made STAND-IN bases (no registry here):
 TensorFlow CPU for tensorflow/tensorflow:<v>-gpu, serve-local as tensorflow_model_server. Users get the
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import urllib.error
@@ -24,6 +26,7 @@ TF_VERSION = next(
     line.split("=", 1)[1] for line in (REPO / ".env").read_text().splitlines() if line.startswith("TF_VERSION=")
 )
 PROJECT = "trainserve-e2e"
+MODEL = "cats"  # not the images' default (digits): only MODEL_NAME tells serve-cpu what to serve
 UID = "10001"
 SMOKE = """
 import sys, numpy as np
@@ -104,7 +107,7 @@ def health(client, service: str) -> str:
     return found.attrs["State"].get("Health", {}).get("Status", "none")
 
 
-def rest_status(env: dict, model: str = "digits") -> dict:
+def rest_status(env: dict, model: str) -> dict:
     try:
         with DIRECT.open(f"http://127.0.0.1:{env['REST_PORT']}/v1/models/{model}", timeout=5) as response:
             return {int(v["version"]): v["state"] for v in json.loads(response.read())["model_version_status"]}
@@ -113,23 +116,29 @@ def rest_status(env: dict, model: str = "digits") -> dict:
 
 
 def test_train_serve_eval_and_a_second_version_without_restart(docker_client, env):
+    env = {**env, "MODEL_NAME": MODEL}  # as a user's .env would say it (the environment overrides .env)
     try:
-        # 1. Serving before any model exists: waits, says why, unhealthy, no crash loop.
+        # 1. Serving before any model exists: waits, says why, unhealthy, no crash loop; alive all along.
         compose(env, "up", "-d", "serve-cpu")
         serve = container(docker_client, "serve-cpu")
         wait_until(lambda: "no version published yet" in serve.logs().decode(), "serve-cpu to log the wait", 60)
+        assert f"serving model '{MODEL}' from /models/{MODEL}" in serve.logs().decode()
         time.sleep(6)
         serve.reload()
         assert serve.status == "running" and serve.attrs["RestartCount"] == 0
         assert health(docker_client, "serve-cpu") != "healthy"
+        live = serve.exec_run(["/usr/local/bin/healthcheck.sh", "live"])
+        assert live.exit_code == 0 and b"waiting" in live.output, "k8s liveness passes while the server waits"
 
         # 2. Train on the CPU: version 1 lands in the shared volume.
         trained = compose(env, "--profile", "train", "run", "--rm", "train-cpu")
-        assert "published digits version 1" in trained.stdout
+        assert f"published {MODEL} version 1" in trained.stdout
 
         # 3. The same container picks it up and turns healthy.
         wait_until(lambda: health(docker_client, "serve-cpu") == "healthy", "serve-cpu healthy", 90)
-        assert rest_status(env) == {1: "AVAILABLE"}
+        assert rest_status(env, MODEL) == {1: "AVAILABLE"}
+        live = serve.exec_run(["/usr/local/bin/healthcheck.sh", "live"])
+        assert live.exit_code == 0 and b"answering: HTTP/1" in live.output
 
         # 4. Evaluate over gRPC from the eval container; the report meets the threshold.
         evaluated = compose(env, "--profile", "eval", "run", "--rm", "eval")
@@ -138,19 +147,20 @@ def test_train_serve_eval_and_a_second_version_without_restart(docker_client, en
             compose(env, "--profile", "eval", "run", "--rm", "--no-deps", "--entrypoint", "cat", "eval",
                     "/reports/eval.json").stdout
         )  # fmt: skip
-        assert report["version"] == 1 and report["metrics"]["accuracy"] >= 0.9 and report["passed"]
+        assert report["model"] == MODEL and report["version"] == 1
+        assert report["metrics"]["accuracy"] >= 0.9 and report["passed"]
         assert report["data"]["examples"] == 360, "eval read exactly the split training held out"
 
         # 5. A second training: version 2 is served by the same, never restarted, container.
         started = serve.attrs["State"]["StartedAt"]
-        assert "published digits version 2" in compose(env, "--profile", "train", "run", "--rm", "train-cpu").stdout
-        wait_until(lambda: rest_status(env).get(2) == "AVAILABLE", "version 2 AVAILABLE", 60)
+        assert f"published {MODEL} version 2" in compose(env, "--profile", "train", "run", "--rm", "train-cpu").stdout
+        wait_until(lambda: rest_status(env, MODEL).get(2) == "AVAILABLE", "version 2 AVAILABLE", 60)
         serve.reload()
         assert serve.attrs["State"]["StartedAt"] == started and serve.attrs["RestartCount"] == 0
 
         # 6. Hardening: non-root everywhere, read-only models, loopback-only ports.
         assert serve.exec_run("id -u").output.decode().strip() == UID
-        touch = serve.exec_run("touch /models/digits/intruder")
+        touch = serve.exec_run(f"touch /models/{MODEL}/intruder")
         assert touch.exit_code != 0 and b"Read-only file system" in touch.output
         for service in ("train-cpu", "eval"):
             profile = "train" if service.startswith("train") else "eval"
@@ -201,6 +211,49 @@ def test_serving_image_answers_the_known_model(docker_client, env, smoke_model):
         wait_until(lambda: (serve.reload() or serve.attrs["State"]["Health"]["Status"]) == "healthy", "healthy", 90)
         assert "CPU limit 1; intra-op 1, inter-op 1" in serve.logs().decode(), "threads sized from the CPU limit"
         request = urllib_request(f"http://127.0.0.1:{rest}/v1/models/digits:predict", {"instances": [1.0, 2.0]})
+        with DIRECT.open(request, timeout=10) as response:
+            assert json.loads(response.read()) == {"predictions": [3.0, 5.0]}
+    finally:
+        serve.remove(force=True)
+
+
+def test_a_mounted_models_config_rules_and_health_follows_every_model(docker_client, env, smoke_model, tmp_path):
+    """A mounted models.config names two models, one not published yet: serve-cpu waits (alive, not
+    healthy), and turns healthy only when both have a version AVAILABLE. MODEL_NAME is not used."""
+    models = tmp_path / "models"
+    shutil.copytree(smoke_model / "digits", models / "digits")
+    (tmp_path / "models.config").write_text(
+        "model_config_list {\n"
+        '  config { name: "digits" base_path: "/models/digits" model_platform: "tensorflow" }\n'
+        '  config { name: "affine" base_path: "/models/affine" model_platform: "tensorflow" }\n'
+        "}\n"
+    )
+    for path in [tmp_path, *tmp_path.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    rest = free_port()
+    serve = docker_client.containers.run(
+        f"trainserve/serve-cpu:{TF_VERSION}", detach=True, read_only=True, tmpfs={"/tmp": ""},
+        environment={"MODEL_NAME": "unused"}, ports={"8501/tcp": ("127.0.0.1", rest)},
+        volumes={str(models): {"bind": "/models", "mode": "ro"},
+                 str(tmp_path / "models.config"): {"bind": "/etc/trainserve/models.config", "mode": "ro"}},
+    )  # fmt: skip
+    try:
+        wait_until(lambda: "digits affine (MODEL_NAME is not used)" in serve.logs().decode(), "the config's models", 60)
+        time.sleep(8)
+        serve.reload()
+        assert serve.status == "running" and serve.attrs["State"]["Health"]["Status"] != "healthy"
+        assert serve.exec_run(["/usr/local/bin/healthcheck.sh", "ready"]).exit_code == 1
+        assert serve.exec_run(["/usr/local/bin/healthcheck.sh", "live"]).exit_code == 0
+        # Publish `affine` version 1 as training does: a non-numeric directory, renamed once complete.
+        shutil.copytree(smoke_model / "digits" / "1", models / "affine" / ".tmp-1")
+        for path in [models / "affine", *(models / "affine").rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        (models / "affine" / ".tmp-1").rename(models / "affine" / "1")
+        wait_until(lambda: (serve.reload() or serve.attrs["State"]["Health"]["Status"]) == "healthy", "healthy", 90)
+        assert serve.exec_run(["/usr/local/bin/healthcheck.sh", "ready"]).output.decode().strip() == (
+            "serving: digits affine"
+        )
+        request = urllib_request(f"http://127.0.0.1:{rest}/v1/models/affine:predict", {"instances": [1.0, 2.0]})
         with DIRECT.open(request, timeout=10) as response:
             assert json.loads(response.read()) == {"predictions": [3.0, 5.0]}
     finally:
