@@ -71,11 +71,14 @@ def test_cli_writes_valid_report_and_plots_and_gates(served, model_versions, tmp
     ])  # fmt: skip
     out = capsys.readouterr()
     assert code == 1, "an untrained model is below 0.99: the gate fails"
-    assert "is below --min-accuracy 0.99" in out.err.strip().splitlines()[-1]
+    assert "gate failed: accuracy" in out.err.strip().splitlines()[-1] and "is not >= 0.99" in out.err
     assert "accuracy" in out.out and "gate" in out.out and "FAIL" in out.out
     report = json.loads((tmp_path / "r.json").read_text())
     validate_report(report)
     assert report["passed"] is False and report["min_accuracy"] == 0.99
+    assert report["gates"] == [
+        {"metric": "accuracy", "op": ">=", "threshold": 0.99, "value": report["metrics"]["accuracy"], "passed": False}
+    ]
     assert report["compare_local"]["max_abs_diff"] <= 1e-6 and report["compare_local"]["class_agreement"] == 1.0
     import matplotlib.image
 
@@ -170,11 +173,11 @@ def _npz(tmp_path, name, **arrays):
     [
         pytest.param(["--model", "nope"], "model 'nope' not found on", id="unknown-model"),
         pytest.param(["--signature", "predict"], "signature 'predict' not found", id="unknown-signature"),
-        pytest.param(["--data", "{shape}"], "shaped uint8 [None, 8, 8, 1]; the data's images are [9, 9, 1]",
+        pytest.param(["--data", "{shape}"], "shaped uint8 [None, 8, 8, 1]; the data's 'images' examples are [9, 9]",
                      id="wrong-shape"),
-        pytest.param(["--data", "{dtype}"], "expected uint8", id="wrong-dtype"),
+        pytest.param(["--data", "{dtype}"], "wants 'images' as uint8; the data's 'x' is float32", id="wrong-dtype"),
         pytest.param(["--data", "{labels}"], "the data has label 12 but", id="too-many-classes"),
-        pytest.param(["--data", "{tmp}/none.npz"], "not found: expected digits, synthetic or an .npz", id="no-file"),
+        pytest.param(["--data", "{tmp}/none.npz"], "not found: expected digits, synthetic, a .csv or an .npz", id="no-file"),
         pytest.param(["--version", "9", "--wait", "1"], "version 9 not AVAILABLE", id="unknown-version"),
     ],
 )  # fmt: skip
@@ -210,10 +213,10 @@ def test_npz_is_streamed_not_loaded(tmp_path):
     path = tmp_path / "big.npz"
     np.savez_compressed(path, x_test=x, y_test=y)
     data = open_eval_data(str(path), limit=999)
-    assert data.shape == (8, 8, 1) and data.count == 999
+    assert data.columns["images"].shape == (8, 8) and data.count == 999
     batches = list(data.batches(256))
     assert [len(b[1]) for b in batches] == [256, 256, 256, 231]
-    np.testing.assert_array_equal(np.concatenate([b[0] for b in batches])[:, :, :, 0], x[:999])
+    np.testing.assert_array_equal(np.concatenate([b[0]["images"] for b in batches]), x[:999])
     np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), y[:999])
 
 

@@ -151,8 +151,10 @@ def add_eval_parser(commands) -> None:
 
     p = commands.add_parser(
         "eval",
-        help="evaluate a served model over gRPC: accuracy, loss, latency, throughput",
-        description="Batched gRPC evaluation against TF Serving or serve-local. Exit 1 below --min-accuracy.",
+        help="evaluate a served model over gRPC: the task's metrics, latency, throughput",
+        description="Batched gRPC evaluation of any served model (TF Serving or serve-local): inputs matched by "
+        "name, classification or regression metrics, latency and throughput. Exit 1 when a gate fails "
+        "(--min-accuracy, --require).",
     )
     add_options(p, EvalConfig)
     p.set_defaults(func=run_eval)
@@ -168,14 +170,12 @@ def run_eval(args: argparse.Namespace) -> int:
     if config.report:
         print(f"report: {write_report(result.report, config.report)}")
     if config.plots:
-        for path in write_plots(result.report, result.latencies_ms, config.plots):
+        for path in write_plots(result, config.plots):
             print(f"plot: {path}")
-    if not result.passed:
-        print(
-            f"trainserve eval: accuracy {result.report['metrics']['accuracy']:.4f} is below "
-            f"--min-accuracy {config.min_accuracy}",
-            file=sys.stderr,
-        )
+    failed = [g for g in result.report["gates"] if not g["passed"]]
+    if failed:
+        said = "; ".join(f"{g['metric']} {g['value']} is not {g['op']} {g['threshold']:g}" for g in failed)
+        print(f"trainserve eval: gate failed: {said}", file=sys.stderr)
         return 1
     return 0
 

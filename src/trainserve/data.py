@@ -183,9 +183,14 @@ def _named(x, single: bool, first) -> dict[str, np.ndarray]:
     if not single:
         return dict(x)
     x, first = np.asarray(x), np.asarray(first)
-    if first.dtype == np.uint8 and first.ndim in (3, 4):
-        return {IMAGES: x[..., np.newaxis] if x.ndim == 3 else x}
-    return {SINGLE: x}
+    name = single_input_name(first.dtype, first.ndim)
+    return {name: x[..., np.newaxis] if name == IMAGES and x.ndim == 3 else x}
+
+
+def single_input_name(dtype: np.dtype, ndim: int) -> str:
+    """The name a file's one unnamed input array gets: `images` for uint8 [N, H, W(, C)] (a channel axis is
+    added to [N, H, W]), `x` for anything else. Training and evaluation name it alike."""
+    return IMAGES if dtype == np.uint8 and ndim in (3, 4) else SINGLE
 
 
 def _numeric(x: np.ndarray, what: str) -> np.ndarray:

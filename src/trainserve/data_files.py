@@ -70,6 +70,27 @@ def _inputs(npz, files: list[str], key: str, path: Path):
 
 def load_csv(path: Path, label_column: str | None, test_fraction: float, seed: int) -> Dataset:
     """Read a CSV: every column but `label_column` becomes an input [N, 1]; a seeded fraction is held out."""
+    inputs, labels = read_csv(path, label_column)
+    count = len(labels)
+    n_test = int(round(count * test_fraction))
+    if not 1 <= n_test < count:
+        raise TrainserveError(
+            f"data file {path}: --test-fraction {test_fraction} of {count} rows: expected at least one row on each side"
+        )
+    order = np.random.default_rng(seed).permutation(count)
+    test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
+    return build_dataset(
+        path.stem,
+        {k: v[train] for k, v in inputs.items()},
+        labels[train],
+        {k: v[test] for k, v in inputs.items()},
+        labels[test],
+        source=str(path),
+    )
+
+
+def read_csv(path: Path, label_column: str | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(inputs by column name, each [N, 1]; labels [N]) of a CSV with a header row, every cell checked."""
     if not path.is_file():
         raise TrainserveError(f"data file {path} not found: expected a .csv with a header row")
     if not label_column:
@@ -91,23 +112,7 @@ def load_csv(path: Path, label_column: str | None, test_fraction: float, seed: i
             raise TrainserveError(f"data file {path} line {number} has {len(row)} fields: expected {len(header)}")
     columns = {name: _column([r[i].strip() for r in body], name, path) for i, name in enumerate(header)}
     labels = columns.pop(label_column)[:, 0]
-    inputs = {check_input_name(name, f"data file {path}"): values for name, values in columns.items()}
-    count = len(labels)
-    n_test = int(round(count * test_fraction))
-    if not 1 <= n_test < count:
-        raise TrainserveError(
-            f"data file {path}: --test-fraction {test_fraction} of {count} rows: expected at least one row on each side"
-        )
-    order = np.random.default_rng(seed).permutation(count)
-    test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
-    return build_dataset(
-        path.stem,
-        {k: v[train] for k, v in inputs.items()},
-        labels[train],
-        {k: v[test] for k, v in inputs.items()},
-        labels[test],
-        source=str(path),
-    )
+    return {check_input_name(name, f"data file {path}"): values for name, values in columns.items()}, labels
 
 
 def _column(values: list[str], name: str, path: Path) -> np.ndarray:

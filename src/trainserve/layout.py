@@ -20,6 +20,8 @@ from typing import Literal
 
 import numpy as np
 
+from trainserve.errors import TrainserveError
+
 DEFAULT_SIGNATURE = "serving_default"
 ASSETS_EXTRA = "assets.extra"
 WARMUP_FILE = "tf_serving_warmup_requests"
@@ -151,6 +153,19 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def ensure_writable_dir(directory: Path, what: str) -> None:
+    """Create `directory` and prove it takes files, so that a run fails before its work, not after it."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f"{STAGING_PREFIX}probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise TrainserveError(
+            f"{what} {directory}: cannot write there ({exc.strerror}): expected a writable directory"
+        ) from None
 
 
 def write_file_atomic(path: Path, data: bytes) -> Path:

@@ -1,4 +1,4 @@
-"""PNG plots a person would rather look at than read: training curves (and, later, eval plots)."""
+"""PNG plots a person would rather look at than read: training curves, and the evaluation's plots."""
 
 from __future__ import annotations
 
@@ -72,6 +72,65 @@ def plot_latency_histogram(latencies_ms: list[float], summary: dict, out: Path) 
     ax.set_xlabel("latency per request (ms)")
     ax.set_ylabel("requests")
     ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_precision_recall(precision, recall, out: Path, title: str) -> Path:
+    """Precision against recall over every threshold (two classes), as a step curve."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.step([0.0, *recall], [precision[0] if len(precision) else 1.0, *precision], where="post")
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("recall")
+    ax.set_ylabel("precision")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+MAX_SCATTER_POINTS = 20_000  # a scatter of a million points shows no more and takes minutes to draw
+
+
+def plot_predicted_vs_true(truth, predicted, out: Path, title: str) -> Path:
+    """One point per example and target (an evenly spaced subset of big runs); the diagonal is perfect."""
+    plt = _pyplot()
+    step = max(1, len(truth) // MAX_SCATTER_POINTS)
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for t in range(truth.shape[1]):
+        ax.scatter(truth[::step, t], predicted[::step, t], s=6, alpha=0.5, label=f"target {t}")
+    low = float(min(truth.min(initial=0), predicted.min(initial=0)))
+    high = float(max(truth.max(initial=1), predicted.max(initial=1)))
+    ax.plot([low, high], [low, high], color="black", linewidth=1)
+    ax.set_xlabel("true")
+    ax.set_ylabel("predicted")
+    ax.set_title(title)
+    if truth.shape[1] > 1:
+        ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_residuals(truth, predicted, out: Path, title: str) -> Path:
+    """Histogram of predicted - true over every example and target: centred on 0 when unbiased."""
+    plt = _pyplot()
+    residuals = (predicted - truth).ravel()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.hist(residuals if residuals.size else [0.0], bins=min(60, max(5, residuals.size // 10)), alpha=0.8)
+    ax.axvline(0.0, color="black", linewidth=1)
+    ax.set_xlabel("residual (predicted - true)")
+    ax.set_ylabel("examples")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=100)

@@ -5,13 +5,74 @@ Kept free of TensorFlow and gRPC so that `trainserve eval --help` answers at onc
 
 from __future__ import annotations
 
+import argparse
+import operator
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from trainserve.data import SyntheticSpec
 from trainserve.errors import TrainserveError
-from trainserve.layout import DEFAULT_SIGNATURE
+from trainserve.layout import DEFAULT_SIGNATURE, Task, ensure_writable_dir
 from trainserve.options import option, positive_int
+
+TaskChoice = Literal["auto", "classification", "regression"]
+# The metrics a gate may name, by task (evaluation/metrics.py computes them).
+GATE_METRICS = {
+    "classification": ("accuracy", "top_k_accuracy", "loss", "roc_auc", "average_precision"),
+    "regression": ("mse", "rmse", "mae", "r2", "loss"),
+}
+_GATE = re.compile(r"^\s*([a-z_0-9]+)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """`metric >= threshold` or `metric <= threshold`: the run passes only when every gate holds."""
+
+    metric: str
+    op: Literal[">=", "<="]
+    threshold: float
+
+    def judge(self, metrics: dict) -> dict:
+        value = metrics.get(self.metric)
+        holds = value is not None and {">=": operator.ge, "<=": operator.le}[self.op](value, self.threshold)
+        return {"metric": self.metric, "op": self.op, "threshold": self.threshold, "value": value, "passed": holds}
+
+    def describe(self) -> str:
+        return f"{self.metric} {self.op} {self.threshold:g}"
+
+
+def parse_gates(text: str) -> tuple[Gate, ...]:
+    """`accuracy>=0.9,loss<=0.3` -> gates."""
+    gates = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        match = _GATE.match(item)
+        if not match:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected METRIC>=VALUE or METRIC<=VALUE, e.g. r2>=0.5")
+        gates.append(Gate(match[1], match[2], float(match[3])))  # type: ignore[arg-type]
+    return tuple(gates)
+
+
+def parse_input_map(text: str) -> dict[str, str]:
+    """`key=input[,key=input...]` -> {data key: signature input}."""
+    pairs = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, name = item.partition("=")
+        if not sep or not key.strip() or not name.strip():
+            raise argparse.ArgumentTypeError(f"{item!r}: expected KEY=INPUT (a data key, a signature input)")
+        pairs[key.strip()] = name.strip()
+    return pairs
+
+
+def check_gates(gates: tuple[Gate, ...], task: Task) -> None:
+    """Before the first request: every gate names a metric this task reports."""
+    for gate in gates:
+        if gate.metric not in GATE_METRICS[task.kind]:
+            raise TrainserveError(
+                f"gate {gate.describe()}: {task.kind} reports no {gate.metric!r}: expected one of "
+                f"{', '.join(GATE_METRICS[task.kind])}"
+            )
 
 
 @dataclass
@@ -23,7 +84,14 @@ class EvalConfig:
     version: int | None = option(None, "evaluate this version (default: newest)", parse=positive_int)
     label: str | None = option(None, "evaluate the version behind this label")
     signature: str = option(DEFAULT_SIGNATURE, "SignatureDef to call")
-    data: str = option("digits", "digits | synthetic | FILE.npz with x_test, y_test")
+    data: str = option("digits", "digits | synthetic | FILE.npz (x_test or x_test/<input>, y_test) | FILE.csv")
+    label_column: str | None = option(None, "the label's column of a --data FILE.csv")
+    input_map: dict[str, str] = option(
+        factory=dict, help="KEY=INPUT[,...]: feed data KEY to signature INPUT (default: same names)",
+        parse=parse_input_map,
+    )  # fmt: skip
+    task: TaskChoice = option("auto", "what the labels are (auto: the shared split's task, else the labels' dtype)")
+    output: str | None = option(None, "the output to evaluate (default: probabilities / predictions / the only float)")
     batch_size: int = option(256, "examples per request", parse=positive_int)
     concurrency: int = option(4, "requests in flight", parse=positive_int)
     timeout: float = option(10.0, "seconds per request attempt")
@@ -32,8 +100,9 @@ class EvalConfig:
     limit: int | None = option(None, "evaluate only the first N examples", parse=positive_int)
     top_k: int = option(5, "k of the top-k accuracy", parse=positive_int)
     report: Path | None = option(None, "write the JSON report here")
-    plots: Path | None = option(None, "write confusion_matrix.png and latency_histogram.png here")
-    min_accuracy: float | None = option(None, "exit 1 when accuracy is below this")
+    plots: Path | None = option(None, "write the task's plots (confusion matrix, PR curve, residuals...) here")
+    min_accuracy: float | None = option(None, "exit 1 when accuracy is below this (the same as --require accuracy>=X)")
+    require: tuple[Gate, ...] = option((), "METRIC>=X or METRIC<=X[,...]: exit 1 unless all hold", parse=parse_gates)
     tls_ca: Path | None = option(None, "PEM root certificate for a TLS server")
     compare_local: Path | None = option(None, "also run this SavedModel version dir in-process on CPU")
     synthetic: SyntheticSpec = option(factory=SyntheticSpec)
@@ -48,3 +117,13 @@ class EvalConfig:
             raise TrainserveError("--timeout must be > 0, --retries and --wait >= 0")
         if self.compare_local is not None and not (self.compare_local / "saved_model.pb").is_file():
             raise TrainserveError(f"--compare-local {self.compare_local}: expected a SavedModel version directory")
+        # Before any request: an unwritable destination must not cost a whole evaluation.
+        if self.report is not None:
+            ensure_writable_dir(self.report.parent, "--report")
+        if self.plots is not None:
+            ensure_writable_dir(self.plots, "--plots")
+
+    @property
+    def gates(self) -> tuple[Gate, ...]:
+        accuracy = (Gate("accuracy", ">=", self.min_accuracy),) if self.min_accuracy is not None else ()
+        return accuracy + tuple(self.require)

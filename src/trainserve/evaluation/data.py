@@ -1,63 +1,87 @@
-"""Held-out data for evaluation, streamed in batches so memory stays bounded.
+"""Held-out data for evaluation: named inputs and labels, streamed in batches so memory stays bounded.
 
-An `.npz` is read member by member straight from the zip (a 1M-image file is never loaded whole),
-`digits` is the same split `trainserve train` holds out, and `synthetic` is generated batch by batch.
+An `.npz` (`x_test`, or `x_test/<input>` for several inputs; `y_test`) is read member by member straight
+from the zip (a 1M-example file is never loaded whole); a `.csv` (`--label-column`) is one input per
+column, as training reads it; `digits` is the split `trainserve train` holds out, and `synthetic` is
+generated batch by batch. Labels stay as the file has them: which task they fit is decided against the
+served signature (evaluation/plan.py).
 """
 
 from __future__ import annotations
 
 import zipfile
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from trainserve.data import SyntheticSpec, as_labels, load_dataset, synthetic_examples
+from trainserve.data import IMAGES, SyntheticSpec, load_dataset, single_input_name, synthetic_examples
 from trainserve.errors import TrainserveError
+from trainserve.layout import SPLIT_INPUTS, SPLIT_LABEL_NAMES, SPLIT_LABELS, Task, split_task
+
+Batch = tuple[dict[str, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One input of the data: its key (npz `x_test/<key>`, a CSV column), one example's shape, its dtype."""
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def describe(self) -> str:
+        return f"{self.dtype.name} {list(self.shape)}"
 
 
 @dataclass
 class EvalData:
-    """`count` examples of uint8 images shaped `shape`, with integer labels, served in batches."""
+    """`count` examples of named inputs with their labels, served in batches of at most `batch_size`."""
 
     name: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
+    columns: dict[str, Column]
+    labels: np.ndarray  # as the file has them: [N] or [N, T]; int, bool or float
     count: int
     label_names: list[str] = field(default_factory=list)
-    max_label: int = 0
+    task: Task | None = None  # what the shared split says the model predicts (None: decided from the labels)
 
-    def batches(self, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def batches(self, batch_size: int) -> Iterator[Batch]:
         raise NotImplementedError
 
 
 @dataclass
 class ArrayData(EvalData):
-    x: np.ndarray | None = None
-    y: np.ndarray | None = None
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     def batches(self, batch_size):
         for start in range(0, self.count, batch_size):
-            yield self.x[start : start + batch_size], self.y[start : start + batch_size]
+            end = min(start + batch_size, self.count)
+            yield {k: a[start:end] for k, a in self.arrays.items()}, self.labels[start:end]
 
 
 @dataclass
 class NpzData(EvalData):
     path: Path | None = None
-    y: np.ndarray | None = None
-    x_offset: int = 0
+    members: dict[str, str] = field(default_factory=dict)  # input key -> member name in the zip
 
     def batches(self, batch_size):
-        row = int(np.prod(self.shape)) * self.dtype.itemsize
-        with zipfile.ZipFile(self.path) as archive, archive.open("x_test.npy") as fh:
-            _read_npy_header(fh, self.path)
+        with zipfile.ZipFile(self.path) as archive, ExitStack() as stack:
+            streams = {key: stack.enter_context(archive.open(member)) for key, member in self.members.items()}
+            for stream in streams.values():
+                _read_npy_header(stream, self.path)
             for start in range(0, self.count, batch_size):
                 n = min(batch_size, self.count - start)
-                raw = fh.read(n * row)
-                if len(raw) != n * row:
-                    raise TrainserveError(f"{self.path}: x_test is truncated at example {start}")
-                yield np.frombuffer(raw, self.dtype).reshape(n, *self.shape), self.y[start : start + n]
+                columns = {k: self._read_rows(s, self.columns[k], start, n) for k, s in streams.items()}
+                yield columns, self.labels[start : start + n]
+
+    def _read_rows(self, stream, column: Column, start: int, n: int) -> np.ndarray:
+        row = int(np.prod(column.shape)) * column.dtype.itemsize
+        raw = stream.read(n * row)
+        if len(raw) != n * row:
+            raise TrainserveError(f"{self.path}: {self.members[column.key]} is truncated at example {start}")
+        return np.frombuffer(raw, column.dtype).reshape(n, *column.shape)
 
 
 @dataclass
@@ -68,7 +92,42 @@ class SyntheticData(EvalData):
     def batches(self, batch_size):
         for index, start in enumerate(range(0, self.count, batch_size)):
             n = min(batch_size, self.count - start)
-            yield synthetic_examples(self.spec, n, self.seed * 1_000_003 + index)
+            images, labels = synthetic_examples(self.spec, n, self.seed * 1_000_003 + index)
+            yield {IMAGES: images}, labels
+
+
+def open_eval_data(
+    source: str, limit: int | None = None, synthetic: SyntheticSpec | None = None, label_column: str | None = None
+) -> EvalData:
+    """`digits`, `synthetic`, `FILE.npz` (x_test or x_test/<input>, y_test) or `FILE.csv` (--label-column)."""
+    if source == "synthetic":
+        spec = synthetic or SyntheticSpec()
+        count = min(spec.size, limit or spec.size)
+        labels = np.zeros(0, np.int64)  # generated with the inputs, batch by batch
+        column = Column(IMAGES, tuple(spec.shape), np.dtype(np.uint8))
+        names = [str(i) for i in range(spec.classes)]
+        task = Task("classification", classes=spec.classes, label_names=tuple(names))
+        return SyntheticData("synthetic", {IMAGES: column}, labels, count, names, task, spec=spec)
+    if source == "digits":
+        ds = load_dataset("digits")
+        return _in_memory("digits", ds.test, ds.y_test, limit, ds.label_names, ds.task)
+    if source.endswith(".csv"):
+        from trainserve.data_files import read_csv
+
+        inputs, labels = read_csv(Path(source), label_column)
+        return _in_memory(Path(source).stem, inputs, labels, limit)
+    return _open_npz(Path(source), limit)
+
+
+def _in_memory(name, inputs: dict[str, np.ndarray], labels, limit, label_names=(), task=None) -> ArrayData:
+    for key, array in inputs.items():
+        if len(array) != len(labels):
+            raise TrainserveError(
+                f"{name}: {key!r} has {len(array)} examples for {len(labels)} labels: expected one each"
+            )
+    count = min(len(labels), limit or len(labels))
+    columns = {k: Column(k, tuple(a.shape[1:]), a.dtype) for k, a in inputs.items()}
+    return ArrayData(name, columns, labels[:count], count, list(label_names), task, arrays=inputs)
 
 
 def _read_npy_header(fh, path) -> tuple[tuple[int, ...], np.dtype]:
@@ -76,50 +135,48 @@ def _read_npy_header(fh, path) -> tuple[tuple[int, ...], np.dtype]:
     reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     shape, fortran, dtype = reader(fh)
     if fortran:
-        raise TrainserveError(f"{path}: x_test is stored in Fortran order: expected C order (np.savez default)")
+        raise TrainserveError(f"{path}: {fh.name} is stored in Fortran order: expected C order (np.savez default)")
     return shape, dtype
 
 
-def open_eval_data(source: str, limit: int | None = None, synthetic: SyntheticSpec | None = None) -> EvalData:
-    """`digits`, `synthetic` or `FILE.npz` (with x_test, y_test; label_names optional)."""
-    if source == "synthetic":
-        spec = synthetic or SyntheticSpec()
-        count = min(spec.size, limit or spec.size)
-        return SyntheticData(
-            "synthetic", spec.shape, np.dtype(np.uint8), count, [str(i) for i in range(spec.classes)],
-            spec.classes - 1, spec=spec,
-        )  # fmt: skip
-    if source == "digits":
-        ds = load_dataset("digits")
-        count = min(len(ds.x_test), limit or len(ds.x_test))
-        return ArrayData(
-            "digits", ds.input_shape, ds.x_test.dtype, count, ds.label_names, int(ds.y_test.max()),
-            x=ds.x_test, y=ds.y_test,
-        )  # fmt: skip
-    return _open_npz(Path(source), limit)
-
-
 def _open_npz(path: Path, limit: int | None) -> EvalData:
+    expected = "expected digits, synthetic, a .csv or an .npz with x_test (or x_test/<input>) and y_test"
     if not path.is_file():
-        raise TrainserveError(f"data file {path} not found: expected digits, synthetic or an .npz with x_test, y_test")
+        raise TrainserveError(f"data file {path} not found: {expected}")
     try:
         with zipfile.ZipFile(path) as archive:
-            members = {n[:-4] for n in archive.namelist() if n.endswith(".npy")}
-            missing = [k for k in ("x_test", "y_test") if k not in members]
-            if missing:
-                raise TrainserveError(f"data file {path} lacks {', '.join(missing)}: expected x_test and y_test")
-            with archive.open("x_test.npy") as fh:
-                shape, dtype = _read_npy_header(fh, path)
+            members = _input_members(path, {n for n in archive.namelist() if n.endswith(".npy")}, expected)
+            headers = {}
+            for key, member in members.items():
+                with archive.open(member) as fh:
+                    headers[key] = _read_npy_header(fh, path)
         with np.load(path, allow_pickle=False) as npz:
-            y = npz["y_test"]
-            names = [str(n) for n in npz["label_names"]] if "label_names" in npz.files else []
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+            labels = npz[SPLIT_LABELS]
+            names = [str(n) for n in npz[SPLIT_LABEL_NAMES]] if SPLIT_LABEL_NAMES in npz.files else []
+            task = split_task(npz)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as exc:
         raise TrainserveError(f"data file {path} is not a readable .npz ({exc})") from None
-    if dtype != np.uint8 or len(shape) not in (3, 4):
-        raise TrainserveError(f"{path}: x_test is {dtype} {list(shape)}: expected uint8 [N, H, W] or [N, H, W, C]")
-    y = as_labels(y, f"{path}: y_test")  # the same label rules as training's
-    if len(y) != shape[0]:
-        raise TrainserveError(f"{path}: y_test has {len(y)} labels for {shape[0]} images: expected one per image")
-    image = tuple(shape[1:]) + ((1,) if len(shape) == 3 else ())
-    count = min(shape[0], limit or shape[0])
-    return NpzData(path.stem, image, dtype, count, names, int(y.max(initial=0)), path=path, y=y)
+    columns = {}
+    for key, (shape, dtype) in headers.items():
+        if dtype.kind not in "biuf" or len(shape) < 1 or shape[0] != len(labels):
+            raise TrainserveError(
+                f"{path}: {members[key]} is {dtype} {list(shape)}: expected a numeric array with one row per "
+                f"label ({len(labels)} in {SPLIT_LABELS})"
+            )
+        columns[key] = Column(key, tuple(shape[1:]), dtype)
+    count = min(len(labels), limit or len(labels))
+    return NpzData(path.stem, columns, labels[:count], count, names, task, path=path, members=members)
+
+
+def _input_members(path: Path, npy: set[str], expected: str) -> dict[str, str]:
+    """Input key -> zip member: one `x_test` (named as training names it) or `x_test/<input>` each."""
+    named = {m[len(SPLIT_INPUTS) + 1 : -4]: m for m in npy if m.startswith(SPLIT_INPUTS + "/")}
+    single = f"{SPLIT_INPUTS}.npy" in npy
+    if f"{SPLIT_LABELS}.npy" not in npy or single == bool(named):
+        found = ", ".join(sorted(m[:-4] for m in npy)) or "none"
+        raise TrainserveError(f"data file {path} has {found}: {expected}")
+    if named:
+        return named
+    with zipfile.ZipFile(path) as archive, archive.open(f"{SPLIT_INPUTS}.npy") as fh:
+        shape, dtype = _read_npy_header(fh, path)
+    return {single_input_name(dtype, len(shape)): f"{SPLIT_INPUTS}.npy"}

@@ -1,5 +1,6 @@
 """The evaluation report: one JSON document (schema in eval_report.schema.json), a one-screen summary,
-and PNG plots (confusion matrix, latency histogram)."""
+and PNG plots (latency; confusion matrix and, for two classes, the precision-recall curve; predicted vs
+true and residuals for regression)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trainserve import __version__
+from trainserve.evaluation.metrics import precision_recall_curve
 from trainserve.layout import write_file_atomic
 
 if TYPE_CHECKING:
-    from trainserve.evaluation.run import FinishedRun
+    from trainserve.evaluation.run import EvalResult, FinishedRun
 
-SCHEMA_ID = "trainserve.eval/1"
+SCHEMA_ID = "trainserve.eval/2"  # /1 plus task, output, inputs, regression metrics and gates (fields only added)
 SCHEMA_PATH = Path(__file__).with_name("eval_report.schema.json")
 
 
@@ -26,24 +28,9 @@ def _percentiles(latencies: list[float]) -> dict:
     return {"p50": p50, "p90": p90, "p99": p99, "max": float(ms.max()), "mean": float(ms.mean())}
 
 
-def per_class(confusion: np.ndarray, label_names: list[str]) -> list[dict]:
-    """Precision, recall and F1 per class from the confusion matrix (rows: truth, columns: predicted)."""
-    true_pos = np.diag(confusion).astype(np.float64)
-    predicted, actual = confusion.sum(axis=0), confusion.sum(axis=1)
-    precision = np.divide(true_pos, predicted, out=np.zeros_like(true_pos), where=predicted > 0)
-    recall = np.divide(true_pos, actual, out=np.zeros_like(true_pos), where=actual > 0)
-    total = precision + recall
-    f1 = np.divide(2 * precision * recall, total, out=np.zeros_like(true_pos), where=total > 0)
-    names = label_names or [str(i) for i in range(len(confusion))]
-    return [
-        {"label": names[i], "precision": precision[i], "recall": recall[i], "f1": f1[i], "support": int(actual[i])}
-        for i in range(len(confusion))
-    ]
-
-
 def build_report(run: FinishedRun) -> dict:
-    """The report's JSON document (passed: True until the caller applies --min-accuracy)."""
-    config, totals = run.config, run.totals
+    """The report's JSON document (passed and gates are the caller's to fill)."""
+    config, totals, task = run.config, run.totals, run.plan.task
     report = {
         "schema": SCHEMA_ID,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -53,6 +40,8 @@ def build_report(run: FinishedRun) -> dict:
         "version": totals.version,
         "label": config.label,
         "signature": config.signature,
+        "task": task.to_json(),
+        "output": run.plan.output,
         "data": _data_section(run),
         "settings": {
             "batch_size": config.batch_size,
@@ -61,44 +50,39 @@ def build_report(run: FinishedRun) -> dict:
             "retries": config.retries,
             "limit": config.limit,
         },
-        "metrics": _metrics_section(run),
+        "metrics": totals.tally.quality.summary(),
         "performance": _performance_section(run),
         "compare_local": None,
         "min_accuracy": config.min_accuracy,
+        "gates": [],
         "passed": True,
     }
     if config.compare_local is not None:
+        agree = totals.tally.local_agree
         report["compare_local"] = {
             "version_dir": str(config.compare_local),
             "max_abs_diff": totals.tally.local_max_abs_diff,
-            "class_agreement": totals.tally.local_agree / max(totals.tally.examples, 1),
+            "class_agreement": None if agree is None else agree / max(totals.tally.examples, 1),
         }
     return json.loads(json.dumps(report, default=float))  # numpy scalars -> plain JSON numbers
 
 
 def _data_section(run: FinishedRun) -> dict:
-    data, classes = run.data, run.plan.num_classes
-    return {
-        "source": run.config.data,
-        "name": data.name,
-        "examples": run.totals.tally.examples,
-        "input_shape": list(data.shape),
-        "classes": classes,
-        "label_names": data.label_names or [str(i) for i in range(classes)],
+    data, task = run.data, run.plan.task
+    inputs = {
+        feed.input: {
+            "key": feed.key,
+            "dtype": data.columns[feed.key].dtype.name,
+            "shape": list(data.columns[feed.key].shape),
+        }
+        for feed in run.plan.feeds
     }
-
-
-def _metrics_section(run: FinishedRun) -> dict:
-    tally = run.totals.tally
-    n = max(tally.examples, 1)
-    return {
-        "accuracy": tally.correct / n,
-        "top_k": min(run.config.top_k, run.plan.num_classes),
-        "top_k_accuracy": tally.top_k_hits / n,
-        "loss": tally.loss_sum / n,
-        "per_class": per_class(tally.confusion, run.data.label_names),
-        "confusion_matrix": tally.confusion.tolist(),
-    }
+    section = {"source": run.config.data, "name": data.name, "examples": run.totals.tally.examples, "inputs": inputs}
+    if len(inputs) == 1:
+        section["input_shape"] = next(iter(inputs.values()))["shape"]
+    if task.kind == "classification":
+        section.update(classes=task.classes, label_names=list(task.label_names))
+    return section
 
 
 def _performance_section(run: FinishedRun) -> dict:
@@ -132,18 +116,32 @@ def summary_table(report: dict) -> str:
     lat = p["latency_ms"]
     lines = [
         f"trainserve eval: model {report['model']!r} version {report['version']} at {report['server']}"
-        f" ({report['signature']}, {report['data']['name']})",
-        f"  examples        {report['data']['examples']:>10,}    accuracy        {m['accuracy']:>8.4f}",
-        f"  top-{m['top_k']} accuracy  {m['top_k_accuracy']:>10.4f}    loss            {m['loss']:>8.4f}",
+        f" ({report['signature']}, output {report['output']!r}, {report['data']['name']})",
+        f"  examples        {report['data']['examples']:>10,}    {report['task']['kind']}",
+        *(_classification_lines(m) if report["task"]["kind"] == "classification" else _regression_lines(m)),
         f"  examples/s      {p['examples_per_s']:>10,.0f}    wall seconds    {p['wall_s']:>8.2f}",
         f"  latency ms      p50 {lat['p50']:.1f}  p90 {lat['p90']:.1f}  p99 {lat['p99']:.1f}  max {lat['max']:.1f}",
         f"  requests        {p['requests']:>10,}    retries         {p['retries']:>8}",
     ]
     if report["compare_local"]:
         c = report["compare_local"]
-        lines.append(
-            f"  vs local CPU    max |diff| {c['max_abs_diff']:.2e}  class agreement {c['class_agreement']:.4f}"
-        )
+        agreement = "" if c["class_agreement"] is None else f"  class agreement {c['class_agreement']:.4f}"
+        lines.append(f"  vs local CPU    max |diff| {c['max_abs_diff']:.2e}{agreement}")
+    for gate in report["gates"]:
+        value = "n/a" if gate["value"] is None else f"{gate['value']:.4f}"
+        verdict = "PASS" if gate["passed"] else "FAIL"
+        lines.append(f"  gate            {gate['metric']} {value} {gate['op']} {gate['threshold']:g}: {verdict}")
+    return "\n".join(lines)
+
+
+def _classification_lines(m: dict) -> list[str]:
+    lines = [
+        f"  accuracy        {m['accuracy']:>10.4f}    top-{m['top_k']} accuracy  {m['top_k_accuracy']:>8.4f}",
+        f"  loss            {m['loss']:>10.4f}    output          {m['output_kind']:>8}",
+    ]
+    if "roc_auc" in m:
+        auc, ap = (f"{v:.4f}" if v is not None else "n/a" for v in (m["roc_auc"], m["average_precision"]))
+        lines.append(f"  ROC AUC         {auc:>10}    avg precision   {ap:>8}")
     if len(m["per_class"]) <= 20:
         lines.append("  class        precision  recall      f1  support")
         for row in m["per_class"]:
@@ -151,27 +149,46 @@ def summary_table(report: dict) -> str:
                 f"  {row['label'][:10]:<10} {row['precision']:>10.3f} {row['recall']:>7.3f} {row['f1']:>7.3f}"
                 f" {row['support']:>8}"
             )
-    if report["min_accuracy"] is not None:
-        verdict = "PASS" if report["passed"] else "FAIL"
-        lines.append(
-            f"  gate            accuracy {m['accuracy']:.4f} vs --min-accuracy {report['min_accuracy']}: {verdict}"
-        )
-    return "\n".join(lines)
+    return lines
 
 
-def write_plots(report: dict, latencies_ms: list[float] | None, out_dir: Path) -> list[Path]:
-    """confusion_matrix.png and latency_histogram.png in `out_dir`."""
-    from trainserve.plots import plot_confusion_matrix, plot_latency_histogram
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return [
-        plot_confusion_matrix(
-            np.asarray(report["metrics"]["confusion_matrix"]),
-            report["data"]["label_names"],
-            out_dir / "confusion_matrix.png",
-            f"{report['model']} v{report['version']}: accuracy {report['metrics']['accuracy']:.4f}",
-        ),
-        plot_latency_histogram(
-            latencies_ms or [], report["performance"]["latency_ms"], out_dir / "latency_histogram.png"
-        ),
+def _regression_lines(m: dict) -> list[str]:
+    lines = [
+        f"  MSE             {m['mse']:>10.4f}    RMSE            {m['rmse']:>8.4f}",
+        f"  MAE             {m['mae']:>10.4f}    R2              {m['r2']:>8.4f}",
     ]
+    if 1 < len(m["per_target"]) <= 20:
+        lines.append("  target           MSE     RMSE      MAE       R2")
+        for row in m["per_target"]:
+            lines.append(
+                f"  {row['target'][:10]:<10} {row['mse']:>8.4f} {row['rmse']:>8.4f} {row['mae']:>8.4f}"
+                f" {row['r2']:>8.4f}"
+            )
+    return lines
+
+
+def write_plots(result: EvalResult, out_dir: Path) -> list[Path]:
+    """The task's plots and the latency histogram, as PNGs in `out_dir`."""
+    from trainserve import plots
+
+    report, quality = result.report, result.tally.quality
+    title = f"{report['model']} v{report['version']}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    latency = report["performance"]["latency_ms"]
+    written = [plots.plot_latency_histogram(result.latencies_ms, latency, out_dir / "latency_histogram.png")]
+    m = report["metrics"]
+    if report["task"]["kind"] == "regression":
+        truth, predicted = quality.plot_inputs()
+        title += f": R2 {m['r2']:.4f}, RMSE {m['rmse']:.4f}"
+        return written + [
+            plots.plot_predicted_vs_true(truth, predicted, out_dir / "predicted_vs_true.png", title),
+            plots.plot_residuals(truth, predicted, out_dir / "residuals.png", title),
+        ]
+    confusion, names = np.asarray(m["confusion_matrix"]), report["data"]["label_names"]
+    title += f": accuracy {m['accuracy']:.4f}"
+    written.append(plots.plot_confusion_matrix(confusion, names, out_dir / "confusion_matrix.png", title))
+    if m.get("average_precision") is not None:
+        precision, recall = precision_recall_curve(*quality.binary_curve_inputs())
+        title = f"{report['model']} v{report['version']}: average precision {m['average_precision']:.4f}"
+        written.append(plots.plot_precision_recall(precision, recall, out_dir / "precision_recall.png", title))
+    return written

@@ -1,0 +1,232 @@
+"""The task's metrics, accumulated batch by batch so that each example counts once whatever the order.
+
+Classification: accuracy, top-k, cross-entropy, confusion matrix and per-class precision/recall/F1; for
+two classes also ROC AUC and average precision (the area under the precision-recall curve, as
+scikit-learn's `average_precision_score` defines it). Outputs that are logits rather than probabilities
+are detected on the first answer and turned into probabilities with a softmax (sigmoid for one score),
+so the loss is the model's real cross-entropy. Regression: MSE, RMSE, MAE and R2, per target and
+overall (R2 averaged over targets, as scikit-learn's `r2_score`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from trainserve.errors import TrainserveError
+from trainserve.layout import Task
+
+OutputKind = Literal["probabilities", "logits"]
+SUM_TOLERANCE = 1e-3  # float32 softmax rows sum to 1 within ~1e-6; a logit row misses by far more
+PROBABILITY_FLOOR = 1e-7  # the loss clips probabilities here, as Keras' cross-entropy does
+
+
+def output_kind(scores: np.ndarray, output: str) -> OutputKind:
+    """Probabilities (rows in [0, 1] summing to 1; one column in [0, 1]) or logits (anything outside [0, 1])."""
+    in_unit = bool(np.all((scores >= 0) & (scores <= 1)))
+    if not in_unit:
+        return "logits"
+    if scores.shape[1] == 1 or np.allclose(scores.sum(axis=1), 1.0, atol=SUM_TOLERANCE):
+        return "probabilities"
+    raise TrainserveError(
+        f"output {output!r} rows lie in [0, 1] but do not sum to 1 (first row sums to {scores[0].sum():.4f}): "
+        "expected probabilities or logits of one label per example (independent sigmoids are multi-label)"
+    )
+
+
+def log_probabilities(scores: np.ndarray, kind: OutputKind) -> np.ndarray:
+    """[N, K] natural-log class probabilities (K >= 2) from [N, K] or [N, 1] scores of either kind."""
+    scores = scores.astype(np.float64)
+    if scores.shape[1] == 1:  # one score: class 1's probability (or logit); class 0 gets the rest
+        z = scores[:, 0]
+        if kind == "logits":  # log sigmoid(z), log(1 - sigmoid(z)) without overflow
+            return np.stack([-np.logaddexp(0, z), -np.logaddexp(0, -z)], axis=1)
+        p = np.clip(z, PROBABILITY_FLOOR, 1 - PROBABILITY_FLOOR)
+        return np.log(np.stack([1 - p, p], axis=1))
+    if kind == "logits":
+        shifted = scores - scores.max(axis=1, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return np.log(np.clip(scores, PROBABILITY_FLOOR, 1.0))
+
+
+def predicted_classes(scores: np.ndarray, output: str) -> np.ndarray:
+    """The most likely class of each example, from scores of whichever kind they are."""
+    scores = scores.reshape(len(scores), -1)
+    return log_probabilities(scores, output_kind(scores, output)).argmax(axis=1)
+
+
+@dataclass
+class ClassificationMetrics:
+    task: Task
+    top_k: int
+    kind: OutputKind | None = None  # decided by the first answer
+    examples: int = 0
+    correct: int = 0
+    top_k_hits: int = 0
+    loss_sum: float = 0.0
+    confusion: np.ndarray = field(init=False)
+    binary_labels: list[np.ndarray] = field(default_factory=list)  # two classes: kept for ROC / PR
+    binary_scores: list[np.ndarray] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.confusion = np.zeros((self.task.classes, self.task.classes), np.int64)
+
+    def add(self, labels: np.ndarray, scores: np.ndarray, output: str, classes: np.ndarray | None = None) -> None:
+        """One answer: `scores` [N, K] or [N] / [N, 1] (binary); `classes` the served ones, if any."""
+        scores = scores.reshape(len(labels), -1)
+        if scores.shape[1] not in (1, self.task.classes):
+            raise TrainserveError(
+                f"server answered {output!r} shaped {list(scores.shape)}: expected [{len(labels)}, {self.task.classes}]"
+            )
+        kind = output_kind(scores, output)
+        if self.kind is None:
+            self.kind = kind
+        elif kind != self.kind:
+            raise TrainserveError(f"output {output!r} answered {kind} after answering {self.kind}: expected one kind")
+        log_p = log_probabilities(scores, self.kind)
+        predicted = classes.astype(np.int64) if classes is not None else log_p.argmax(axis=1)
+        self.examples += len(labels)
+        self.correct += int(np.sum(predicted == labels))
+        k = min(self.top_k, self.task.classes)
+        top = np.argpartition(-log_p, k - 1, axis=1)[:, :k]
+        self.top_k_hits += int(np.sum(np.any(top == labels[:, None], axis=1)))
+        self.loss_sum += float(-np.sum(log_p[np.arange(len(labels)), labels]))
+        np.add.at(self.confusion, (labels, predicted), 1)
+        if self.task.classes == 2:
+            self.binary_labels.append(labels.astype(np.int8))
+            self.binary_scores.append(np.exp(log_p[:, 1]).astype(np.float32))
+
+    def binary_curve_inputs(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.concatenate(self.binary_labels or [np.zeros(0, np.int8)]), np.concatenate(
+            self.binary_scores or [np.zeros(0, np.float32)]
+        )
+
+    def summary(self) -> dict:
+        n = max(self.examples, 1)
+        summary = {
+            "accuracy": self.correct / n,
+            "top_k": min(self.top_k, self.task.classes),
+            "top_k_accuracy": self.top_k_hits / n,
+            "loss": self.loss_sum / n,
+            "output_kind": self.kind or "probabilities",
+            "per_class": per_class(self.confusion, list(self.task.label_names)),
+            "confusion_matrix": self.confusion.tolist(),
+        }
+        if self.task.classes == 2:
+            labels, scores = self.binary_curve_inputs()
+            summary["roc_auc"] = roc_auc(labels, scores)
+            summary["average_precision"] = average_precision(labels, scores)
+        return summary
+
+
+@dataclass
+class RegressionMetrics:
+    task: Task
+    examples: int = 0
+    squared_error: np.ndarray = field(init=False)
+    absolute_error: np.ndarray = field(init=False)
+    label_mean: np.ndarray = field(init=False)  # running mean and sum of squared deviations (Chan et al.),
+    label_m2: np.ndarray = field(init=False)  # for R2's total sum of squares without cancellation
+    truths: list[np.ndarray] = field(default_factory=list)  # kept for the plots
+    predictions: list[np.ndarray] = field(default_factory=list)
+
+    def __post_init__(self):
+        zeros = lambda: np.zeros(self.task.targets, np.float64)  # noqa: E731
+        self.squared_error, self.absolute_error, self.label_mean, self.label_m2 = zeros(), zeros(), zeros(), zeros()
+
+    def add(self, labels: np.ndarray, predictions: np.ndarray, output: str, classes=None) -> None:
+        n, targets = labels.shape
+        if predictions.size != n * targets:
+            raise TrainserveError(
+                f"server answered {output!r} shaped {list(predictions.shape)}: expected [{n}, {targets}]"
+            )
+        predictions = predictions.reshape(n, targets)
+        error = predictions.astype(np.float64) - labels
+        self.squared_error += np.sum(error**2, axis=0)
+        self.absolute_error += np.sum(np.abs(error), axis=0)
+        batch_mean = labels.mean(axis=0, dtype=np.float64)
+        batch_m2 = np.sum((labels - batch_mean) ** 2, axis=0)
+        total = self.examples + n
+        delta = batch_mean - self.label_mean
+        self.label_mean += delta * n / total
+        self.label_m2 += batch_m2 + delta**2 * self.examples * n / total
+        self.examples = total
+        self.truths.append(labels)
+        self.predictions.append(predictions.astype(np.float32))
+
+    def summary(self) -> dict:
+        n = max(self.examples, 1)
+        mse, mae = self.squared_error / n, self.absolute_error / n
+        # R2 = 1 - SSE / SST; a constant target (SST 0) scores 1 when predicted exactly, else 0 (scikit-learn).
+        r2 = np.where(self.label_m2 > 0, 1 - self.squared_error / np.where(self.label_m2 > 0, self.label_m2, 1),
+                      np.where(self.squared_error == 0, 1.0, 0.0))  # fmt: skip
+        per_target = [
+            {"target": str(t), "mse": mse[t], "rmse": float(np.sqrt(mse[t])), "mae": mae[t], "r2": r2[t]}
+            for t in range(self.task.targets)
+        ]
+        overall = float(mse.mean())
+        return {
+            "mse": overall,
+            "rmse": float(np.sqrt(overall)),
+            "mae": float(mae.mean()),
+            "r2": float(r2.mean()),
+            "loss": overall,
+            "per_target": per_target,
+        }
+
+    def plot_inputs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(truth, prediction), both [N, T]."""
+        empty = np.zeros((0, self.task.targets), np.float32)
+        return np.concatenate(self.truths or [empty]), np.concatenate(self.predictions or [empty])
+
+
+def task_metrics(task: Task, top_k: int) -> ClassificationMetrics | RegressionMetrics:
+    return ClassificationMetrics(task, top_k) if task.kind == "classification" else RegressionMetrics(task)
+
+
+def per_class(confusion: np.ndarray, label_names: list[str]) -> list[dict]:
+    """Precision, recall and F1 per class from the confusion matrix (rows: truth, columns: predicted)."""
+    true_pos = np.diag(confusion).astype(np.float64)
+    predicted, actual = confusion.sum(axis=0), confusion.sum(axis=1)
+    precision = np.divide(true_pos, predicted, out=np.zeros_like(true_pos), where=predicted > 0)
+    recall = np.divide(true_pos, actual, out=np.zeros_like(true_pos), where=actual > 0)
+    total = precision + recall
+    f1 = np.divide(2 * precision * recall, total, out=np.zeros_like(true_pos), where=total > 0)
+    names = label_names or [str(i) for i in range(len(confusion))]
+    return [
+        {"label": names[i], "precision": precision[i], "recall": recall[i], "f1": f1[i], "support": int(actual[i])}
+        for i in range(len(confusion))
+    ]
+
+
+def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    """Area under the ROC curve: the chance a positive outscores a negative (ties count half), from ranks.
+    None when one class is absent (undefined)."""
+    positives = int(np.sum(labels == 1))
+    negatives = len(labels) - positives
+    if positives == 0 or negatives == 0:
+        return None
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    midranks = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based rank of each distinct score, ties averaged
+    rank_sum = float(np.sum(midranks[inverse][labels == 1]))
+    return (rank_sum - positives * (positives + 1) / 2.0) / (positives * negatives)
+
+
+def precision_recall_curve(labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(precision, recall) at each distinct score taken as the threshold, highest score first."""
+    order = np.argsort(-scores, kind="stable")
+    scores, hits = scores[order], (labels[order] == 1).astype(np.float64)
+    last_of_each = np.r_[np.nonzero(np.diff(scores))[0], len(scores) - 1]
+    true_pos = np.cumsum(hits)[last_of_each]
+    predicted = last_of_each + 1.0
+    return true_pos / predicted, true_pos / max(true_pos[-1], 1.0)
+
+
+def average_precision(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    """Sum over thresholds of (recall gained) x precision; None without positives."""
+    if not np.any(labels == 1):
+        return None
+    precision, recall = precision_recall_curve(labels, scores)
+    return float(np.sum(np.diff(recall, prepend=0.0) * precision))
