@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "trainserve"
-STAGES = ("training", "serving", "evaluation")
+STAGES = ("training", "serving", "evaluation", "rollout")
 
 
 def imported_modules(source: str) -> set[str]:

@@ -148,7 +148,11 @@ def test_config_file_policies_and_labels(serve_local, model_versions, tmp_path):
         install_version(template, tmp_path / "every", version)
     config = tmp_path / "models.config"
     config.write_text(CONFIG.format(base=tmp_path))
-    server = serve_local(f"--model_config_file={config}", "--model_config_file_poll_wait_seconds=1")
+    server = serve_local(
+        f"--model_config_file={config}",
+        "--model_config_file_poll_wait_seconds=1",
+        "--allow_version_labels_for_unavailable_models",  # labels at start: nothing is loaded yet
+    )
     server.wait_available("pinned", 2)
     server.wait_available("every", 3)
     assert server.versions("pinned") == {1: "AVAILABLE", 2: "AVAILABLE"}, "specific: 3 is not served"

@@ -1,6 +1,8 @@
 """TF Serving's configuration files, parsed with their real schemas.
 
-- `--model_config_file`: `ModelServerConfig` text proto, from the tensorflow-serving-api wheel.
+- `--model_config_file`: `ModelServerConfig` text proto, from the tensorflow-serving-api wheel
+  (trainserve.model_server_config: rollout rewrites the same file, so its parser sits below both stages;
+  re-exported here for serving's callers).
 - `--batching_parameters_file`: `BatchingParameters` (servables/tensorflow/session_bundle_config.proto)
 - `--monitoring_config_file`: `MonitoringConfig` (config/monitoring_config.proto)
 The wheel ships no Python module for the last two, so their schemas (package, message and field
@@ -17,12 +19,16 @@ from pathlib import Path
 from google.protobuf import (
     descriptor_pb2,
     descriptor_pool,
-    text_format,
     wrappers_pb2,  # noqa: F401  (registers wrappers.proto in the default pool)
 )
 from google.protobuf import message_factory as _factory
 
 from trainserve.errors import TrainserveError
+from trainserve.model_server_config import (  # noqa: F401  (parse_model_config, single_model_config: re-exported)
+    parse_model_config,
+    parse_text_proto,
+    single_model_config,
+)
 
 # tensorflow_model_server's flags (model_servers/main.cc). The stand-in and the static checks of
 # compose and k8s manifests use this list: the real server silently ignores a misspelt flag.
@@ -128,53 +134,6 @@ MonitoringConfigProto = _factory.GetMessageClass(_POOL.FindMessageTypeByName("te
 DEFAULT_PROMETHEUS_PATH = "/monitoring/prometheus/metrics"
 
 
-def parse_text_proto(path: Path, message, what: str):
-    """Parse a text-format proto file; errors name the file, the line and what was expected."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise TrainserveError(f"{what} {path} cannot be read ({exc.strerror}): expected a text proto file") from None
-    try:
-        return text_format.Parse(text, message)
-    except text_format.ParseError as exc:
-        # ParseError's text is "LINE:COLUMN : message".
-        raise TrainserveError(f"{what} {path}: line {exc} (expected a {message.DESCRIPTOR.name} text proto)") from None
-
-
-def parse_model_config(path: Path):
-    """`--model_config_file`: a ModelServerConfig with a model_config_list of tensorflow models."""
-    from tensorflow_serving.config import model_server_config_pb2
-
-    config = parse_text_proto(path, model_server_config_pb2.ModelServerConfig(), "model config file")
-    if config.WhichOneof("config") != "model_config_list":
-        raise TrainserveError(f"model config file {path}: expected a model_config_list (custom configs unsupported)")
-    names = set()
-    for model in config.model_config_list.config:
-        if not model.name or not model.base_path:
-            raise TrainserveError(f"model config file {path}: every config needs a name and a base_path")
-        if model.name in names:
-            raise TrainserveError(f"model config file {path}: model {model.name!r} is configured twice")
-        if model.model_platform not in ("", "tensorflow"):
-            raise TrainserveError(
-                f"model config file {path}: model {model.name!r} has platform {model.model_platform!r}: "
-                "expected tensorflow"
-            )
-        for label in model.version_labels:
-            if not label or not all(c.isalnum() or c == "_" for c in label):
-                raise TrainserveError(f"model config file {path}: version label {label!r}: expected [a-zA-Z0-9_]+")
-        names.add(model.name)
-    return config
-
-
-def single_model_config(name: str, base_path: str):
-    """What `--model_name/--model_base_path` mean: one model, latest version."""
-    from tensorflow_serving.config import model_server_config_pb2
-
-    config = model_server_config_pb2.ModelServerConfig()
-    config.model_config_list.config.add(name=name, base_path=base_path, model_platform="tensorflow")
-    return config
-
-
 @dataclass(frozen=True)
 class Batching:
     """BatchingParameters as serve-local's batch scheduler uses them (defaults: TF Serving's;
@@ -257,6 +216,7 @@ class ServerOptions:
     tensorflow_intra_op_parallelism: int = 0
     tensorflow_inter_op_parallelism: int = 0
     enable_grpc_healthcheck_service: bool = False
+    allow_version_labels_for_unavailable_models: bool = False
 
 
 def _bool(text: str) -> bool:
@@ -285,6 +245,8 @@ FLAG_HELP = {
     "tensorflow_intra_op_parallelism": "threads per op; 0 = all CPUs (set it from the CPU limit)",
     "tensorflow_inter_op_parallelism": "ops in parallel; 0 = all CPUs (set it from the CPU limit)",
     "enable_grpc_healthcheck_service": "grpc.health.v1 on --port: SERVING while every model has a version AVAILABLE",
+    "allow_version_labels_for_unavailable_models": "a NEW label (or an unchanged one) may name a version not yet "
+    "AVAILABLE; needed to start with labels in the config, since nothing is loaded when labels are first checked",
 }
 
 

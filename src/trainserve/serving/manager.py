@@ -108,14 +108,46 @@ class ServedModel:
 class ModelManager:
     """All served models; `poll()` brings loaded versions in line with disk and config."""
 
-    def __init__(self, intra_op_threads: int = 0, inter_op_threads: int = 0, warmup: bool = True):
+    def __init__(
+        self,
+        intra_op_threads: int = 0,
+        inter_op_threads: int = 0,
+        warmup: bool = True,
+        allow_unavailable_labels: bool = False,
+    ):
         # One thread changes this state (the poller, or the starting server before it); request threads
         # only read it, through snapshots (see ServedModel.available), so no lock is needed.
         self.models: dict[str, ServedModel] = {}
         self.intra_op_threads, self.inter_op_threads, self.warmup = intra_op_threads, inter_op_threads, warmup
+        self.allow_unavailable_labels = allow_unavailable_labels
+
+    def check_labels(self, config) -> None:
+        """Refuse a config whose labels name versions not AVAILABLE now, as TF Serving does before it applies
+        any of it (ServerCore::UpdateModelVersionLabelMap runs before the new policy reaches the source).
+
+        With --allow_version_labels_for_unavailable_models a label that is new, or unchanged, may name any
+        version; moving an existing label still needs its new version AVAILABLE. So a first config with
+        labels starts only with that flag: nothing is loaded when it is checked.
+        """
+        for model in config.model_config_list.config:
+            current = self.models.get(model.name)
+            available = set(current.available()) if current else set()
+            old_labels = current.labels if current else {}
+            for label, version in sorted(model.version_labels.items()):
+                if version in available:
+                    continue
+                if self.allow_unavailable_labels and old_labels.get(label, version) == version:
+                    continue
+                raise TrainserveError(
+                    f"Request to assign label to version {version} of model {model.name}, which is not currently "
+                    f"available for inference (label {label!r}; a label may only move to an AVAILABLE version: "
+                    "load it first, then label it; at start, pass --allow_version_labels_for_unavailable_models)"
+                )
 
     def configure(self, config) -> None:
-        """Apply a ModelServerConfig: add new models, update policies and labels, drop removed models."""
+        """Apply a ModelServerConfig: add new models, update policies and labels, drop removed models.
+        Nothing changes when its labels are refused (check_labels)."""
+        self.check_labels(config)
         wanted = {c.name: ServedModel.from_proto(c) for c in config.model_config_list.config}
         for name in set(self.models) - set(wanted):
             log.info("model %s removed from the config: unloading", name)

@@ -43,13 +43,16 @@ def serve(options: ServerOptions, stop: threading.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT (or `stop` is set); returns the exit code."""
     config = load_config(options)
     batching, metrics_path = check_flags(options)
+    manager = ModelManager(
+        options.tensorflow_intra_op_parallelism,
+        options.tensorflow_inter_op_parallelism,
+        options.enable_model_warmup,
+        options.allow_version_labels_for_unavailable_models,
+    )
+    manager.configure(config)  # labels on versions not loaded yet: refused here unless the flag allows them
     stop = stop or threading.Event()
     previous_handlers = _stop_on_signals(stop)
 
-    manager = ModelManager(
-        options.tensorflow_intra_op_parallelism, options.tensorflow_inter_op_parallelism, options.enable_model_warmup
-    )
-    manager.configure(config)
     poll_seconds = max(options.file_system_poll_wait_seconds, MIN_POLL_SECONDS)
     log.info("waiting for %s to become AVAILABLE (ports open then)", ", ".join(sorted(manager.models)))
     if not manager.wait_until_available(poll_seconds, stop):

@@ -1,0 +1,8 @@
+"""Gated rollout with TF Serving's version labels: a published version is served as the `candidate`,
+evaluated on the real server, and only then labelled `stable`; `rollback` moves `stable` back.
+
+The state is the serving config itself (a ModelServerConfig text proto both TF Serving and serve-local
+poll), plus an append-only history next to it. Module order: config (options) -> labels (which versions
+the labels need) -> config_file (read, validate, write atomically) -> history -> server (wait for the
+server to apply a change) -> steps (candidate, promote, rollback).
+"""

@@ -1,0 +1,68 @@
+"""Options of `trainserve candidate`, `promote` and `rollback`, declared once (type, default, help).
+
+Kept free of TensorFlow and gRPC so that `--help` and the refusals answer at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainserve.errors import TrainserveError
+from trainserve.options import option, positive_int
+
+CONFIG_HELP = "the ModelServerConfig text proto serving polls (--model_config_file); rewritten atomically"
+SERVER_HELP = "gRPC HOST:PORT of the server: wait until it serves the change (default: do not wait)"
+WAIT_HELP = "seconds to wait for the server to apply the change (its config poll, a model load)"
+
+
+@dataclass
+class CandidateConfig:
+    """Serve the newest published version as `candidate`, without moving `stable`."""
+
+    config: Path = option(Path("models.config"), CONFIG_HELP)
+    model: str | None = option(None, "model in the config (default: its only model)")
+    base_path: str | None = option(None, "create the config for --model with this base path if it does not exist")
+    version: int | None = option(None, "stage this version (default: the newest on disk)", parse=positive_int)
+    server: str = option("localhost:8500", "gRPC HOST:PORT of the server that loads the candidate")
+    wait: float = option(600.0, WAIT_HELP)
+
+    def check(self) -> None:
+        if self.wait < 0:
+            raise TrainserveError(f"--wait {self.wait}: expected >= 0")
+        if self.base_path is not None and not self.model:
+            raise TrainserveError("--base-path needs --model: the model the new config serves")
+        if not self.server:
+            raise TrainserveError("--server is empty: a candidate is labelled only once the server has loaded it")
+
+
+@dataclass
+class PromoteConfig:
+    """Move `stable` to the candidate that an evaluation report says passed."""
+
+    config: Path = option(Path("models.config"), CONFIG_HELP)
+    report: Path | None = option(None, "the eval report (trainserve eval --label candidate --report FILE)")
+    force: bool = option(False, "promote even though the report did not pass (logged, and kept in the history)")
+    server: str | None = option(None, SERVER_HELP)
+    wait: float = option(120.0, WAIT_HELP)
+
+    def check(self) -> None:
+        if self.report is None:
+            raise TrainserveError("expected --report: the eval report of the candidate")
+        if self.wait < 0:
+            raise TrainserveError(f"--wait {self.wait}: expected >= 0")
+
+
+@dataclass
+class RollbackConfig:
+    """Move `stable` back to the previous stable version, which the config keeps loaded."""
+
+    config: Path = option(Path("models.config"), CONFIG_HELP)
+    model: str | None = option(None, "model in the config (default: its only model)")
+    reason: str = option("", "why, for the history")
+    server: str | None = option(None, SERVER_HELP)
+    wait: float = option(120.0, WAIT_HELP)
+
+    def check(self) -> None:
+        if self.wait < 0:
+            raise TrainserveError(f"--wait {self.wait}: expected >= 0")

@@ -1,0 +1,110 @@
+"""Watch the server apply a rollout change: a version loaded, a label moved.
+
+The config is polled by the server (`--model_config_file_poll_wait_seconds`), so a rewrite takes effect
+some seconds later; a candidate's label may only be set once its version is AVAILABLE (TF Serving
+refuses to move a label to a version that is not), so staging waits here between its two writes.
+GetModelStatus answers for versions (TF Serving ignores a label there); GetModelMetadata resolves a
+label to the version behind it, as Predict does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from trainserve.errors import TrainserveError
+
+POLL_SECONDS = 0.5
+RPC_TIMEOUT = 10.0
+NOT_YET = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAVAILABLE)
+
+
+class ServingServer:
+    """A TF Serving (or serve-local) gRPC endpoint, asked about one model's versions and labels."""
+
+    def __init__(self, target: str):
+        from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+        self.target = target
+        self.channel = grpc.insecure_channel(target)
+        self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
+        self.predictions = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+
+    def version_state(self, model: str, version: int) -> tuple[str, str]:
+        """(state name, error message) of one version; ("", "") while the server does not know it."""
+        from tensorflow_serving.apis import get_model_status_pb2
+
+        request = get_model_status_pb2.GetModelStatusRequest()
+        request.model_spec.name = model
+        request.model_spec.version.value = version
+        try:
+            response = self.models.GetModelStatus(request, timeout=RPC_TIMEOUT)
+        except grpc.RpcError as exc:
+            if exc.code() in NOT_YET:
+                return "", ""
+            raise
+        for status in response.model_version_status:
+            if status.version == version:
+                name = get_model_status_pb2.ModelVersionStatus.State.Name(status.state)
+                return name, status.status.error_message
+        return "", ""
+
+    def label_version(self, model: str, label: str) -> int | None:
+        """The version the server resolves `label` to now, or None (label unknown, version not loaded)."""
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        request.model_spec.name = model
+        request.model_spec.version_label = label
+        try:
+            return self.predictions.GetModelMetadata(request, timeout=RPC_TIMEOUT).model_spec.version.value
+        except grpc.RpcError as exc:
+            if exc.code() in NOT_YET:
+                return None
+            raise
+
+    def wait_available(self, model: str, version: int, wait: float) -> None:
+        """Until `version` is AVAILABLE; a failed load (END with an error) fails at once, naming the error."""
+        state, error = "", ""
+        deadline = time.monotonic() + wait
+        while True:
+            state, error = self._ask(lambda: self.version_state(model, version))
+            if state == "AVAILABLE":
+                return
+            if state == "END" and error:
+                raise TrainserveError(f"{self.target}: model {model} version {version} failed to load: {error}")
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_SECONDS)
+        raise TrainserveError(
+            f"{self.target}: model {model} version {version} is not AVAILABLE after {wait:g} s "
+            f"(state {state or 'unknown to the server'}): expected the server to poll the config and load it "
+            "(--wait to wait longer)"
+        )
+
+    def wait_label(self, model: str, label: str, version: int, wait: float) -> None:
+        """Until the server resolves `label` to `version`."""
+        seen = None
+        deadline = time.monotonic() + wait
+        while True:
+            seen = self._ask(lambda: self.label_version(model, label))
+            if seen == version:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_SECONDS)
+        raise TrainserveError(
+            f"{self.target}: label {label!r} of model {model} resolves to "
+            f"{'nothing' if seen is None else f'version {seen}'} after {wait:g} s, expected version {version}: "
+            "is the server polling this config file (--model_config_file_poll_wait_seconds)?"
+        )
+
+    def _ask(self, call):
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            raise TrainserveError(f"{self.target}: {exc.code().name}: {exc.details()}") from None
+
+    def close(self) -> None:
+        self.channel.close()
