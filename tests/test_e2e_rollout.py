@@ -1,0 +1,144 @@
+"""Gated rollout end to end: real serve-local subprocesses polling the config that `trainserve candidate`,
+`promote` and `rollback` (real CLI subprocesses) rewrite, real `trainserve eval` over gRPC, and clients
+asking for `stable` all the way through."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+from conftest import ServeLocal, install_version, run_cli
+from trainserve.rollout.config_file import history_path, new_config, write_config
+from trainserve.rollout.history import read_history
+
+pytestmark = pytest.mark.slow
+IMAGES = np.random.default_rng(7).integers(0, 256, (4, 8, 8, 1), dtype=np.uint8)
+SERVER_FLAGS = ("--model_config_file_poll_wait_seconds=1", "--allow_version_labels_for_unavailable_models")
+
+
+def start_server(config, tmp_path, name: str) -> ServeLocal:
+    server = ServeLocal(f"--model_config_file={config}", *SERVER_FLAGS, log_path=tmp_path / f"{name}.log")
+    server.wait_for(lambda: server.versions("m"), "the server to answer")
+    return server
+
+
+def label_version(server: ServeLocal, label: str) -> int | None:
+    code, body = server.get(f"/v1/models/m/labels/{label}")
+    return int(body["model_version_status"][0]["version"]) if code == 200 else None
+
+
+class StableClients:
+    """Threads sending Predict for label `stable` in a loop; every answer's version and every failure kept."""
+
+    def __init__(self, server: ServeLocal, threads: int = 3):
+        import tensorflow as tf
+        from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+        self.request = predict_pb2.PredictRequest()
+        self.request.model_spec.name, self.request.model_spec.version_label = "m", "stable"
+        self.request.inputs["images"].CopyFrom(tf.make_tensor_proto(IMAGES))
+        self.stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(server.target))
+        self.seen: list[int] = []
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
+        for thread in self.threads:
+            thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.seen.append(self.stub.Predict(self.request, timeout=30).model_spec.version.value)
+            except grpc.RpcError as exc:
+                self.failures.append(f"{exc.code().name}: {exc.details()}")
+
+    def finish(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+
+def cli_ok(*args):
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def evaluate(server: ServeLocal, report, min_accuracy: float) -> int:
+    proc = run_cli(
+        "eval", "--server", server.target, "--model", "m", "--label", "candidate", "--data", "digits",
+        "--min-accuracy", min_accuracy, "--report", report, "--wait", "60",
+    )  # fmt: skip
+    assert report.is_file(), proc.stdout + proc.stderr
+    return proc.returncode
+
+
+def test_gated_rollout_with_serve_local(model_versions, tmp_path):
+    base, config = tmp_path / "models" / "m", tmp_path / "rollout" / "models.config"
+    install_version(model_versions[0], base, 1)
+    write_config(config, new_config("m", str(base)))  # what the serving image writes before any rollout
+    server = start_server(config, tmp_path, "serve-1")
+    rollout = ("--config", config)
+
+    # First run: v1 becomes the candidate, passes, and is the first stable version.
+    cli_ok("candidate", *rollout, "--server", server.target, "--wait", "120")
+    assert evaluate(server, tmp_path / "r1.json", 0.0) == 0
+    cli_ok("promote", *rollout, "--report", tmp_path / "r1.json", "--server", server.target)
+    assert label_version(server, "stable") == 1
+
+    # v2 cannot meet its threshold: promote refuses, stable still answers v1, the config is untouched.
+    install_version(model_versions[1], base, 2)
+    cli_ok("candidate", *rollout, "--server", server.target, "--wait", "120")
+    assert label_version(server, "candidate") == 2 and label_version(server, "stable") == 1
+    assert evaluate(server, tmp_path / "r2.json", 1.0) == 1
+    assert json.loads((tmp_path / "r2.json").read_text())["version"] == 2
+    before = config.read_bytes()
+    refused = run_cli("promote", *rollout, "--report", tmp_path / "r2.json")
+    assert refused.returncode == 2 and "did not pass" in refused.stderr, refused.stderr
+    assert config.read_bytes() == before and label_version(server, "stable") == 1
+
+    # v3 passes and is promoted while clients ask for `stable`: no failed request, v1 then v3 only.
+    install_version(model_versions[2], base, 3)
+    clients = StableClients(server)
+    try:
+        cli_ok("candidate", *rollout, "--server", server.target, "--wait", "120")
+        assert evaluate(server, tmp_path / "r3.json", 0.0) == 0
+        cli_ok("promote", *rollout, "--report", tmp_path / "r3.json", "--server", server.target)
+        server.wait_for(lambda: clients.seen[-20:].count(3) == 20, "clients on version 3")
+    finally:
+        clients.finish()
+    assert not clients.failures, clients.failures[:3]
+    first_three = clients.seen.index(3)
+    assert set(clients.seen[:first_three]) == {1} and set(clients.seen[first_three:]) == {3}, "v1, then only v3"
+    server.wait_for(lambda: server.versions("m").get(2) == "END", "the failed candidate unloaded")
+    assert {v for v, s in server.versions("m").items() if s == "AVAILABLE"} == {1, 3}, "previous stays loaded"
+
+    # Rollback: stable is v1 again at once (it stayed loaded); v3 unloads.
+    cli_ok("rollback", *rollout, "--reason", "test", "--server", server.target)
+    assert label_version(server, "stable") == 1
+    server.wait_for(lambda: server.versions("m").get(3) == "END", "the rolled-back version unloaded")
+
+    # v3 staged again, then the server restarts: the same versions and labels come back.
+    cli_ok("candidate", *rollout, "--server", server.target, "--wait", "120")
+    assert server.stop() == 0
+    restarted = start_server(config, tmp_path, "serve-2")
+    try:
+        restarted.wait_available("m", 3)
+        assert {v for v, s in restarted.versions("m").items() if s == "AVAILABLE"} == {1, 3}
+        assert (label_version(restarted, "stable"), label_version(restarted, "candidate")) == (1, 3)
+    finally:
+        assert restarted.stop() == 0
+    actions = [(e["action"], e["after"]) for e in read_history(history_path(config))]
+    assert actions == [
+        ("candidate", {"candidate": 1}),
+        ("promote", {"stable": 1}),
+        ("candidate", {"stable": 1, "candidate": 2}),
+        ("candidate", {"stable": 1, "candidate": 3}),
+        ("promote", {"stable": 3, "previous": 1}),
+        ("rollback", {"stable": 1}),
+        ("candidate", {"stable": 1, "candidate": 3}),
+    ]
