@@ -100,6 +100,16 @@ serve: ## Start serve-cpu (TF Serving) in the background; gRPC 127.0.0.1:8500, R
 eval: ## Evaluate the served model over gRPC; report in the `reports` volume
 	$(COMPOSE) --profile eval run --rm eval
 
+.PHONY: promote
+promote: ## Gated rollout: newest version -> candidate -> eval (MIN_ACCURACY) -> stable only if it passed
+	$(COMPOSE) --profile promote run --rm candidate
+	$(COMPOSE) --profile eval run --rm -e TRAINSERVE_LABEL=candidate -e TRAINSERVE_REPORT=/reports/candidate.json eval
+	$(COMPOSE) --profile promote run --rm promote
+
+.PHONY: rollback
+rollback: ## Gated rollout: label `stable` back to the previous stable version (kept loaded)
+	$(COMPOSE) --profile promote run --rm rollback
+
 .PHONY: push
 push: ## Tag and push the three images to REGISTRY (make push REGISTRY=registry.example.com/team)
 	@test -n "$(REGISTRY)" || { echo "make push: set REGISTRY=host/path" >&2; exit 1; }
@@ -129,7 +139,7 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 	$(BIN)/hadolint images/*/Dockerfile scripts/standins/*.Dockerfile
 	$(BIN)/yamllint compose.yaml .yamllint.yaml
 	$(BIN)/docker-compose config --quiet
-	for profile in train eval; do $(BIN)/docker-compose --profile $$profile config --quiet; done
+	for profile in train eval promote; do $(BIN)/docker-compose --profile $$profile config --quiet; done
 	for dir in k8s/base k8s/overlays/*; do \
 		kubectl kustomize $$dir > $(VENV)/rendered.yaml; \
 		$(VENV)/tools/bin/kubernetes-validate --strict --quiet -k $(KUBERNETES_VERSION) $(VENV)/rendered.yaml; \

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import test_serve_cpu_scripts as serve_cpu_scripts
 
 from conftest import assert_one_line_error, run_cli
 from trainserve.cli import main
@@ -17,6 +18,8 @@ from trainserve.rollout.config_file import history_path
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout, apply_rollout
 from trainserve.rollout.steps import promote, rollback, stage_candidate
+
+serving_image_box = serve_cpu_scripts.box  # a fixture: the serving image's paths under tmp_path
 
 
 class FakeServer:
@@ -238,3 +241,38 @@ def test_serving_refuses_labels_on_versions_not_available():
     lenient.models["m"].versions[2].state = State.AVAILABLE
     lenient.configure(config(stable=2, candidate=5))
     assert lenient.models["m"].labels == {"stable": 2, "candidate": 5}
+
+
+def test_serving_image_starts_the_rollout_config_or_waits_for_it(serving_image_box, tmp_path):
+    """images/serve-cpu/entrypoint.sh with ROLLOUT_CONFIG_FILE: started from MODEL_NAME where writable (compose),
+    never replaced once there, waited for where read-only (Kubernetes); labels allowed at restart."""
+    import subprocess
+    import time
+
+    box, entrypoint, server_flags = serving_image_box, serve_cpu_scripts.entrypoint, serve_cpu_scripts.server_flags
+    config = tmp_path / "rollout" / "models.config"
+    config.parent.mkdir()
+    proc = entrypoint(box, ROLLOUT_CONFIG_FILE=str(config), MODEL_NAME="cats")
+    assert proc.returncode == 0, proc.stderr
+    flags = server_flags(box)
+    assert flags["model_config_file"] == str(config) and flags["allow_version_labels_for_unavailable_models"] == "true"
+    assert flags["model_config_file_poll_wait_seconds"] == "10"
+    (model,) = parse_model_config(config).model_config_list.config
+    assert (model.name, model.base_path, dict(model.version_labels)) == ("cats", "/models/cats", {})
+    config.write_text(config.read_text().replace("cats", "dogs"))
+    assert entrypoint(box, ROLLOUT_CONFIG_FILE=str(config)).returncode == 0
+    assert "dogs" in config.read_text(), "a rollout config is never replaced"
+
+    not_writable = tmp_path / "not-mounted-yet"  # where the config cannot be written (read-only in k8s)
+    waiting = subprocess.Popen(
+        [serve_cpu_scripts.SERVE_CPU / "entrypoint.sh"], env={**box, "ROLLOUT_CONFIG_FILE":
+        str(not_writable / "models.config"), "ROLLOUT_WAIT_SECONDS": "0.2"}, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(1.5)
+    assert waiting.poll() is None, "waits for the promote Job's config"
+    not_writable.mkdir()
+    (not_writable / "models.config").write_text(config.read_text())
+    assert waiting.wait(timeout=30) == 0
+    assert "waiting for" in waiting.stderr.read() and server_flags(box)["model_config_file"].startswith(
+        str(not_writable)
+    )

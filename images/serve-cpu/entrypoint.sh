@@ -5,6 +5,11 @@
 # /models/$MODEL_NAME (models.config.template, written to /tmp/trainserve/models.config here). So the one
 # MODEL_NAME that training publishes under is the one serving loads (models-config.sh has the rules).
 #
+# Version labels (gated rollout): a restart must accept the labels in its config although nothing is loaded
+# when TF Serving first checks them, hence --allow_version_labels_for_unavailable_models (moving a label
+# still needs its new version AVAILABLE, which `trainserve candidate` waits for). The config is re-read every
+# MODEL_CONFIG_POLL_WAIT_SECONDS (10): a promotion or rollback is served within that.
+#
 # TF Serving sizes its thread pools from the CPUs it can schedule on, not from the container's CPU
 # limit: 16 threads on a 2-CPU quota thrash. So both parallelism flags come from the cgroup quota.
 set -euo pipefail
@@ -17,15 +22,37 @@ fail() {
   exit 64
 }
 
-config=$(model_config_file)
-if [[ "$config" == "$GENERATED_CONFIG" ]]; then
+model_name_config() {  # the template with $MODEL_NAME in it, on stdout
   # The same names training accepts; nothing else can reach the generated text proto.
   [[ "${MODEL_NAME:-}" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ ]] ||
     fail "MODEL_NAME '${MODEL_NAME:-}': expected letters, digits, '-', '_' or '.' (the name training publishes under)"
+  local template placeholder='${MODEL_NAME}'
   template=$(<"$TEMPLATE")
-  placeholder='${MODEL_NAME}'
-  mkdir -p "${GENERATED_CONFIG%/*}" 2>/dev/null && printf '%s\n' "${template//"$placeholder"/"$MODEL_NAME"}" \
-    >"$GENERATED_CONFIG" 2>/dev/null ||
+  printf '%s\n' "${template//"$placeholder"/"$MODEL_NAME"}"
+}
+
+config=$(model_config_file)
+if [[ "$config" == "${ROLLOUT_CONFIG_FILE:-}" && ! -e "$config" ]]; then
+  # Gated rollout, before the first `trainserve candidate`: start the config it will rewrite as MODEL_NAME's
+  # (newest versions, no labels) where this container may write (compose: the `rollout` volume), so serving
+  # works as without rollout until then; `ln` never replaces one written meanwhile. Where it may not
+  # (Kubernetes: the models volume is read-only here), wait for the promote Job's `trainserve candidate`.
+  body=$(model_name_config)
+  staged="$config.serve-cpu-$$"
+  if printf '%s\n' "$body" >"$staged" 2>/dev/null; then
+    ln "$staged" "$config" 2>/dev/null || true
+    rm -f "$staged"
+    echo "serve-cpu: started the rollout config $config from MODEL_NAME '$MODEL_NAME' (no labels yet)" >&2
+  fi
+  while [[ ! -e "$config" ]]; do
+    [[ -n "${waiting:-}" ]] || echo "serve-cpu: waiting for $config (written by trainserve candidate)" >&2
+    waiting=1
+    sleep "${ROLLOUT_WAIT_SECONDS:-5}"
+  done
+fi
+if [[ "$config" == "$GENERATED_CONFIG" ]]; then
+  body=$(model_name_config)
+  mkdir -p "${GENERATED_CONFIG%/*}" 2>/dev/null && printf '%s\n' "$body" >"$GENERATED_CONFIG" 2>/dev/null ||
     fail "cannot write $GENERATED_CONFIG: give the container a writable /tmp (tmpfs, emptyDir) or mount a models.config"
   echo "serve-cpu: serving model '$MODEL_NAME' from /models/$MODEL_NAME (MODEL_NAME; no models.config mounted)" >&2
 else
@@ -58,7 +85,8 @@ exec tensorflow_model_server \
   --port="${GRPC_PORT:-8500}" \
   --rest_api_port="${REST_PORT:-8501}" \
   --model_config_file="$config" \
-  --model_config_file_poll_wait_seconds=60 \
+  --model_config_file_poll_wait_seconds="${MODEL_CONFIG_POLL_WAIT_SECONDS:-10}" \
+  --allow_version_labels_for_unavailable_models=true \
   --file_system_poll_wait_seconds=1 \
   --enable_batching=true \
   --batching_parameters_file="${BATCHING_PARAMETERS_FILE:-$CONFIG_DIR/batching.config}" \
