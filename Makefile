@@ -49,14 +49,8 @@ demo: venv ## Whole pipeline on bundled data: train, publish, serve-local, eval 
 		GRPC_PORT=$(GRPC_PORT) REST_PORT=$(REST_PORT) scripts/demo.sh
 
 .PHONY: examples
-examples: venv ## Train, gate and publish the three examples/ (your own model: regression, two inputs, LSTM)
-	mkdir -p $(DEMO_DIR)/examples
-	for example in diabetes_regression:30 breast_cancer_two_inputs:20 digits_rows_lstm:15; do name=$${example%%:*}; \
-		$(BIN)/python examples/$$name.py $(DEMO_DIR)/examples/$$name.npz; \
-		$(BIN)/trainserve train --data $(DEMO_DIR)/examples/$$name.npz --model-fn examples/$$name.py:build_model \
-			--model-name $$name --epochs $${example##*:} --learning-rate 0.01 --export-base $(DEMO_DIR)/models \
-			--data-dir $(DEMO_DIR)/data --logs-dir $(DEMO_DIR)/logs/$$name; \
-	done
+examples: venv ## Your own model: three examples/ (regression, two inputs, LSTM) trained, published, served, evaluated
+	BIN=$(BIN) DEMO_DIR=$(DEMO_DIR) GRPC_PORT=$(GRPC_PORT) REST_PORT=$(REST_PORT) scripts/examples.sh
 
 COMPARE_DIR ?= compare
 COMPARE_EPOCHS ?= 5

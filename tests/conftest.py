@@ -69,6 +69,16 @@ def free_port() -> int:
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+# serve-local's Prometheus endpoint on the REST port, where the tests count the requests a server answered.
+MONITORING = "prometheus_config { enable: true }\n"
+
+
+def predict_count(server: ServeLocal) -> int:
+    """Predict calls the server has answered, from its Prometheus counters."""
+    text = DIRECT.open(server.rest + "/monitoring/prometheus/metrics", timeout=10).read().decode()
+    return sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if 'api="predict"' in line)
+
+
 class ServeLocal:
     """A real `trainserve serve-local` subprocess on ephemeral ports."""
 

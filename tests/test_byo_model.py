@@ -1,5 +1,6 @@
-"""Your own model and data (`--model-fn`, named inputs, regression): the examples train, pass the CPU gate and
-publish; the shared split carries the task and the named inputs; bad input is one line."""
+"""Your own model and data (`--model-fn`, named inputs, regression): the examples train, pass the CPU gate,
+publish, and `trainserve eval` over real gRPC reports the metrics scikit-learn computes in-process on the
+same split; the shared split carries the task and the named inputs; bad input is one line."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, ServeLocal, run_cli
 from trainserve.cli import main
+from trainserve.evaluation.report import validate_report
 from trainserve.layout import read_metadata, read_task, split_input_names, split_task
 
 EXAMPLES = REPO / "examples"
@@ -64,6 +66,48 @@ def test_example_trains_passes_the_gate_and_publishes(example, tmp_path):
             assert accuracy == pytest.approx(meta["metrics"]["test_accuracy"], abs=1e-6), "served == in-process"
     verify = run_cli("verify", version)
     assert verify.returncode == 0 and "OK on CPU" in verify.stdout, verify.stderr[-2000:]
+    served = _served_report(tmp_path, tmp_path / "shared" / "m" / "test.npz")
+    in_process = _metrics(kind, split_y(tmp_path), answer)
+    print(f"{example}: served {served['metrics']} vs in-process {in_process}")
+    for name, value in in_process.items():
+        assert served["metrics"][name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+
+
+def split_y(tmp_path: Path) -> np.ndarray:
+    with np.load(tmp_path / "shared" / "m" / "test.npz") as split:
+        return split["y_test"]
+
+
+def _served_report(tmp_path: Path, split: Path) -> dict:
+    """`trainserve eval` of the published model over real gRPC (serve-local), on the shared split."""
+    server = ServeLocal("--model_name=m", f"--model_base_path={tmp_path / 'models' / 'm'}", log_path=tmp_path / "s.log")
+    try:
+        server.wait_available("m", 1)
+        code = main(["eval", "--server", server.target, "--model", "m", "--data", str(split), "--batch-size", "32",
+                     "--report", str(tmp_path / "report.json")])  # fmt: skip
+        assert code == 0
+    finally:
+        assert server.stop() == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    validate_report(report)
+    return report
+
+
+def _metrics(kind: str, y: np.ndarray, answer: dict) -> dict:
+    """The task's metrics computed in-process by scikit-learn, independently of trainserve's."""
+    from sklearn import metrics as sk
+
+    if kind == "regression":
+        predictions = answer["predictions"]
+        return {"mse": sk.mean_squared_error(y, predictions), "mae": sk.mean_absolute_error(y, predictions),
+                "r2": sk.r2_score(y, predictions)}  # fmt: skip
+    probabilities = answer["probabilities"].astype(np.float64)
+    found = {"accuracy": sk.accuracy_score(y, answer["classes"]),
+             "loss": sk.log_loss(y, probabilities, labels=range(probabilities.shape[1]))}  # fmt: skip
+    if probabilities.shape[1] == 2:
+        found["roc_auc"] = sk.roc_auc_score(y, probabilities[:, 1])
+        found["average_precision"] = sk.average_precision_score(y, probabilities[:, 1])
+    return found
 
 
 TINY_TABULAR = """

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ServeLocal, assert_one_line_error, install_version, run_cli
+from conftest import MONITORING, ServeLocal, assert_one_line_error, install_version, predict_count, run_cli
 from trainserve.cli import main
 from trainserve.data import SyntheticSpec, load_dataset
 from trainserve.evaluation.config import EvalConfig
@@ -20,7 +20,6 @@ from trainserve.savedmodel import LoadedModel
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
 
 pytestmark = pytest.mark.slow
-MONITORING = "prometheus_config { enable: true }\n"
 LONG_RUN = {"data": "synthetic", "synthetic": SyntheticSpec((8, 8, 1), 10, 40000), "batch_size": 16, "concurrency": 2}
 
 
@@ -37,13 +36,6 @@ def served(model_versions, tmp_path_factory):
     server.wait_available("m", 1)
     yield server
     assert server.stop() == 0
-
-
-def predict_count(server) -> int:
-    from conftest import DIRECT
-
-    text = DIRECT.open(server.rest + "/monitoring/prometheus/metrics", timeout=10).read().decode()
-    return sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if 'api="predict"' in line)
 
 
 def test_metrics_equal_in_process_computation(served, model_versions, tmp_path):
@@ -177,7 +169,8 @@ def _npz(tmp_path, name, **arrays):
                      id="wrong-shape"),
         pytest.param(["--data", "{dtype}"], "wants 'images' as uint8; the data's 'x' is float32", id="wrong-dtype"),
         pytest.param(["--data", "{labels}"], "the data has label 12 but", id="too-many-classes"),
-        pytest.param(["--data", "{tmp}/none.npz"], "not found: expected digits, synthetic, a .csv or an .npz", id="no-file"),
+        pytest.param(["--data", "{tmp}/none.npz"], "not found: expected digits, synthetic, a .csv or an .npz",
+                     id="no-file"),
         pytest.param(["--version", "9", "--wait", "1"], "version 9 not AVAILABLE", id="unknown-version"),
     ],
 )  # fmt: skip

@@ -16,14 +16,16 @@ def _pyplot():
 
 
 def plot_training_curves(history_csv: Path, out: Path) -> Path:
-    """Loss and accuracy per epoch, train vs held-out, from Keras' CSVLogger file."""
+    """Loss and the task's metric per epoch, train vs validation, from Keras' CSVLogger file."""
     with open(history_csv, newline="") as fh:
         rows = list(csv.DictReader(fh))
     plt = _pyplot()
     epochs = [int(r["epoch"]) + 1 for r in rows]
+    # The loss beside the task's metric: accuracy for classification, MAE for regression, or a user's own.
+    own = [c for c in (rows[0] if rows else ()) if c not in ("epoch", "loss", "learning_rate") and c[:4] != "val_"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, metric in zip(axes, ("loss", "accuracy")):
-        for key, label in ((metric, "train"), (f"val_{metric}", "held-out")):
+    for ax, metric in zip(axes, ("loss", own[0] if own else "accuracy")):
+        for key, label in ((metric, "train"), (f"val_{metric}", "validation")):
             if rows and key in rows[0]:
                 ax.plot(epochs, [float(r[key]) for r in rows], marker="o", label=label)
         ax.set_xlabel("epoch")

@@ -80,11 +80,14 @@ class ClassificationMetrics:
             raise TrainserveError(
                 f"server answered {output!r} shaped {list(scores.shape)}: expected [{len(labels)}, {self.task.classes}]"
             )
-        kind = output_kind(scores, output)
-        if self.kind is None:
+        # Logits may fall inside [0, 1] in any one batch, probabilities never outside it: once logits, always.
+        if self.kind != "logits":
+            kind = output_kind(scores, output)
+            if self.kind == "probabilities" and kind == "logits":
+                raise TrainserveError(
+                    f"output {output!r} answered values outside [0, 1] after answering probabilities: expected one kind"
+                )
             self.kind = kind
-        elif kind != self.kind:
-            raise TrainserveError(f"output {output!r} answered {kind} after answering {self.kind}: expected one kind")
         log_p = log_probabilities(scores, self.kind)
         predicted = classes.astype(np.int64) if classes is not None else log_p.argmax(axis=1)
         self.examples += len(labels)
