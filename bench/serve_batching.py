@@ -123,7 +123,7 @@ def batch_totals(metrics_url: str) -> tuple[float, float]:
 def request(image: np.ndarray) -> predict_pb2.PredictRequest:
     message = predict_pb2.PredictRequest()
     message.model_spec.name = "bench"
-    message.inputs["images"].CopyFrom(to_tensor_proto(image[np.newaxis]))
+    to_tensor_proto(image[np.newaxis], into=message.inputs["images"])
     return message
 
 

@@ -104,7 +104,7 @@ def predict_request(model: str = "m", signature: str = "", **inputs: np.ndarray)
     request = predict_pb2.PredictRequest()
     request.model_spec.name, request.model_spec.signature_name = model, signature
     for key, value in inputs.items():
-        request.inputs[key].CopyFrom(to_tensor_proto(value))
+        to_tensor_proto(value, into=request.inputs[key])
     return request
 
 

@@ -45,7 +45,7 @@ def predict_request(model="m", images=IMAGES, version=None, label=None, signatur
     if label is not None:
         request.model_spec.version_label = label
     for key, value in (inputs or {"images": images}).items():
-        request.inputs[key].CopyFrom(to_tensor_proto(value))
+        to_tensor_proto(value, into=request.inputs[key])
     return request
 
 

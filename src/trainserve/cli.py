@@ -311,6 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     except TrainserveError as exc:
         print(f"trainserve {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # a part the core install (the TensorFlow-free eval client) leaves out
+        if args.verbose:
+            raise
+        package = (exc.name or "?").split(".")[0]
+        print(
+            f"trainserve {args.command}: error: needs the Python package {package!r}, which this install lacks: "
+            "pip install 'trainserve[train]' (training, --data digits) or 'trainserve[serve]' (serve-local, verify)",
+            file=sys.stderr,
+        )
+        return 2
     except OSError as exc:  # a file or socket the command needed: still one line, not a traceback
         print(f"trainserve {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
         return 2

@@ -4,6 +4,10 @@ TF Serving loads tag `serve` into a TF1-style session (SavedModelBundle) and run
 feeding and fetching its tensor names, with soft placement off: a node pinned to a GPU that is not there
 fails the load or the run. The CPU gate and serve-local both go through here, so a model that would
 fail in TF Serving fails here too.
+
+TensorFlow is imported inside the functions that need it: the eval client imports this module for
+TensorSpecInfo and tensor_info (TensorFlow-free); only running a model (serve-local, the gate,
+eval --compare-local) needs TensorFlow.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError, first_line
+from trainserve.tensors import numpy_dtype
 
 SERVE_TAG = "serve"
 
@@ -82,18 +87,39 @@ class TensorSpecInfo:
 
 
 def tensor_info(key: str, info) -> TensorSpecInfo:
-    import tensorflow as tf
+    """A SignatureDef's TensorInfo (TensorFlow's message or trainserve.protos') as a TensorSpecInfo.
 
+    TensorFlow-free for every dtype trainserve sends or decodes, so the eval client can call it; other
+    dtypes (bfloat16, complex, resource) take TensorFlow's mapping, so serve-local still loads such models.
+    """
+    try:
+        dtype = numpy_dtype(info.dtype)
+    except TrainserveError:
+        import tensorflow as tf
+
+        dtype = np.dtype(tf.dtypes.as_dtype(info.dtype).as_numpy_dtype)
     shape = None
     if not info.tensor_shape.unknown_rank:
         shape = tuple(None if d.size < 0 else int(d.size) for d in info.tensor_shape.dim)
-    return TensorSpecInfo(key, info.name, np.dtype(tf.dtypes.as_dtype(info.dtype).as_numpy_dtype), shape)
+    return TensorSpecInfo(key, info.name, dtype, shape)
+
+
+def require_tensorflow(what: str) -> None:
+    """One line instead of an ImportError where TensorFlow is missing: the core install is the eval client."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is None:
+        raise TrainserveError(
+            f"{what} needs TensorFlow, which this install lacks (the core install is the TensorFlow-free eval "
+            "client): pip install 'trainserve[serve]'"
+        )
 
 
 class LoadedModel:
     """One SavedModel version in its own graph and session, ready to run any of its signatures."""
 
     def __init__(self, version_dir: Path, intra_op_threads: int = 0, inter_op_threads: int = 0):
+        require_tensorflow(f"running {version_dir} in-process")
         import tensorflow as tf
 
         self.path = Path(version_dir)

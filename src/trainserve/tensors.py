@@ -1,17 +1,21 @@
-"""numpy <-> tensorflow.TensorProto, both encodings TF Serving uses.
+"""numpy <-> tensorflow.TensorProto, both encodings TF Serving uses, without importing TensorFlow.
 
 Clients send `tensor_content` (raw little-endian bytes: microseconds to build). Real TF Serving answers
 with repeated `*_val` fields unless started with --enable_serialization_as_tensor_content
 (tensorflow/serving#1276), so decoding handles both, and serve-local answers in `*_val` form as the
 real server does.
+
+Both kinds of message work: trainserve.protos' (the eval client) and TensorFlow's own (serve-local). They
+are different classes with the same fields, so decoding reads either, and encoding fills the message it is
+given (`into=request.inputs[key]`, which also saves a copy) or makes a trainserve.protos one.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 from trainserve.errors import TrainserveError
+from trainserve.protos import tensor_pb2, types_pb2
 
 _TO_DTYPE = {
     np.dtype(np.float32): types_pb2.DT_FLOAT,
@@ -54,20 +58,23 @@ def numpy_dtype(dtype_enum: int) -> np.dtype:
     return _FROM_DTYPE[dtype_enum]
 
 
-def _shape(array: np.ndarray) -> tensor_shape_pb2.TensorShapeProto:
-    return tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in array.shape])
+def to_tensor_proto(array: np.ndarray, as_values: bool = False, into=None):
+    """Encode as `tensor_content` bytes (fast, for requests) or repeated `*_val` (as TF Serving answers).
 
-
-def to_tensor_proto(array: np.ndarray, as_values: bool = False) -> tensor_pb2.TensorProto:
-    """Encode as `tensor_content` bytes (fast, for requests) or repeated `*_val` (as TF Serving answers)."""
+    `into`: an empty TensorProto of either kind to fill; by default a new trainserve.protos one. Returns it.
+    """
     array = np.asarray(array)
+    proto = tensor_pb2.TensorProto() if into is None else into
     if array.dtype.kind in "OSU":
-        values = [v if isinstance(v, bytes) else str(v).encode() for v in array.ravel()]
-        return tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, tensor_shape=_shape(array), string_val=values)
+        proto.dtype = types_pb2.DT_STRING
+        _set_shape(proto, array)
+        proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in array.ravel())
+        return proto
     if array.dtype not in _TO_DTYPE:
         raise TrainserveError(f"cannot send dtype {array.dtype}: expected one of {sorted(str(d) for d in _TO_DTYPE)}")
     dtype = _TO_DTYPE[array.dtype]
-    proto = tensor_pb2.TensorProto(dtype=dtype, tensor_shape=_shape(array))
+    proto.dtype = dtype
+    _set_shape(proto, array)
     if not as_values:
         proto.tensor_content = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
         return proto
@@ -78,7 +85,12 @@ def to_tensor_proto(array: np.ndarray, as_values: bool = False) -> tensor_pb2.Te
     return proto
 
 
-def from_tensor_proto(proto: tensor_pb2.TensorProto) -> np.ndarray:
+def _set_shape(proto, array: np.ndarray) -> None:
+    for size in array.shape:
+        proto.tensor_shape.dim.add(size=size)
+
+
+def from_tensor_proto(proto) -> np.ndarray:
     """Decode either encoding; a single `*_val` value fills the whole shape, as TensorFlow does."""
     shape = tuple(d.size for d in proto.tensor_shape.dim)
     dtype = numpy_dtype(proto.dtype)

@@ -3,6 +3,9 @@
 Retries what is worth retrying (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED) with bounded
 exponential backoff and jitter; anything else (INVALID_ARGUMENT, NOT_FOUND, ...) is raised at once
 with a message that says what was asked for.
+
+TensorFlow-free: the messages and stubs come from trainserve.protos (generated from the pinned
+tensorflow-serving-api), so the client starts in a fraction of a second with a small footprint.
 """
 
 from __future__ import annotations
@@ -15,16 +18,15 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from google.protobuf import wrappers_pb2
-from tensorflow_serving.apis import (
+
+from trainserve.errors import TrainserveError
+from trainserve.protos import (
     get_model_metadata_pb2,
     get_model_status_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
 )
-
-from trainserve.errors import TrainserveError
 from trainserve.savedmodel import TensorSpecInfo, tensor_info
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
 
@@ -57,7 +59,8 @@ class Target:
         # `is not None`: a set version, even 0, asks for exactly that one; only an unset one means the
         # newest (ServerCore::ServableRequestFromModelSpec in tensorflow/serving).
         if pinned is not None:
-            model_spec.version.CopyFrom(wrappers_pb2.Int64Value(value=pinned))
+            model_spec.version.SetInParent()  # present even when 0
+            model_spec.version.value = pinned
         elif self.label:
             model_spec.version_label = self.label
 
@@ -152,8 +155,9 @@ class ServingClient:
                 )
             time.sleep(0.25)
 
-    def signature(self, target: Target, version: int) -> Signature:
-        """The SignatureDef the run will call, from GetModelMetadata (as TF Serving packs it)."""
+    def signature(self, target: Target, version: int | None) -> Signature:
+        """The SignatureDef the run will call, from GetModelMetadata (as TF Serving packs it); version None:
+        the target's own (newest or labelled)."""
         request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
         target.fill(request.model_spec, version)
         request.model_spec.ClearField("signature_name")
@@ -161,14 +165,12 @@ class ServingClient:
             response = self.prediction.GetModelMetadata(request, timeout=self.control_timeout)
         except grpc.RpcError as exc:
             raise RequestFailed(f"GetModelMetadata for {target.describe()}: {_status(exc)}", exc.code()) from None
-        signature_map = get_model_metadata_pb2.SignatureDefMap()
-        response.metadata["signature_def"].Unpack(signature_map)
-        defs = signature_map.signature_def
+        asked = target.describe() if version is None else f"{target.describe()} version {version}"
+        defs = _signature_defs(response, asked)
         if target.signature not in defs:
             names = sorted(k for k in defs if not k.startswith("__"))
             raise TrainserveError(
-                f"signature {target.signature!r} not found in {target.describe()} version {version}: "
-                f"expected one of {', '.join(names)}"
+                f"signature {target.signature!r} not found in {asked}: expected one of {', '.join(names)}"
             )
         sig = defs[target.signature]
         return Signature(
@@ -183,7 +185,7 @@ class ServingClient:
         request = predict_pb2.PredictRequest()
         target.fill(request.model_spec, version)
         for key, value in inputs.items():
-            request.inputs[key].CopyFrom(to_tensor_proto(value))
+            to_tensor_proto(value, into=request.inputs[key])
         request.output_filter.extend(outputs)
         for attempt in range(retries + 1):
             started = time.perf_counter()
@@ -202,6 +204,16 @@ class ServingClient:
             decoded = {k: from_tensor_proto(v) for k, v in response.outputs.items()}
             return Prediction(response.model_spec.version.value, decoded, latency, attempt)
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _signature_defs(response, asked: str):
+    """The SignatureDefMap TF Serving packs in an Any under "signature_def", checked by its type name."""
+    packed = response.metadata.get("signature_def")
+    wanted = get_model_metadata_pb2.SignatureDefMap.DESCRIPTOR.full_name
+    if packed is None or packed.type_url.rpartition("/")[2] != wanted:
+        got = "nothing" if packed is None else repr(packed.type_url)
+        raise TrainserveError(f"GetModelMetadata for {asked} answered {got} under 'signature_def': expected a {wanted}")
+    return get_model_metadata_pb2.SignatureDefMap.FromString(packed.value).signature_def
 
 
 def _status(exc: grpc.RpcError) -> str:

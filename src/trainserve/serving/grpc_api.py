@@ -64,7 +64,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         )
         for key, value in outputs.items():
             # *_val fields, not tensor_content: what TF Serving sends by default (tensorflow/serving#1276).
-            response.outputs[key].CopyFrom(to_tensor_proto(value, as_values=True))
+            to_tensor_proto(value, as_values=True, into=response.outputs[key])
         return response
 
     def GetModelMetadata(self, request, context):
