@@ -5,6 +5,7 @@ refused in one line before the first Predict."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,3 +204,64 @@ def test_bad_input_is_one_line_before_any_predict(foreign, tmp_path, capsys, arr
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "error:" in err[-1] and fragment in err[-1], err[-1]
     assert predict_count(server) == before, "no Predict was sent"
+
+
+# --- shards: `--shard I/N` clients, then `trainserve report merge` ----------------------------------------
+
+
+def test_latency_percentiles_from_the_histogram_are_within_two_percent_above():
+    from trainserve.evaluation.metrics import latency_histogram, percentiles_from_histogram
+
+    latencies = np.random.default_rng(4).lognormal(1.0, 1.0, 5000)
+    exact = np.percentile(latencies, [50, 90, 99], method="inverted_cdf")  # nearest rank
+    approximate = percentiles_from_histogram(latency_histogram(latencies))
+    assert all(e <= a <= e * 1.02 for e, a in zip(exact, approximate)), (exact, approximate)
+
+
+@pytest.mark.parametrize("task", ["regression", "binary-logits"])
+def test_shard_reports_merge_into_the_unsharded_report(foreign, tmp_path, capsys, task):
+    server, d = foreign
+    total = d["x"].sum(axis=1)
+    y = d["total_y"] if task == "regression" else (total + np.random.default_rng(5).normal(size=N) > 0).astype(int)
+    path = _npz(tmp_path, "data", **{"x_test/x": d["x"], "x_test/offset": d["offset"], "y_test": y})
+    args = ["--output", "total", "--batch-size", "16", "--require", "loss<=10"]
+    assert _eval(server, path, *args, report=tmp_path / "full.json") == 0
+    shards = [tmp_path / f"shard-{i}.json" for i in range(3)]
+    for i, shard in enumerate(shards):
+        assert _eval(server, path, *args, "--shard", f"{i}/3", report=shard) == 0
+    assert main(["report", "merge", *map(str, shards), "--output", str(tmp_path / "merged.json")]) == 0
+    capsys.readouterr()
+    full, merged = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("full", "merged"))
+    validate_report(merged)
+    parts = [json.loads(s.read_text())["data"]["examples"] for s in shards]
+    assert sorted(parts) == [96, 96, 108] and merged["data"]["examples"] == N, "19 batches of 16: 7, 6, 6"
+    assert merged["performance"]["requests"] == full["performance"]["requests"] == 19
+    assert merged["merged"]["shards"] == ["0/3", "1/3", "2/3"] and merged["passed"]
+    exact = ["mse", "mae", "r2", "rmse"] if task == "regression" else ["accuracy", "loss", "top_k_accuracy"]
+    for name in exact:
+        assert merged["metrics"][name] == pytest.approx(full["metrics"][name], rel=1e-9), name
+    if task == "binary-logits":
+        assert merged["metrics"]["confusion_matrix"] == full["metrics"]["confusion_matrix"]
+        assert merged["metrics"]["score_histogram"] == full["metrics"]["score_histogram"]
+        for name in ("roc_auc", "average_precision"):  # binned: exact only up to ties within 1/1000
+            assert merged["metrics"][name] == pytest.approx(full["metrics"][name], abs=2e-3), name
+
+
+def test_merge_refuses_an_incomplete_or_mixed_set(foreign, tmp_path, capsys):
+    server, d = foreign
+    path = _npz(tmp_path, "data", **{"x_test/x": d["x"], "x_test/offset": d["offset"], "y_test": d["total_y"]})
+    shards = [str(tmp_path / f"{i}.json") for i in range(3)]
+    for i, shard in enumerate(shards):
+        assert _eval(server, path, "--output", "total", "--shard", f"{i}/3", report=shard) == 0
+    other = json.loads(Path(shards[2]).read_text()) | {"version": 7}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    out = str(tmp_path / "merged.json")
+    for reports, fragment in (
+        (shards[:2], "expected each of 0/3, 1/3, 2/3 once (missing 2/3)"),
+        ([*shards[:2], str(tmp_path / "other.json")], "has version 7 but"),
+        ([*shards, shards[0]], "(repeated 0/3)"),
+    ):
+        code = main(["report", "merge", *reports, "--output", out])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and fragment in err[-1], err[-1]
+        assert not Path(out).exists(), "nothing written"

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from trainserve import __version__
-from trainserve.errors import TrainserveError
+from trainserve.errors import TrainserveError, first_line
 from trainserve.options import add_options, config_from_args
 
 
@@ -180,6 +180,42 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_report_parser(commands) -> None:
+    p = commands.add_parser("report", help="work with eval reports", description="Work with eval reports.")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    merge = actions.add_parser(
+        "merge",
+        help="combine the reports of `trainserve eval --shard I/N` clients into one",
+        description="Combine shard reports into the report one client would have written: counts, confusion "
+        "matrices and regression sums add exactly; latency percentiles and two-class curves come from "
+        "histograms, with their precision stated in the report.",
+    )
+    merge.add_argument("reports", nargs="+", type=Path, help="the shard reports (every shard of one evaluation)")
+    merge.add_argument("--output", type=Path, required=True, help="write the merged report here")
+    merge.set_defaults(func=run_report_merge)
+
+
+def run_report_merge(args: argparse.Namespace) -> int:
+    import json
+
+    import jsonschema
+
+    from trainserve.evaluation.merge import merge_reports
+    from trainserve.evaluation.report import summary_table, validate_report, write_report
+
+    reports = []
+    for path in args.reports:
+        try:
+            reports.append(json.loads(path.read_text()))
+            validate_report(reports[-1])
+        except (OSError, ValueError, jsonschema.ValidationError) as exc:
+            raise TrainserveError(f"{path}: not a readable eval report ({first_line(exc)})") from None
+    merged = merge_reports(reports, [str(p) for p in args.reports])
+    print(summary_table(merged))
+    print(f"report: {write_report(merged, args.output)}")
+    return 0 if merged["passed"] else 1
+
+
 def add_runs_parser(commands) -> None:
     p = commands.add_parser(
         "runs",
@@ -290,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_verify_parser(commands)
     add_serve_local_parser(commands)
     add_eval_parser(commands)
+    add_report_parser(commands)
     add_runs_parser(commands)
     add_tf_config_parser(commands)
     add_rollout_parsers(commands)

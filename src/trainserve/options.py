@@ -51,13 +51,18 @@ def _unwrap_optional(kind):
     return kind
 
 
+def _is_group(kind, f: dataclasses.Field) -> bool:
+    """A nested dataclass is a group of flags, unless the field parses its own text (`parse=`)."""
+    return dataclasses.is_dataclass(kind) and not f.metadata.get("parse")
+
+
 def add_options(parser: argparse.ArgumentParser, cls, prefix: str = "") -> None:
     """One flag per field of the dataclass `cls` (recursing into nested dataclasses)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = _unwrap_optional(hints[f.name])
         dest = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(kind):
+        if _is_group(kind, f):
             add_options(parser, kind, prefix=f"{dest}_")
             continue
         flag = f.metadata.get("flag") or "--" + dest.replace("_", "-")
@@ -79,7 +84,5 @@ def config_from_args(cls, args: argparse.Namespace, prefix: str = ""):
     for f in dataclasses.fields(cls):
         kind = _unwrap_optional(hints[f.name])
         dest = f"{prefix}{f.name}"
-        values[f.name] = (
-            config_from_args(kind, args, f"{dest}_") if dataclasses.is_dataclass(kind) else getattr(args, dest)
-        )
+        values[f.name] = config_from_args(kind, args, f"{dest}_") if _is_group(kind, f) else getattr(args, dest)
     return cls(**values)

@@ -54,6 +54,31 @@ def parse_gates(text: str) -> tuple[Gate, ...]:
     return tuple(gates)
 
 
+@dataclass(frozen=True)
+class Shard:
+    """`I/N`: this client evaluates batches I, I + N, I + 2N, ... of the data (0 <= I < N)."""
+
+    index: int
+    count: int
+
+    def describe(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def takes(self, batch_number: int) -> bool:
+        return batch_number % self.count == self.index
+
+
+def parse_shard(text: str) -> Shard:
+    index, sep, count = text.partition("/")
+    try:
+        shard = Shard(int(index), int(count))
+    except ValueError:
+        shard = None
+    if not sep or shard is None or not 0 <= shard.index < shard.count:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected I/N with 0 <= I < N, e.g. 0/4")
+    return shard
+
+
 def parse_input_map(text: str) -> dict[str, str]:
     """`key=input[,key=input...]` -> {data key: signature input}."""
     pairs = {}
@@ -98,6 +123,8 @@ class EvalConfig:
     retries: int = option(5, "retries of UNAVAILABLE/DEADLINE_EXCEEDED/RESOURCE_EXHAUSTED")
     wait: float = option(60.0, "seconds to wait for the model to be AVAILABLE")
     limit: int | None = option(None, "evaluate only the first N examples", parse=positive_int)
+    shard: Shard | None = option(None, "I/N: evaluate every N-th batch from batch I (merge: trainserve report merge)",
+                                 parse=parse_shard)  # fmt: skip
     top_k: int = option(5, "k of the top-k accuracy", parse=positive_int)
     report: Path | None = option(None, "write the JSON report here")
     plots: Path | None = option(None, "write the task's plots (confusion matrix, PR curve, residuals...) here")

@@ -121,6 +121,7 @@ class ClassificationMetrics:
             labels, scores = self.binary_curve_inputs()
             summary["roc_auc"] = roc_auc(labels, scores)
             summary["average_precision"] = average_precision(labels, scores)
+            summary["score_histogram"] = score_histogram(labels, scores)
         return summary
 
 
@@ -147,17 +148,25 @@ class RegressionMetrics:
             )
         predictions = predictions.reshape(n, targets)
         error = predictions.astype(np.float64) - labels
-        self.squared_error += np.sum(error**2, axis=0)
-        self.absolute_error += np.sum(np.abs(error), axis=0)
-        batch_mean = labels.mean(axis=0, dtype=np.float64)
-        batch_m2 = np.sum((labels - batch_mean) ** 2, axis=0)
-        total = self.examples + n
-        delta = batch_mean - self.label_mean
-        self.label_mean += delta * n / total
-        self.label_m2 += batch_m2 + delta**2 * self.examples * n / total
-        self.examples = total
+        mean = labels.mean(axis=0, dtype=np.float64)
+        self.merge(
+            n, np.sum(error**2, axis=0), np.sum(np.abs(error), axis=0), mean, np.sum((labels - mean) ** 2, axis=0)
+        )
         self.truths.append(labels)
         self.predictions.append(predictions.astype(np.float32))
+
+    def merge(self, n: int, squared_error, absolute_error, label_mean, label_m2) -> None:
+        """Add the sums of `n` more examples (a batch, or a whole shard's report): error sums add, and the
+        labels' mean and squared deviations combine exactly (Chan, Golub and LeVeque's pairwise update)."""
+        total = self.examples + n
+        if total == 0:
+            return
+        delta = np.asarray(label_mean) - self.label_mean
+        self.squared_error += squared_error
+        self.absolute_error += absolute_error
+        self.label_mean += delta * n / total
+        self.label_m2 += np.asarray(label_m2) + delta**2 * self.examples * n / total
+        self.examples = total
 
     def summary(self) -> dict:
         n = max(self.examples, 1)
@@ -166,9 +175,10 @@ class RegressionMetrics:
         r2 = np.where(self.label_m2 > 0, 1 - self.squared_error / np.where(self.label_m2 > 0, self.label_m2, 1),
                       np.where(self.squared_error == 0, 1.0, 0.0))  # fmt: skip
         per_target = [
-            {"target": str(t), "mse": mse[t], "rmse": float(np.sqrt(mse[t])), "mae": mae[t], "r2": r2[t]}
+            {"target": str(t), "mse": mse[t], "rmse": float(np.sqrt(mse[t])), "mae": mae[t], "r2": r2[t],
+             "label_mean": self.label_mean[t], "label_sum_sq_dev": self.label_m2[t]}
             for t in range(self.task.targets)
-        ]
+        ]  # fmt: skip
         overall = float(mse.mean())
         return {
             "mse": overall,
@@ -233,3 +243,58 @@ def average_precision(labels: np.ndarray, scores: np.ndarray) -> float | None:
         return None
     precision, recall = precision_recall_curve(labels, scores)
     return float(np.sum(np.diff(recall, prepend=0.0) * precision))
+
+
+SCORE_BINS = 1000  # score histograms: what merged shard reports compute ROC AUC and average precision from
+
+
+def score_histogram(labels: np.ndarray, scores: np.ndarray) -> dict:
+    """Counts of class-1 scores in SCORE_BINS equal bins of [0, 1], per true class, as sparse {bin: count}."""
+    bins = np.minimum((scores.astype(np.float64) * SCORE_BINS).astype(np.int64), SCORE_BINS - 1)
+    return {
+        "bins": SCORE_BINS,
+        **{side: _sparse_counts(bins[labels == value]) for side, value in (("negative", 0), ("positive", 1))},
+    }
+
+
+def _sparse_counts(values: np.ndarray) -> dict[str, int]:
+    found, counts = np.unique(values, return_counts=True)
+    return {str(int(v)): int(c) for v, c in zip(found, counts)}
+
+
+def curves_from_histogram(histogram: dict) -> tuple[float | None, float | None]:
+    """(ROC AUC, average precision) from a score histogram: every score in a bin counts as tied, so each
+    is exact up to the order of examples whose scores fall within 1/SCORE_BINS of each other."""
+    n = histogram["bins"]
+    counts = {side: np.zeros(n, np.int64) for side in ("negative", "positive")}
+    for side, array in counts.items():
+        for b, c in histogram[side].items():
+            array[int(b)] += c
+    labels = np.repeat(np.r_[np.zeros(n, np.int8), np.ones(n, np.int8)], np.r_[counts["negative"], counts["positive"]])
+    scores = np.repeat(
+        np.r_[np.arange(n), np.arange(n)].astype(np.float64), np.r_[counts["negative"], counts["positive"]]
+    )
+    return roc_auc(labels, scores), average_precision(labels, scores)
+
+
+# Latency histograms, so that shard reports merge into the percentiles one client would have measured:
+# bucket b holds latencies in (FLOOR * GROWTH^(b-1), FLOOR * GROWTH^b] ms, so a bucket's upper edge is at most
+# 2 % above any latency in it.
+LATENCY_FLOOR_MS, LATENCY_GROWTH = 0.001, 1.02
+
+
+def latency_histogram(latencies_ms: np.ndarray) -> dict:
+    ms = np.maximum(np.asarray(latencies_ms, np.float64), LATENCY_FLOOR_MS)
+    buckets = np.ceil(np.log(ms / LATENCY_FLOOR_MS) / np.log(LATENCY_GROWTH) - 1e-9).astype(np.int64)
+    return {"floor_ms": LATENCY_FLOOR_MS, "growth": LATENCY_GROWTH, "counts": _sparse_counts(buckets)}
+
+
+def percentiles_from_histogram(histogram: dict, quantiles=(50, 90, 99)) -> list[float]:
+    """Nearest-rank percentiles as bucket upper edges: never below the exact value, at most 2 % above it."""
+    buckets = sorted((int(b), c) for b, c in histogram["counts"].items())
+    edges = np.array([histogram["floor_ms"] * histogram["growth"] ** b for b, _ in buckets])
+    cumulative = np.cumsum([c for _, c in buckets])
+    if not len(cumulative):
+        return [0.0 for _ in quantiles]
+    ranks = [max(1, int(np.ceil(q / 100 * cumulative[-1]))) for q in quantiles]
+    return [float(edges[np.searchsorted(cumulative, rank)]) for rank in ranks]

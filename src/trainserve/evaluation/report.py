@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trainserve import __version__
-from trainserve.evaluation.metrics import precision_recall_curve
+from trainserve.evaluation.metrics import latency_histogram, precision_recall_curve
 from trainserve.layout import write_file_atomic
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ def build_report(run: FinishedRun) -> dict:
             "timeout_s": config.timeout,
             "retries": config.retries,
             "limit": config.limit,
+            "shard": config.shard.describe() if config.shard else None,
         },
         "metrics": totals.tally.quality.summary(),
         "performance": _performance_section(run),
@@ -94,6 +95,7 @@ def _performance_section(run: FinishedRun) -> dict:
         "retries": tally.retries,
         "failed_requests": 0,  # a request that fails for good ends the run with an error instead
         "latency_ms": _percentiles(tally.latencies),
+        "latency_histogram": latency_histogram(np.asarray(tally.latencies) * 1000),
         "client_rss_mb": {"start": run.start_rss_mb, "peak": run.peak_rss_mb},
     }
 

@@ -210,7 +210,8 @@ def _run_batches(predictor: _BatchPredictor, data: EvalData, config: EvalConfig,
     tally = Tally(predictor.plan, task_metrics(predictor.plan.task, config.top_k))
     pinned: int | None = None
     show = sys.stderr.isatty() if progress is None else progress
-    bar = tqdm(total=data.count, unit="ex", disable=not show, desc=f"eval {predictor.target.model}")
+    total = data.count if config.shard is None else None  # a shard's share is known only batch by batch
+    bar = tqdm(total=total, unit="ex", disable=not show, desc=f"eval {predictor.target.model}")
 
     def record(answer: BatchAnswer) -> None:
         # Pinned requests name the version, so a different one means a server that ignored the pin.
@@ -220,6 +221,8 @@ def _run_batches(predictor: _BatchPredictor, data: EvalData, config: EvalConfig,
         bar.update(len(answer.labels))
 
     batches = data.batches(config.batch_size)
+    if config.shard is not None:  # every N-th batch: shards of one data set, each example in exactly one
+        batches = (batch for number, batch in enumerate(batches) if config.shard.takes(number))
     started = time.perf_counter()
     try:
         first = next(batches, None)
