@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from trainserve import __version__
-from trainserve.errors import TrainserveError, first_line
+from trainserve.errors import TrainserveError
 from trainserve.options import add_options, config_from_args
 
 
@@ -146,76 +146,6 @@ def run_serve_local(args: argparse.Namespace) -> int:
     return serve(options_from_args(args))
 
 
-def add_eval_parser(commands) -> None:
-    from trainserve.evaluation.config import EvalConfig
-
-    p = commands.add_parser(
-        "eval",
-        help="evaluate a served model over gRPC: the task's metrics, latency, throughput",
-        description="Batched gRPC evaluation of any served model (TF Serving or serve-local): inputs matched by "
-        "name, classification or regression metrics, latency and throughput. Exit 1 when a gate fails "
-        "(--min-accuracy, --require).",
-    )
-    add_options(p, EvalConfig)
-    p.set_defaults(func=run_eval)
-
-
-def run_eval(args: argparse.Namespace) -> int:
-    from trainserve.evaluation.report import summary_table, write_plots, write_report
-    from trainserve.evaluation.run import EvalConfig, evaluate
-
-    config = config_from_args(EvalConfig, args)
-    result = evaluate(config)
-    print(summary_table(result.report))
-    if config.report:
-        print(f"report: {write_report(result.report, config.report)}")
-    if config.plots:
-        for path in write_plots(result, config.plots):
-            print(f"plot: {path}")
-    failed = [g for g in result.report["gates"] if not g["passed"]]
-    if failed:
-        said = "; ".join(f"{g['metric']} {g['value']} is not {g['op']} {g['threshold']:g}" for g in failed)
-        print(f"trainserve eval: gate failed: {said}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def add_report_parser(commands) -> None:
-    p = commands.add_parser("report", help="work with eval reports", description="Work with eval reports.")
-    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    merge = actions.add_parser(
-        "merge",
-        help="combine the reports of `trainserve eval --shard I/N` clients into one",
-        description="Combine shard reports into the report one client would have written: counts, confusion "
-        "matrices and regression sums add exactly; latency percentiles and two-class curves come from "
-        "histograms, with their precision stated in the report.",
-    )
-    merge.add_argument("reports", nargs="+", type=Path, help="the shard reports (every shard of one evaluation)")
-    merge.add_argument("--output", type=Path, required=True, help="write the merged report here")
-    merge.set_defaults(func=run_report_merge)
-
-
-def run_report_merge(args: argparse.Namespace) -> int:
-    import json
-
-    import jsonschema
-
-    from trainserve.evaluation.merge import merge_reports
-    from trainserve.evaluation.report import summary_table, validate_report, write_report
-
-    reports = []
-    for path in args.reports:
-        try:
-            reports.append(json.loads(path.read_text()))
-            validate_report(reports[-1])
-        except (OSError, ValueError, jsonschema.ValidationError) as exc:
-            raise TrainserveError(f"{path}: not a readable eval report ({first_line(exc)})") from None
-    merged = merge_reports(reports, [str(p) for p in args.reports])
-    print(summary_table(merged))
-    print(f"report: {write_report(merged, args.output)}")
-    return 0 if merged["passed"] else 1
-
-
 def add_runs_parser(commands) -> None:
     p = commands.add_parser(
         "runs",
@@ -258,63 +188,10 @@ def run_tf_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_rollout_parsers(commands) -> None:
-    from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
-
-    steps = (
-        ("candidate", CandidateConfig, run_candidate, "serve the newest published version as `candidate`, stable "
-         "untouched", "Add the newest version under the model's base path (or --version) to the config's "
-         "`specific` versions, wait until the server has it AVAILABLE, then label it `candidate`."),
-        ("promote", PromoteConfig, run_promote, "move `stable` to the candidate whose eval report passed",
-         "Read the eval report of the candidate (trainserve eval --label candidate --report FILE); if it is for "
-         "the candidate's model and version and it passed (or --force), label the candidate `stable` and keep "
-         "the old stable loaded as `previous`. A refusal rewrites nothing."),
-        ("rollback", RollbackConfig, run_rollback, "move `stable` back to the previous stable version",
-         "Label the previous stable version (kept loaded since the last promotion) `stable` again."),
-    )  # fmt: skip
-    for name, options, func, help_text, description in steps:
-        p = commands.add_parser(name, help=help_text, description=description)
-        add_options(p, options)
-        p.set_defaults(func=func)
-
-
-def _rollout_server(target: str):
-    from trainserve.rollout.server import ServingServer
-
-    return ServingServer(target) if target else None
-
-
-def run_candidate(args: argparse.Namespace) -> int:
-    from trainserve.rollout.config import CandidateConfig
-    from trainserve.rollout.steps import stage_candidate
-
-    config = config_from_args(CandidateConfig, args)
-    config.check()
-    print(f"candidate: {stage_candidate(config, _rollout_server(config.server)).describe()}")
-    return 0
-
-
-def run_promote(args: argparse.Namespace) -> int:
-    from trainserve.rollout.config import PromoteConfig
-    from trainserve.rollout.steps import promote
-
-    config = config_from_args(PromoteConfig, args)
-    config.check()
-    print(f"promoted: {promote(config, _rollout_server(config.server)).describe()}")
-    return 0
-
-
-def run_rollback(args: argparse.Namespace) -> int:
-    from trainserve.rollout.config import RollbackConfig
-    from trainserve.rollout.steps import rollback
-
-    config = config_from_args(RollbackConfig, args)
-    config.check()
-    print(f"rolled back: {rollback(config, _rollout_server(config.server)).describe()}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from trainserve.evaluation.commands import add_eval_parser, add_report_parser
+    from trainserve.rollout.commands import add_rollout_parsers
+
     parser = EnvDefaults(
         prog="trainserve",
         description="Train a Keras model on GPUs, serve it on CPUs with TensorFlow Serving, and prove it works.",

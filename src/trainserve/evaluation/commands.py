@@ -1,0 +1,80 @@
+"""`trainserve eval` and `trainserve report merge`: the evaluation stage's command-line parsers and runners."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from trainserve.errors import TrainserveError, first_line
+from trainserve.options import add_options, config_from_args
+
+
+def add_eval_parser(commands) -> None:
+    from trainserve.evaluation.config import EvalConfig
+
+    p = commands.add_parser(
+        "eval",
+        help="evaluate a served model over gRPC: the task's metrics, latency, throughput",
+        description="Batched gRPC evaluation of any served model (TF Serving or serve-local): inputs matched by "
+        "name, classification or regression metrics, latency and throughput. Exit 1 when a gate fails "
+        "(--min-accuracy, --require).",
+    )
+    add_options(p, EvalConfig)
+    p.set_defaults(func=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from trainserve.evaluation.report import summary_table, write_plots, write_report
+    from trainserve.evaluation.run import EvalConfig, evaluate
+
+    config = config_from_args(EvalConfig, args)
+    result = evaluate(config)
+    print(summary_table(result.report))
+    if config.report:
+        print(f"report: {write_report(result.report, config.report)}")
+    if config.plots:
+        for path in write_plots(result, config.plots):
+            print(f"plot: {path}")
+    failed = [g for g in result.report["gates"] if not g["passed"]]
+    if failed:
+        said = "; ".join(f"{g['metric']} {g['value']} is not {g['op']} {g['threshold']:g}" for g in failed)
+        print(f"trainserve eval: gate failed: {said}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_report_parser(commands) -> None:
+    p = commands.add_parser("report", help="work with eval reports", description="Work with eval reports.")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    merge = actions.add_parser(
+        "merge",
+        help="combine the reports of `trainserve eval --shard I/N` clients into one",
+        description="Combine shard reports into the report one client would have written: counts, confusion "
+        "matrices and regression sums add exactly; latency percentiles and two-class curves come from "
+        "histograms, with their precision stated in the report.",
+    )
+    merge.add_argument("reports", nargs="+", type=Path, help="the shard reports (every shard of one evaluation)")
+    merge.add_argument("--output", type=Path, required=True, help="write the merged report here")
+    merge.set_defaults(func=run_report_merge)
+
+
+def run_report_merge(args: argparse.Namespace) -> int:
+    import json
+
+    import jsonschema
+
+    from trainserve.evaluation.merge import merge_reports
+    from trainserve.evaluation.report import summary_table, validate_report, write_report
+
+    reports = []
+    for path in args.reports:
+        try:
+            reports.append(json.loads(path.read_text()))
+            validate_report(reports[-1])
+        except (OSError, ValueError, jsonschema.ValidationError) as exc:
+            raise TrainserveError(f"{path}: not a readable eval report ({first_line(exc)})") from None
+    merged = merge_reports(reports, [str(p) for p in args.reports])
+    print(summary_table(merged))
+    print(f"report: {write_report(merged, args.output)}")
+    return 0 if merged["passed"] else 1

@@ -1,0 +1,63 @@
+"""`trainserve candidate`, `promote` and `rollback`: the rollout stage's command-line parsers and runners."""
+
+from __future__ import annotations
+
+import argparse
+
+from trainserve.options import add_options, config_from_args
+
+
+def add_rollout_parsers(commands) -> None:
+    from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
+
+    steps = (
+        ("candidate", CandidateConfig, run_candidate, "serve the newest published version as `candidate`, stable "
+         "untouched", "Add the newest version under the model's base path (or --version) to the config's "
+         "`specific` versions, wait until the server has it AVAILABLE, then label it `candidate`."),
+        ("promote", PromoteConfig, run_promote, "move `stable` to the candidate whose eval report passed",
+         "Read the eval report of the candidate (trainserve eval --label candidate --report FILE); if it is for "
+         "the candidate's model and version and it passed (or --force), label the candidate `stable` and keep "
+         "the old stable loaded as `previous`. A refusal rewrites nothing."),
+        ("rollback", RollbackConfig, run_rollback, "move `stable` back to the previous stable version",
+         "Label the previous stable version (kept loaded since the last promotion) `stable` again."),
+    )  # fmt: skip
+    for name, options, func, help_text, description in steps:
+        p = commands.add_parser(name, help=help_text, description=description)
+        add_options(p, options)
+        p.set_defaults(func=func)
+
+
+def _rollout_server(target: str):
+    from trainserve.rollout.server import ServingServer
+
+    return ServingServer(target) if target else None
+
+
+def run_candidate(args: argparse.Namespace) -> int:
+    from trainserve.rollout.config import CandidateConfig
+    from trainserve.rollout.steps import stage_candidate
+
+    config = config_from_args(CandidateConfig, args)
+    config.check()
+    print(f"candidate: {stage_candidate(config, _rollout_server(config.server)).describe()}")
+    return 0
+
+
+def run_promote(args: argparse.Namespace) -> int:
+    from trainserve.rollout.config import PromoteConfig
+    from trainserve.rollout.steps import promote
+
+    config = config_from_args(PromoteConfig, args)
+    config.check()
+    print(f"promoted: {promote(config, _rollout_server(config.server)).describe()}")
+    return 0
+
+
+def run_rollback(args: argparse.Namespace) -> int:
+    from trainserve.rollout.config import RollbackConfig
+    from trainserve.rollout.steps import rollback
+
+    config = config_from_args(RollbackConfig, args)
+    config.check()
+    print(f"rolled back: {rollback(config, _rollout_server(config.server)).describe()}")
+    return 0
