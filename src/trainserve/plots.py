@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import numpy as np
+
 
 def _pyplot():
     import matplotlib
@@ -13,6 +15,20 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _save(plt, fig, out: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)  # pyplot keeps every open figure alive otherwise
+    return out
+
+
+def _label(ax, x: str, y: str, title: str) -> None:
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
 
 
 def plot_training_curves(history_csv: Path, out: Path) -> Path:
@@ -32,10 +48,7 @@ def plot_training_curves(history_csv: Path, out: Path) -> Path:
         ax.set_title(metric)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_confusion_matrix(confusion, labels: list[str], out: Path, title: str) -> Path:
@@ -58,10 +71,7 @@ def plot_confusion_matrix(confusion, labels: list[str], out: Path, title: str) -
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_latency_histogram(latencies_ms: list[float], summary: dict, out: Path) -> Path:
@@ -75,10 +85,7 @@ def plot_latency_histogram(latencies_ms: list[float], summary: dict, out: Path) 
     ax.set_ylabel("requests")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_precision_recall(precision, recall, out: Path, title: str) -> Path:
@@ -88,14 +95,8 @@ def plot_precision_recall(precision, recall, out: Path, title: str) -> Path:
     ax.step([0.0, *recall], [precision[0] if len(precision) else 1.0, *precision], where="post")
     ax.set_xlim(0, 1.02)
     ax.set_ylim(0, 1.02)
-    ax.set_xlabel("recall")
-    ax.set_ylabel("precision")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    _label(ax, "recall", "precision", title)
+    return _save(plt, fig, out)
 
 
 MAX_SCATTER_POINTS = 20_000  # a scatter of a million points shows no more and takes minutes to draw
@@ -111,16 +112,10 @@ def plot_predicted_vs_true(truth, predicted, out: Path, title: str) -> Path:
     low = float(min(truth.min(initial=0), predicted.min(initial=0)))
     high = float(max(truth.max(initial=1), predicted.max(initial=1)))
     ax.plot([low, high], [low, high], color="black", linewidth=1)
-    ax.set_xlabel("true")
-    ax.set_ylabel("predicted")
-    ax.set_title(title)
+    _label(ax, "true", "predicted", title)
     if truth.shape[1] > 1:
         ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_residuals(truth, predicted, out: Path, title: str) -> Path:
@@ -128,12 +123,42 @@ def plot_residuals(truth, predicted, out: Path, title: str) -> Path:
     plt = _pyplot()
     residuals = (predicted - truth).ravel()
     fig, ax = plt.subplots(figsize=(8, 4))
-    ax.hist(residuals if residuals.size else [0.0], bins=min(60, max(5, residuals.size // 10)), alpha=0.8)
+    residuals = residuals if residuals.size else np.zeros(1)
+    # Near-equal residuals (an exact model, float rounding) cannot be split into many finite bins.
+    spread = float(np.ptp(residuals)) > 1e-9 * max(1.0, float(np.abs(residuals).max()))
+    ax.hist(residuals, bins=min(60, max(5, residuals.size // 10)) if spread else 1, alpha=0.8)
     ax.axvline(0.0, color="black", linewidth=1)
-    ax.set_xlabel("residual (predicted - true)")
-    ax.set_ylabel("examples")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+    _label(ax, "residual (predicted - true)", "examples", title)
+    return _save(plt, fig, out)
+
+
+def plot_throughput_vs_latency(points: list[dict], out: Path, title: str, budget_ms: float | None = None) -> Path:
+    """`trainserve load`: p99 against examples/s, one line per batch size and loop (closed: C workers, open:
+    R requests/s), each point labelled; hollow markers are unstable points; the budget as a dashed line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    series: dict[tuple[str, int], list[dict]] = {}
+    for p in points:
+        if p["latency_ms"]:
+            series.setdefault((p["mode"], p["batch_size"]), []).append(p)
+    for (mode, batch), members in sorted(series.items()):
+        loop = "closed" if mode == "concurrency" else "open"
+        xs, ys = [p["examples_per_s"] for p in members], [p["latency_ms"]["p99"] for p in members]
+        (line,) = ax.plot(xs, ys, linestyle="-" if loop == "closed" else "--", label=f"batch {batch}, {loop} loop")
+        for p, x, y in zip(members, xs, ys):
+            face = line.get_color() if p["stable"] else "none"
+            ax.plot([x], [y], marker="o", markerfacecolor=face, markeredgecolor=line.get_color())
+            tag = f"C{p['concurrency']}" if mode == "concurrency" else f"R{p['rate']:g}"
+            ax.annotate(tag, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if budget_ms is not None:
+        ax.axhline(budget_ms, color="tab:red", linestyle=":", label=f"budget {budget_ms:g} ms")
+    ax.set_xlabel("throughput (examples/s)")
+    ax.set_ylabel("p99 latency (ms)")
+    ax.set_yscale("log")
+    ax.set_title(f"{title}: hollow = unstable")
+    ax.grid(alpha=0.3, which="both")
+    if series or budget_ms is not None:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
