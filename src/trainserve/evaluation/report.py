@@ -191,6 +191,7 @@ def write_plots(result: EvalResult, out_dir: Path) -> list[Path]:
     written.append(plots.plot_confusion_matrix(confusion, names, out_dir / "confusion_matrix.png", title))
     if m.get("average_precision") is not None:
         precision, recall = precision_recall_curve(*quality.binary_curve_inputs())
-        title = f"{report['model']} v{report['version']}: AP {m['average_precision']:.4f}, ROC AUC {m['roc_auc']:.4f}"
+        auc = "" if m["roc_auc"] is None else f", ROC AUC {m['roc_auc']:.4f}"  # None: one class only
+        title = f"{report['model']} v{report['version']}: AP {m['average_precision']:.4f}{auc}"
         written.append(plots.plot_precision_recall(precision, recall, out_dir / "precision_recall.png", title))
     return written
