@@ -73,6 +73,17 @@ DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 MONITORING = "prometheus_config { enable: true }\n"
 
 
+def serve_counted(root: Path, model: str) -> ServeLocal:
+    """serve-local serving `root/<model>` (v1 installed), with Prometheus request counters (predict_count)."""
+    (root / "monitoring.config").write_text(MONITORING)
+    server = ServeLocal(
+        f"--model_name={model}", f"--model_base_path={root / model}",
+        f"--monitoring_config_file={root / 'monitoring.config'}", log_path=root / "server.log",
+    )  # fmt: skip
+    server.wait_available(model, 1)
+    return server
+
+
 def predict_count(server: ServeLocal) -> int:
     """Predict calls the server has answered, from its Prometheus counters."""
     text = DIRECT.open(server.rest + "/monitoring/prometheus/metrics", timeout=10).read().decode()

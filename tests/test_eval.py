@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import MONITORING, ServeLocal, assert_one_line_error, install_version, predict_count, run_cli
+from conftest import assert_one_line_error, install_version, predict_count, run_cli, serve_counted
 from trainserve.cli import main
 from trainserve.data import SyntheticSpec, load_dataset
 from trainserve.evaluation.config import EvalConfig
@@ -28,12 +28,7 @@ def served(model_versions, tmp_path_factory):
     """serve-local with model m (v1) and Prometheus request counters on the REST port."""
     root = tmp_path_factory.mktemp("eval")
     install_version(model_versions[0], root / "m", 1)
-    (root / "monitoring.config").write_text(MONITORING)
-    server = ServeLocal(
-        "--model_name=m", f"--model_base_path={root / 'm'}", f"--monitoring_config_file={root / 'monitoring.config'}",
-        log_path=root / "server.log",
-    )  # fmt: skip
-    server.wait_available("m", 1)
+    server = serve_counted(root, "m")
     yield server
     assert server.stop() == 0
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as sk
 
-from conftest import MONITORING, ServeLocal, install_version, predict_count, save_foreign_model
+from conftest import install_version, predict_count, save_foreign_model, serve_counted
 from trainserve.cli import main
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.metrics import (
@@ -100,12 +100,7 @@ def foreign(tmp_path_factory):
     [N, 3], shifted int64 [N], total (sum of x) float32 [N]. Data with both inputs and noisy labels."""
     root = tmp_path_factory.mktemp("foreign")
     install_version(save_foreign_model(root / "saved"), root / "f", 1)
-    (root / "monitoring.config").write_text(MONITORING)
-    server = ServeLocal(
-        "--model_name=f", f"--model_base_path={root / 'f'}", f"--monitoring_config_file={root / 'monitoring.config'}",
-        log_path=root / "server.log",
-    )  # fmt: skip
-    server.wait_available("f", 1)
+    server = serve_counted(root, "f")
     rng = np.random.default_rng(3)
     x = rng.normal(size=(N, 3)).astype(np.float32)
     offset = rng.integers(0, 9, N)
