@@ -33,7 +33,7 @@ venv: $(VENV)/.installed $(VENV)/tools/.installed ## Create .venv from uv.lock: 
 $(VENV)/.installed: pyproject.toml uv.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	test -x $(BIN)/uv || $(BIN)/python -m pip install --quiet "uv==$(UV_VERSION)"
-	UV_PROJECT_ENVIRONMENT=$(VENV) $(BIN)/uv sync --quiet --frozen --extra cpu --extra dev
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(BIN)/uv sync --quiet --frozen --extra cpu --extra train --extra serve --extra dev
 	$(BIN)/python -c "import tensorflow as tf, tensorflow_serving.apis; assert tf.__version__ == '$(TF_VERSION)', tf.__version__"
 	touch $@
 
@@ -146,17 +146,23 @@ bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/eval_throughput.py
 	$(BIN)/python bench/serve_batching.py
 
-# One export per image, from the same lock: the GPU image keeps its base's TensorFlow (no tensorflow-cpu).
+# One export per image, from the same lock: eval is the core install (no TensorFlow); the GPU image keeps its
+# base's TensorFlow (no tensorflow-cpu); serve.txt is serve-local with the CPU TensorFlow (the test stand-in).
 EXPORT = $(BIN)/uv export --quiet --frozen --format requirements.txt --no-header --no-emit-project \
 	--no-emit-package tensorflow
 
 .PHONY: lock
 lock: ## Re-resolve uv.lock after editing pyproject.toml, and re-export requirements/ (images, lint tools)
 	$(BIN)/uv lock
-	$(EXPORT) --extra cpu -o requirements/eval.txt
-	$(EXPORT) --no-emit-package tensorflow-cpu -o requirements/train-gpu.txt
+	$(EXPORT) -o requirements/eval.txt
+	$(EXPORT) --extra train --no-emit-package tensorflow-cpu -o requirements/train-gpu.txt
+	$(EXPORT) --extra serve --extra cpu -o requirements/serve.txt
 	$(BIN)/uv pip compile --quiet --generate-hashes --universal --python-version 3.11 \
 		--custom-compile-command "make lock" requirements/tools.in -o requirements/tools.txt
+
+.PHONY: protos
+protos: venv ## Regenerate src/trainserve/protos/ (the eval client's TF Serving messages) from the pinned tensorflow-serving-api
+	$(BIN)/python scripts/generate_protos.py src/trainserve/protos
 
 .PHONY: upgrade-deps
 upgrade-deps: venv ## Scheduled upgrade: newest versions pyproject allows into the lock, then the whole test suite

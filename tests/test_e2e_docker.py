@@ -191,13 +191,22 @@ def smoke_model(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("image", ["train-gpu", "eval"])
+@pytest.mark.parametrize("image", ["train-gpu"])  # the eval image holds no TensorFlow: see the next test
 def test_python_images_compute_the_known_answer(docker_client, env, smoke_model, image):
     out = docker_client.containers.run(
         f"trainserve/{image}:{TF_VERSION}", ["-c", SMOKE, "/smoke/digits/1"], entrypoint="python3",
         volumes={str(smoke_model): {"bind": "/smoke", "mode": "ro"}}, remove=True,
     )  # fmt: skip
     assert out.decode().strip().splitlines()[-1] == "[3.0, 5.0]"
+
+
+def test_eval_image_is_the_core_install_without_tensorflow(docker_client, env):
+    heavy = "('tensorflow', 'tensorflow_serving', 'keras', 'sklearn')"
+    check = f"import importlib.util as u; print([m for m in {heavy} if u.find_spec(m)])"
+    out = docker_client.containers.run(
+        f"trainserve/eval:{TF_VERSION}", ["-c", check], entrypoint="python3", remove=True
+    )
+    assert out.decode().strip().splitlines()[-1] == "[]"
 
 
 def test_serving_image_answers_the_known_model(docker_client, env, smoke_model):

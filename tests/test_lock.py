@@ -49,6 +49,23 @@ def test_installed_versions_are_the_locked_ones():
     assert not drift, f"installed != locked (run `make venv`): {drift}"
 
 
+def exported_packages(path: str) -> set[str]:
+    return {line.split("==")[0] for line in (REPO / path).read_text().splitlines() if "==" in line}
+
+
+def test_the_core_install_and_the_eval_image_hold_no_tensorflow():
+    """`pip install trainserve` is the eval client: TensorFlow and the training stack only come with extras."""
+    import tomllib
+
+    heavy = {"tensorflow", "tensorflow-cpu", "tensorflow-serving-api", "keras", "scikit-learn", "scipy", "tensorboard"}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    core = {dep.split(">")[0].split("=")[0].split("<")[0] for dep in project["dependencies"]}
+    assert not core & heavy, f"core dependencies must stay TensorFlow-free: {sorted(core & heavy)}"
+    assert {"train", "serve", "cpu"} <= set(project["optional-dependencies"])
+    assert not exported_packages("requirements/eval.txt") & heavy
+    assert "tensorflow-serving-api" in exported_packages("requirements/serve.txt")
+
+
 @pytest.mark.parametrize("image", sorted(IMAGES_FROM_LOCK))
 def test_images_install_the_locked_export_with_hashes(image):
     dockerfile = (REPO / "images" / image / "Dockerfile").read_text()

@@ -3,8 +3,8 @@
 ARG TF_VERSION=2.21.0
 FROM trainserve-standin/tensorflow:${TF_VERSION}-gpu
 ARG TF_VERSION
-# The locked dependencies (the base already has the same tensorflow-cpu), then trainserve itself.
-COPY requirements/eval.txt /opt/trainserve/requirements.txt
+# The locked serve-local dependencies (the base already has the same tensorflow-cpu), then trainserve itself.
+COPY requirements/serve.txt /opt/trainserve/requirements.txt
 RUN pip install --no-cache-dir --no-deps --require-hashes -r /opt/trainserve/requirements.txt
 COPY pyproject.toml README.md /opt/trainserve/
 COPY src /opt/trainserve/src
