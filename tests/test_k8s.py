@@ -33,6 +33,12 @@ def pod_specs(docs: list[dict]):
     for doc in docs:
         if doc["kind"] in ("Deployment", "Job"):
             yield doc, doc["spec"]["template"]["spec"]
+        elif doc["kind"] == "CronJob":  # the rollout Jobs' templates
+            yield doc, doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+
+def all_containers(spec: dict) -> list[dict]:
+    return spec.get("initContainers", []) + spec["containers"]
 
 
 @pytest.fixture(scope="module", params=KUSTOMIZATIONS)
@@ -63,7 +69,7 @@ def test_policy_scan_has_no_failed_checks(rendered, tmp_path):
 
 def test_images_carry_the_pinned_tensorflow_version(rendered):
     _, docs, _ = rendered
-    images = {c["image"] for _, spec in pod_specs(docs) for c in spec["containers"]}
+    images = {c["image"] for _, spec in pod_specs(docs) for c in all_containers(spec)}
     assert images and all(image.endswith(f":{pinned_tf_version()}") for image in images), images
 
 
@@ -104,7 +110,7 @@ def test_every_container_is_locked_down(rendered):
     for doc, spec in pod_specs(docs):
         assert spec["securityContext"]["runAsNonRoot"] and spec["automountServiceAccountToken"] is False
         assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
-        for container in spec["containers"]:
+        for container in all_containers(spec):
             ctx = container["securityContext"]
             assert ctx["readOnlyRootFilesystem"] and not ctx["allowPrivilegeEscalation"]
             assert ctx["capabilities"]["drop"] == ["ALL"]
@@ -223,3 +229,79 @@ def test_another_model_name_reaches_training_serving_and_eval(overlay, tmp_path)
     assert "digits" not in proc.stdout
     docs = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
     assert_one_model(docs, "cats")
+
+
+def volume_path(spec: dict, container: dict, path: str) -> tuple[str, str, bool]:
+    """Where `path` inside `container` lies: (PVC claim, path within the volume, writable)."""
+    mount = max(
+        (m for m in container["volumeMounts"] if path == m["mountPath"] or path.startswith(m["mountPath"] + "/")),
+        key=lambda m: len(m["mountPath"]),
+    )  # the innermost mount wins, as in the container
+    (volume,) = (v for v in spec["volumes"] if v["name"] == mount["name"])
+    claim = volume["persistentVolumeClaim"]
+    inside = os.path.join(mount.get("subPath", ""), os.path.relpath(path, mount["mountPath"]))
+    return claim["claimName"], os.path.normpath(inside), not (mount.get("readOnly") or claim.get("readOnly"))
+
+
+def flag(container: dict, name: str) -> str:
+    (value,) = (arg.split("=", 1)[1] for arg in container["args"] if arg.startswith(f"--{name}="))
+    return value
+
+
+def test_promote_job_gates_a_rollout_with_least_privilege(rendered):
+    """candidate -> eval of the candidate -> promote, run on demand from a suspended CronJob; the config it
+    rewrites is the one serving polls, on the models volume; no Kubernetes API access, gRPC to serving only."""
+    _, docs, _ = rendered
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    serving = serving_container(docs)
+    serving_spec = by_kind[("Deployment", "serve-cpu")]["spec"]["template"]["spec"]
+    served = {e["name"]: e.get("value") for e in serving["env"]}["ROLLOUT_CONFIG_FILE"]
+    assert volume_path(serving_spec, serving, served)[2] is False, "serving reads the rollout config, never writes"
+    assert not any(d["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding") for d in docs)
+
+    for name, steps in (("promote", ["candidate", "eval", "promote"]), ("rollback", ["rollback"])):
+        cronjob = by_kind[("CronJob", name)]
+        assert cronjob["spec"]["suspend"] is True, "`kubectl apply -k` never starts a promotion or a rollback"
+        job = cronjob["spec"]["jobTemplate"]["spec"]
+        spec = job["template"]["spec"]
+        assert [c["name"] for c in all_containers(spec)] == steps
+        assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
+        account = by_kind[("ServiceAccount", spec["serviceAccountName"])]
+        assert account["automountServiceAccountToken"] is False
+        containers = {c["name"]: c for c in all_containers(spec)}
+        for step in set(steps) - {"eval"}:
+            container = containers[step]
+            assert container["command"] == ["trainserve"] and container["args"][0] == step
+            # The same file as serving's: same claim, same path in it; writable here, the versions are not.
+            config = flag(container, "config")
+            assert volume_path(spec, container, config) == (*volume_path(serving_spec, serving, served)[:2], True)
+            assert volume_path(spec, container, "/models/x/1")[2] is False, "the versions stay read-only"
+            assert flag(container, "server") == "serve-cpu:8500"
+        # Only serving's gRPC port, and serving admits these pods.
+        labels = job["template"]["metadata"]["labels"]
+        egress = [
+            rule
+            for d in docs
+            if d["kind"] == "NetworkPolicy" and "Egress" in d["spec"]["policyTypes"]
+            and d["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()
+            for rule in d["spec"].get("egress", [])
+        ]  # fmt: skip
+        to_serving = [r for r in egress if r["to"][0].get("podSelector", {}).get("matchLabels") == {
+            "app.kubernetes.io/name": "serve-cpu"}]  # fmt: skip
+        assert [p["port"] for r in to_serving for p in r["ports"]] == [8500]
+        dns = [r for r in egress if {p["port"] for p in r["ports"]} == {53}]
+        assert dns and all(r in to_serving + dns for r in egress), "serve-cpu by name, then its gRPC port only"
+        ingress = by_kind[("NetworkPolicy", "serve-cpu-from-clients")]["spec"]["ingress"][0]
+        assert ingress["from"][0]["podSelector"]["matchLabels"].items() <= labels.items()
+
+    spec = by_kind[("CronJob", "promote")]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    steps = {c["name"]: c for c in all_containers(spec)}
+    # The gate evaluates the candidate on the real server, and promote reads exactly the report it wrote.
+    assert flag(steps["eval"], "label") == "candidate" and flag(steps["eval"], "server") == "serve-cpu:8500"
+    assert float(flag(steps["eval"], "min-accuracy")) > 0
+    assert flag(steps["eval"], "report") == flag(steps["promote"], "report")
+    assert volume_path(spec, steps["eval"], flag(steps["eval"], "report"))[2]
+    assert flag(steps["candidate"], "model") == "$(MODEL_NAME)" == flag(steps["eval"], "model")
+    # A failed gate ends the Job at once: a retry would evaluate the same candidate again.
+    rules = by_kind[("CronJob", "promote")]["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
+    assert {"action": "FailJob", "onExitCodes": {"containerName": "eval", "operator": "In", "values": [1]}} in rules
