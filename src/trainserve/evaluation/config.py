@@ -142,8 +142,12 @@ class EvalConfig:
                 raise TrainserveError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
         if self.timeout <= 0 or self.retries < 0 or self.wait < 0:
             raise TrainserveError("--timeout must be > 0, --retries and --wait >= 0")
-        if self.compare_local is not None and not (self.compare_local / "saved_model.pb").is_file():
-            raise TrainserveError(f"--compare-local {self.compare_local}: expected a SavedModel version directory")
+        if self.compare_local is not None:
+            from trainserve.savedmodel import require_tensorflow
+
+            require_tensorflow("--compare-local")  # before waiting on the server, not after
+            if not (self.compare_local / "saved_model.pb").is_file():
+                raise TrainserveError(f"--compare-local {self.compare_local}: expected a SavedModel version directory")
         # Before any request: an unwritable destination must not cost a whole evaluation.
         if self.report is not None:
             ensure_writable_dir(self.report.parent, "--report")
