@@ -189,7 +189,7 @@ def run_tf_config(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trainserve.evaluation.commands import add_eval_parser, add_report_parser
+    from trainserve.evaluation.commands import add_eval_parser, add_load_parser, add_report_parser
     from trainserve.rollout.commands import add_rollout_parsers
 
     parser = EnvDefaults(
@@ -203,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_verify_parser(commands)
     add_serve_local_parser(commands)
     add_eval_parser(commands)
+    add_load_parser(commands)
     add_report_parser(commands)
     add_runs_parser(commands)
     add_tf_config_parser(commands)

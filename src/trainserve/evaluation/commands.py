@@ -1,4 +1,4 @@
-"""`trainserve eval` and `trainserve report merge`: the evaluation stage's command-line parsers and runners."""
+"""`trainserve eval`, `trainserve load`, `trainserve report merge`: the evaluation stage's command-line parsers."""
 
 from __future__ import annotations
 
@@ -78,3 +78,32 @@ def run_report_merge(args: argparse.Namespace) -> int:
     print(summary_table(merged))
     print(f"report: {write_report(merged, args.output)}")
     return 0 if merged["passed"] else 1
+
+
+def add_load_parser(commands) -> None:
+    from trainserve.evaluation.load_config import LoadConfig
+
+    p = commands.add_parser(
+        "load",
+        help="measure a served model's capacity: throughput and p50/p90/p99 over concurrency and request rate",
+        description="Sweep concurrency (closed loop) and request rate (open loop, Poisson arrivals, latency from "
+        "the scheduled send time) for each batch size; each point is measured in windows until the last 3 agree "
+        "within 10 % (else it is reported unstable). Answers are checked against the labels of --data, or the "
+        "inputs are synthetic, from the signature. Exit 1 when no point meets --latency-budget-ms.",
+    )
+    add_options(p, LoadConfig)
+    p.set_defaults(func=run_load)
+
+
+def run_load(args: argparse.Namespace) -> int:
+    from trainserve.evaluation.load import LoadConfig, run_sweep
+    from trainserve.evaluation.load_report import load_table, write_load_plot, write_load_report
+
+    config = config_from_args(LoadConfig, args)
+    result = run_sweep(config)
+    print(load_table(result.report))
+    if config.report:
+        print(f"report: {write_load_report(result.report, config.report)}")
+    if config.plots:
+        print(f"plot: {write_load_plot(result.report, config.plots)}")
+    return 0 if result.passed else 1
