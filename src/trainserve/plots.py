@@ -136,15 +136,21 @@ def plot_throughput_vs_latency(points: list[dict], out: Path, title: str, budget
     """`trainserve load`: p99 against examples/s, one line per batch size and loop (closed: C workers, open:
     R requests/s), each point labelled; hollow markers are unstable points; the budget as a dashed line."""
     plt = _pyplot()
+    from matplotlib import ticker
+
     fig, ax = plt.subplots(figsize=(8, 5))
     series: dict[tuple[str, int], list[dict]] = {}
     for p in points:
         if p["latency_ms"]:
             series.setdefault((p["mode"], p["batch_size"]), []).append(p)
+    batches = sorted({batch for _, batch in series})
     for (mode, batch), members in sorted(series.items()):
         loop = "closed" if mode == "concurrency" else "open"
         xs, ys = [p["examples_per_s"] for p in members], [p["latency_ms"]["p99"] for p in members]
-        (line,) = ax.plot(xs, ys, linestyle="-" if loop == "closed" else "--", label=f"batch {batch}, {loop} loop")
+        color = f"C{batches.index(batch) % 10}"  # one colour per batch size; the loop is the line style
+        (line,) = ax.plot(
+            xs, ys, color=color, linestyle="-" if loop == "closed" else "--", label=f"batch {batch}, {loop} loop"
+        )
         for p, x, y in zip(members, xs, ys):
             face = line.get_color() if p["stable"] else "none"
             ax.plot([x], [y], marker="o", markerfacecolor=face, markeredgecolor=line.get_color())
@@ -155,6 +161,8 @@ def plot_throughput_vs_latency(points: list[dict], out: Path, title: str, budget
     ax.set_xlabel("throughput (examples/s)")
     ax.set_ylabel("p99 latency (ms)")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
     ax.set_title(f"{title}: hollow = unstable")
     ax.grid(alpha=0.3, which="both")
     if series or budget_ms is not None:
