@@ -122,7 +122,10 @@ def test_train_serve_eval_and_a_second_version_without_restart(docker_client, en
         compose(env, "up", "-d", "serve-cpu")
         serve = container(docker_client, "serve-cpu")
         wait_until(lambda: "no version published yet" in serve.logs().decode(), "serve-cpu to log the wait", 60)
-        assert f"serving model '{MODEL}' from /models/{MODEL}" in serve.logs().decode()
+        # compose keeps the serving config on the `rollout` volume (gated rollout), started from MODEL_NAME
+        logs = serve.logs().decode()
+        assert f"started the rollout config /rollout/models.config from MODEL_NAME '{MODEL}'" in logs, logs
+        assert f"serving the models named in /rollout/models.config: {MODEL}" in logs, logs
         time.sleep(6)
         serve.reload()
         assert serve.status == "running" and serve.attrs["RestartCount"] == 0
