@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import keras
 import numpy as np
 import pytest
@@ -10,12 +15,18 @@ from trainserve.training.model import GradientAccumulationModel, build_model, fl
 
 
 def _pair(micro_batches: int):
+    """The same network twice, with its own layers each (models built on one graph of layers would share
+    their weights, and every comparison of the two would hold trivially), starting from equal weights."""
+
+    def network():
+        inputs = keras.Input((4, 4, 1))
+        hidden = keras.layers.Dense(8, activation="relu")(keras.layers.Flatten()(inputs))
+        return inputs, keras.layers.Dense(3, activation="softmax")(hidden)
+
     keras.utils.set_random_seed(0)
-    inputs = keras.Input((4, 4, 1))
-    hidden = keras.layers.Dense(8, activation="relu")(keras.layers.Flatten()(inputs))
-    outputs = keras.layers.Dense(3, activation="softmax")(hidden)
-    plain = keras.Model(inputs, outputs)
-    accumulating = GradientAccumulationModel(inputs, outputs, micro_batches=micro_batches)
+    plain = keras.Model(*network())
+    accumulating = GradientAccumulationModel(*network(), micro_batches=micro_batches)
+    accumulating.set_weights(plain.get_weights())
     for model in (plain, accumulating):
         model.compile(optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy")
     return plain, accumulating
@@ -25,15 +36,46 @@ def _pair(micro_batches: int):
 def test_accumulated_step_equals_one_full_batch_step(micro_batches, batch):
     plain, accumulating = _pair(micro_batches)
     start = [w.copy() for w in plain.get_weights()]
-    accumulating.set_weights(start)
     rng = np.random.default_rng(1)
     x = rng.random((batch, 4, 4, 1)).astype(np.float32)
     y = rng.integers(0, 3, batch)
-    plain.train_on_batch(x, y)
-    accumulating.train_on_batch(x, y)
+    reported = plain.train_on_batch(x, y), accumulating.train_on_batch(x, y)
+    np.testing.assert_allclose(reported[1], reported[0], rtol=1e-5, err_msg="the same loss, as Keras reports it")
     for a, b, s in zip(plain.get_weights(), accumulating.get_weights(), start):
         assert not np.allclose(a, s), "the step changed the weights"
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+# The same comparison under MirroredStrategy on two logical CPUs (set before TensorFlow starts: a fresh
+# process), where the loss Keras reports depends on its convention for per-replica losses.
+MIRRORED_STEP = """
+import json, sys
+import numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+sys.path.insert(0, sys.argv[1])
+from test_model import _pair
+strategy = tf.distribute.MirroredStrategy(
+    ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device="/cpu:0"))
+with strategy.scope():
+    plain, accumulating = _pair(2)
+rng = np.random.default_rng(1)
+x, y = rng.random((16, 4, 4, 1)).astype(np.float32), rng.integers(0, 3, 16)
+fits = [m.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0) for m in (plain, accumulating)]
+losses = [fit.history["loss"][0] for fit in fits]
+diff = max(float(np.abs(a - b).max()) for a, b in zip(plain.get_weights(), accumulating.get_weights()))
+print(json.dumps({"losses": losses, "max_weight_diff": diff}))
+"""
+
+
+@pytest.mark.slow
+def test_accumulated_step_equals_one_full_batch_step_under_mirrored_strategy():
+    tests = str(Path(__file__).parent)
+    proc = subprocess.run([sys.executable, "-c", MIRRORED_STEP, tests], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(result["losses"][1], result["losses"][0], rtol=1e-5)
+    assert result["max_weight_diff"] < 1e-5
 
 
 def test_float32_copy_of_a_mixed_precision_model_keeps_weights():

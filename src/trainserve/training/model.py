@@ -27,12 +27,22 @@ class GradientAccumulationModel(keras.Model):
         self.micro_batches = micro_batches
 
     def train_step(self, data):
+        """Keras' own train_step (keras/src/backend/tensorflow/trainer.py), sliced: public API only.
+
+        One convention of Keras' is mirrored rather than called: under tf.distribute, `compute_loss` returns
+        the replica's share of the global mean (divided by the replicas in sync), and the `loss` metric is
+        fed that share times the replicas. Keras' own helper for it is internal
+        (keras.src.losses.loss.unscale_loss_for_distribution). tests/test_model.py checks the reported
+        loss and the weights against Keras' own step, without and with MirroredStrategy: a Keras release
+        that changes the convention fails there.
+        """
         import tensorflow as tf
-        from keras.src.losses.loss import unscale_loss_for_distribution
 
         x, y = data[0], data[1]
         size = tf.shape(tf.nest.flatten(x)[0])[0]
         weights = self.trainable_weights
+        loss_metric = next(m for m in self.metrics if m.name == "loss")  # Keras' loss tracker, first in metrics
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
         total = None
         for i in range(self.micro_batches):
             start, end = (size * i) // self.micro_batches, (size * (i + 1)) // self.micro_batches
@@ -40,8 +50,8 @@ class GradientAccumulationModel(keras.Model):
             share = tf.cast(end - start, tf.float32) / tf.cast(size, tf.float32)
             with tf.GradientTape() as tape:
                 y_pred = self(xs, training=True)
-                loss = self._compute_loss(x=xs, y=ys, y_pred=y_pred, training=True)
-                self._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=end - start)
+                loss = self.compute_loss(x=xs, y=ys, y_pred=y_pred, training=True)
+                loss_metric.update_state(loss * tf.cast(replicas, loss.dtype), sample_weight=end - start)
                 scaled = self.optimizer.scale_loss(loss * tf.cast(share, loss.dtype))
             grads = tape.gradient(scaled, weights)
             total = grads if total is None else [a + b for a, b in zip(total, grads)]
