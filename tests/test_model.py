@@ -91,3 +91,25 @@ def test_float32_copy_of_a_mixed_precision_model_keeps_weights():
         np.testing.assert_array_equal(a, b)
     x = np.random.default_rng(0).random((4, 8, 8, 1)).astype(np.float32)
     np.testing.assert_allclose(mixed.predict(x, verbose=0), clone.predict(x, verbose=0), atol=1e-2)
+
+
+@pytest.mark.parametrize("seed", range(4), ids=lambda seed: f"seed{seed}")
+def test_the_default_model_learns_the_bundled_digits_in_five_epochs(seed):
+    """`trainserve train`'s defaults (CNN, learning rate, batch, validation split) on the digits it ships:
+    above 0.9 held-out accuracy after 5 epochs, in seconds on a CPU, whatever the seed (measured: 0.95,
+    0.95, 0.93, 0.94; Keras' default learning rate, 1e-3, gave 0.91, 0.91, 0.85, 0.86)."""
+    from trainserve.data import load_dataset
+    from trainserve.training.config import TrainConfig
+    from trainserve.training.model import build_for_training
+    from trainserve.training.model_fn import data_spec, input_structure
+    from trainserve.training.multi_worker import evaluate_locally
+    from trainserve.training.pipeline import make_batches
+
+    config = TrainConfig(seed=seed)
+    dataset = load_dataset(config.data, config.synthetic, config.seed, config.label_column, config.test_fraction)
+    keras.utils.set_random_seed(config.seed)
+    spec = data_spec(dataset.train, dataset.task)
+    model = build_for_training(config.model_reference, spec, config.learning_rate)
+    batches = make_batches(dataset, config.batch_size, 1, config.seed, config.validation_split, input_structure(model))
+    model.fit(batches.train, epochs=5, shuffle=False, verbose=0)
+    assert evaluate_locally(model, batches.test, spec.task)["accuracy"] > 0.9

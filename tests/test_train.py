@@ -64,10 +64,10 @@ def has_half_precision(version_dir: Path) -> bool:
 
 
 def test_digits_publishes_v1_then_v2_and_each_scores_in_a_fresh_process(tmp_path):
-    first = train(tmp_path, "--epochs", "20")
+    first = train(tmp_path, "--epochs", "5")
     assert "published digits version 1 at" in first.stdout
     assert "no GPU visible: training on the CPU" in first.stderr
-    train(tmp_path, "--epochs", "20")
+    train(tmp_path, "--epochs", "5")
     base = tmp_path / "models" / "digits"
     assert numeric_versions(base) == [1, 2]
     for version in (1, 2):
@@ -85,7 +85,7 @@ def test_digits_publishes_v1_then_v2_and_each_scores_in_a_fresh_process(tmp_path
         assert (base / str(version) / "assets.extra" / "tf_serving_warmup_requests").stat().st_size > 0
     logs = tmp_path / "logs"
     with open(logs / "history.csv") as fh:
-        assert [row["epoch"] for row in csv.DictReader(fh)] == [str(e) for e in range(20)]
+        assert [row["epoch"] for row in csv.DictReader(fh)] == [str(e) for e in range(5)]
     assert (logs / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((logs / "tensorboard" / "train").glob("events.out.tfevents.*"))
     run = summary(tmp_path)
