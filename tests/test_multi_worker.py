@@ -3,10 +3,14 @@ TF_CONFIG builder the Kubernetes Indexed Job uses."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -67,31 +71,91 @@ def test_tf_config_command_prints_json(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["task"]["index"] == 1
 
 
-@pytest.mark.slow
-def test_two_workers_train_one_model_and_only_worker_zero_publishes(tmp_path):
-    workers = [f"localhost:{free_port()}" for _ in range(2)]
-    procs = []
-    for index in range(2):
+def test_epoch_checkpoint_restores_model_optimizer_and_epoch_and_only_the_chief_keeps_it(tmp_path):
+    import keras
+    import numpy as np
+
+    from trainserve.training.multi_worker import EpochCheckpoint, checkpointed_epochs
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        optimizer = keras.optimizers.Adam(0.1)
+        optimizer.build(model.trainable_variables)
+        return model, optimizer
+
+    model, optimizer = build()
+    optimizer.apply_gradients([(np.ones(v.shape, "float32"), v) for v in model.trainable_variables])
+    directory = tmp_path / "backup" / "m"
+    EpochCheckpoint(directory, is_chief=False, model=model, optimizer=optimizer).save(2)
+    assert not directory.exists() and checkpointed_epochs(directory) == 0, "a worker's copy is not kept"
+    chief = EpochCheckpoint(directory, is_chief=True, model=model, optimizer=optimizer)
+    chief.save(2)
+    chief.save(3)
+    assert checkpointed_epochs(directory) == 3 and len(list(directory.glob("*.index"))) == 1
+
+    fresh, fresh_optimizer = build()
+    assert EpochCheckpoint(directory, is_chief=False, model=fresh, optimizer=fresh_optimizer).restore() == 3
+    for a, b in zip(model.get_weights() + [v.numpy() for v in optimizer.variables],
+                    fresh.get_weights() + [v.numpy() for v in fresh_optimizer.variables]):  # fmt: skip
+        np.testing.assert_array_equal(a, b)
+    assert int(fresh_optimizer.iterations.numpy()) == 1
+    chief.delete()
+    assert not directory.exists() and (tmp_path / "backup").is_dir(), "the volume's own directory stays"
+
+
+class Worker:
+    """One `trainserve train` worker process of a localhost cluster, logging to its own file."""
+
+    def __init__(self, tmp: Path, workers: list[str], index: int, *args: str, run: str = "a"):
         env = {
             **os.environ,
             "TF_CPP_MIN_LOG_LEVEL": "2",
             "TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}),
         }
-        log = open(tmp_path / f"worker-{index}.log", "w")  # noqa: SIM115
-        procs.append((subprocess.Popen(
-            [sys.executable, "-m", "trainserve", "train", "--epochs", "4", "--batch-size", "32",
-             "--export-base", str(tmp_path / "models"), "--data-dir", str(tmp_path / "data"),
-             "--logs-dir", str(tmp_path / "logs")],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        ), log))  # fmt: skip
-    for proc, log in procs:
-        proc.wait(timeout=300)
-        log.close()
-    logs = [(tmp_path / f"worker-{i}.log").read_text() for i in range(2)]
-    assert [p.returncode for p, _ in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+        self.log_path = tmp / f"worker-{index}-{run}.log"
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "trainserve", "train", "--epochs", "4", "--batch-size", "32",
+                 "--export-base", str(tmp / "models"), "--data-dir", str(tmp / "data"),
+                 "--logs-dir", str(tmp / "logs"), *args],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
 
-    chief = json.loads((tmp_path / "logs" / "run_summary.json").read_text())
-    other = json.loads((tmp_path / "logs" / "worker-1" / "run_summary.json").read_text())
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(
+                f"{self.log_path.name} still running after {timeout} s:\n{self.log()[-3000:]}"
+            ) from None
+
+
+def start_workers(tmp: Path, *args: str, run: str = "a") -> list[Worker]:
+    workers = [f"localhost:{free_port()}" for _ in range(2)]
+    return [Worker(tmp, workers, index, *args, run=run) for index in range(2)]
+
+
+def finish(workers: list[Worker]) -> list[str]:
+    codes = [w.wait() for w in workers]
+    logs = [w.log() for w in workers]
+    assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    return logs
+
+
+def summaries(tmp: Path) -> tuple[dict, dict]:
+    chief = json.loads((tmp / "logs" / "run_summary.json").read_text())
+    return chief, json.loads((tmp / "logs" / "worker-1" / "run_summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_two_workers_train_one_model_and_only_worker_zero_publishes(tmp_path):
+    logs = finish(start_workers(tmp_path))
+    chief, other = summaries(tmp_path)
     for summary, index in ((chief, 0), (other, 1)):
         assert summary["devices"]["strategy"] == "multi-worker"
         assert summary["devices"]["workers"] == 2 and summary["devices"]["worker_index"] == index
@@ -105,3 +169,39 @@ def test_two_workers_train_one_model_and_only_worker_zero_publishes(tmp_path):
     assert chief["version"] == 1 and other["version"] is None
     assert "CPU gate passed" in logs[0] and "CPU gate passed" not in logs[1]
     assert chief["metrics"]["test_accuracy"] > 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [1, 0], ids=["kill-worker-1", "kill-the-chief"])
+def test_a_killed_worker_makes_the_group_restart_and_resume_at_its_epoch(tmp_path, victim):
+    backup = ("--backup-dir", str(tmp_path / "backup"))
+    first = start_workers(tmp_path, *backup)
+    killed, survivor = first[victim], first[1 - victim]
+    # A worker logs "epoch 1/4" once epoch 1 is checkpointed, then goes straight into epoch 2, which no
+    # worker can finish without it: killed now, it dies in epoch 2 whatever the machine's speed.
+    deadline = time.monotonic() + 240
+    while "epoch 1/4:" not in killed.log():
+        assert time.monotonic() < deadline and killed.proc.poll() is None, killed.log()[-3000:]
+        time.sleep(0.02)
+    killed.proc.send_signal(signal.SIGKILL)
+    assert killed.wait() == -signal.SIGKILL
+    # The survivor does not hang in its collectives: it exits by itself, with the code that tells
+    # Kubernetes to restart the group without counting a failure (k8s/components/multi-worker).
+    assert survivor.wait(timeout=120) == 75, survivor.log()[-3000:]
+    assert "another worker was lost" in survivor.log().strip().splitlines()[-1]
+    assert "epoch 2/4:" not in survivor.log()
+    assert not (tmp_path / "models" / "digits").exists() or numeric_versions(tmp_path / "models" / "digits") == []
+
+    logs = finish(start_workers(tmp_path, *backup, run="b"))
+    for log in logs:
+        assert "resuming from epoch 2 of 4" in log and "epoch 1/4:" not in log and "epoch 2/4:" in log
+    chief, other = summaries(tmp_path)
+    assert chief["resumed_from_epoch"] == other["resumed_from_epoch"] == 2
+    steps = 1293 // 64  # as above: 3 epochs after the restart, half of every global batch each
+    assert chief["examples_seen_by_this_worker"] == other["examples_seen_by_this_worker"] == 3 * steps * 32
+    assert chief["weights_sha256"] == other["weights_sha256"], "the workers end with identical weights"
+    assert numeric_versions(tmp_path / "models" / "digits") == [1], "only the chief publishes, once"
+    assert chief["version"] == 1 and other["version"] is None
+    with open(tmp_path / "logs" / "history.csv") as fh:
+        assert [row["epoch"] for row in csv.DictReader(fh)] == ["0", "1", "2", "3"]
+    assert not (tmp_path / "backup" / "digits").exists(), "the checkpoint is deleted once the model is published"

@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except TrainserveError as exc:
         print(f"trainserve {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return getattr(exc, "exit_code", 2)  # a few errors have their own (multi-worker's WorkerLost: 75)
     except ModuleNotFoundError as exc:  # a part the core install (the TensorFlow-free eval client) leaves out
         if args.verbose:
             raise

@@ -1,8 +1,9 @@
 """What training reports to, and how a killed run resumes.
 
 Each worker writes its own logs directory: history.csv, TensorBoard events and the examples/s meter's
-numbers. With --backup-dir, Keras' BackupAndRestore saves every finished epoch, and a rerun of the same
-command resumes after the last one.
+numbers. With --backup-dir, every finished epoch is saved (Keras' BackupAndRestore; under multi-worker,
+the custom loop's own checkpoint, `multi_worker.EpochCheckpoint`), and a rerun of the same command
+resumes after the last one.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class FitCallbacks:
     history: keras.callbacks.CSVLogger
     tensorboard: keras.callbacks.TensorBoard
     throughput: ThroughputCallback
-    backup: keras.callbacks.BackupAndRestore | None = None
+    backup: keras.callbacks.BackupAndRestore | None = None  # fit's; the multi-worker loop checkpoints itself
     resuming_from: int = 0  # epochs already finished by the run a backup resumes (0: a fresh start)
 
     @property
@@ -63,13 +64,13 @@ class FitCallbacks:
 
 
 def backup_dir_for(config: TrainConfig, plan: DevicePlan) -> Path | None:
-    """Where BackupAndRestore keeps this model's backup; None without --backup-dir or under multi-worker."""
+    """Where this model's backup lives; None without --backup-dir. Under multi-worker, the chief's
+    checkpoint, which every worker restores: --backup-dir must be one volume that all of them reach."""
     if config.backup_dir is None:
+        if plan.multi_worker:
+            log.warning("no --backup-dir: a group that loses a worker restarts at epoch 1")
         return None
-    if plan.multi_worker:
-        log.warning("--backup-dir is not used by multi-worker training: a preempted run restarts at epoch 1")
-        return None
-    # One subdirectory per model: Keras deletes its backup directory when training ends, and a volume's
+    # One subdirectory per model: the backup is deleted when it is no longer needed, and a volume's
     # mount point (or another model's backup) must survive that.
     return config.backup_dir / config.model_name
 
@@ -79,13 +80,18 @@ def make_callbacks(config: TrainConfig, plan: DevicePlan, backup_dir: Path | Non
     logs_dir = config.logs_dir if plan.is_chief else config.logs_dir / f"worker-{plan.worker_index}"
     logs_dir.mkdir(parents=True, exist_ok=True)
     throughput = ThroughputCallback(train_examples)
-    resuming_from = resume_epoch(backup_dir)
+    if plan.multi_worker:
+        from trainserve.training.multi_worker import checkpointed_epochs
+
+        resuming_from = checkpointed_epochs(backup_dir)
+    else:
+        resuming_from = resume_epoch(backup_dir)
     history = keras.callbacks.CSVLogger(str(logs_dir / "history.csv"), append=bool(resuming_from))
     backup = None
-    if backup_dir is not None:
+    if backup_dir is not None and not plan.multi_worker:
         backup = keras.callbacks.BackupAndRestore(str(backup_dir))
-        if resuming_from:
-            log.info("resuming from epoch %d of %d (backup in %s)", resuming_from + 1, config.epochs, backup_dir)
+    if resuming_from:
+        log.info("resuming from epoch %d of %d (backup in %s)", resuming_from + 1, config.epochs, backup_dir)
     tensorboard = keras.callbacks.TensorBoard(str(logs_dir / "tensorboard"), write_graph=False)
     return FitCallbacks(logs_dir, history, tensorboard, throughput, backup, resuming_from)
 

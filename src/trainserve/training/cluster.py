@@ -4,6 +4,8 @@ Each pod of an Indexed Job is `<job>-<index>`, gets JOB_COMPLETION_INDEX, and wi
 is resolvable as `<job>-<index>.<service>`. Every worker needs the same cluster list and its own index:
 
     export TF_CONFIG="$(trainserve tf-config)"   # from JOB_COMPLETION_INDEX and TRAINSERVE_* variables
+
+A worker that loses a peer exits with `WorkerLost.exit_code`, which the Job's podFailurePolicy knows.
 """
 
 from __future__ import annotations
@@ -16,6 +18,16 @@ from typing import NamedTuple
 from trainserve.errors import TrainserveError
 
 DEFAULT_PORT = 2222
+
+
+class WorkerLost(TrainserveError):
+    """Another worker of the group stopped (killed, preempted, restarted): this one cannot go on alone.
+
+    Its own exit code (EX_TEMPFAIL), so that Kubernetes can tell it from a failure of this worker's own:
+    the Job's podFailurePolicy replaces such a pod without counting it against the Job's backoffLimit.
+    """
+
+    exit_code = 75
 
 
 class ClusterTask(NamedTuple):

@@ -5,21 +5,109 @@ Each global batch is split across all replicas of all workers and the optimizer 
 gradients, so every worker ends with the same weights (`weights_digest`, in each worker's run summary,
 shows it). Evaluation is plain forward passes with no collectives, so it is safe on every worker, even
 after the others have finished.
+
+A lost worker: every finished epoch is checkpointed (`EpochCheckpoint`). When a worker dies, the others'
+collectives fail within seconds (TensorFlow's coordination service stops hearing its heartbeats, or sees it
+come back as a new process); they then exit with `WorkerLost.exit_code`, so the whole group restarts and
+resumes after the last checkpointed epoch. A group restarts only as a whole: no worker may exit 0 before the
+chief has published (`wait_for_all_workers`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import keras
 import numpy as np
 
+from trainserve.errors import TrainserveError, first_line
 from trainserve.layout import CLASSES, PREDICTIONS, PROBABILITIES, Task
+from trainserve.training.cluster import WorkerLost
 from trainserve.training.pipeline import Batches
 
 log = logging.getLogger(__name__)
+
+EPOCH_VARIABLE = "epoch/.ATTRIBUTES/VARIABLE_VALUE"  # the finished epochs, as tf.train.Checkpoint names them
+
+
+@contextlib.contextmanager
+def exit_when_a_worker_is_lost(enabled: bool) -> Iterator[None]:
+    """Turn TensorFlow's error for a collective that lost a peer into `WorkerLost`."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
+        if not enabled:
+            raise
+        reason = re.sub(r"^\{\{[^}]*\}\}\s*", "", first_line(exc))  # TF's "{{function_node ...}}" prefix
+        raise WorkerLost(
+            f"another worker was lost ({type(exc).__name__}: {reason}): exiting with code"
+            f" {WorkerLost.exit_code} so that the whole group restarts and resumes after its last checkpointed epoch"
+        ) from None
+
+
+def wait_for_all_workers(strategy) -> None:
+    """A barrier: returns once every worker has called it (one all-reduce of a scalar)."""
+    import tensorflow as tf
+
+    strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1)), axis=None)
+
+
+def checkpointed_epochs(directory: Path | None) -> int:
+    """Epochs finished by the run whose checkpoints `directory` holds (0: none, a fresh start)."""
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(str(directory)) if directory is not None and directory.is_dir() else None
+    return int(tf.train.load_variable(latest, EPOCH_VARIABLE)) if latest else 0
+
+
+class EpochCheckpoint:
+    """The model, the optimizer and the number of finished epochs, saved after every epoch.
+
+    As TensorFlow's multi-worker guide prescribes: every worker saves (saving distributed variables may need
+    collectives), but only the chief's copy, in `directory` on a volume every worker reaches, is kept; the
+    others write to a temporary directory of their own and delete it at once. A restarted group restores the
+    chief's latest checkpoint on every worker: an epoch cut short is simply trained again.
+    """
+
+    def __init__(self, directory: Path, is_chief: bool, **trackables):
+        import tensorflow as tf
+
+        self.directory, self.is_chief = directory, is_chief
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._checkpoint = tf.train.Checkpoint(epoch=self.epoch, **trackables)
+
+    def restore(self) -> int:
+        """Load the chief's latest checkpoint, if any; returns the epochs it had finished."""
+        import tensorflow as tf
+
+        latest = tf.train.latest_checkpoint(str(self.directory)) if self.directory.is_dir() else None
+        if latest:
+            self._checkpoint.restore(latest).assert_existing_objects_matched()
+        return int(self.epoch.numpy())
+
+    def save(self, epochs_done: int) -> None:
+        import tensorflow as tf
+
+        self.epoch.assign(epochs_done)
+        target = self.directory if self.is_chief else Path(tempfile.mkdtemp(prefix="trainserve-checkpoint-"))
+        tf.train.CheckpointManager(self._checkpoint, str(target), max_to_keep=1).save(checkpoint_number=epochs_done)
+        if not self.is_chief:
+            shutil.rmtree(target, ignore_errors=True)
+
+    def delete(self) -> None:
+        """Remove the chief's checkpoints once they are no longer needed (the next run starts afresh)."""
+        if self.is_chief:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 @dataclass
@@ -81,9 +169,13 @@ def fit_multi_worker(
     mixed_precision: bool,
     callbacks: list[keras.callbacks.Callback],
     task: Task,
-) -> int:
+    checkpoint_dir: Path | None = None,
+    is_chief: bool = True,
+) -> tuple[int, EpochCheckpoint | None]:
     """Train `model` (built under `strategy`) for `epochs`, reporting each epoch to `callbacks` as fit
-    would; returns how many training examples this worker itself processed."""
+    would; with `checkpoint_dir`, resume after the last checkpointed epoch and checkpoint every epoch.
+    Returns how many training examples this worker itself processed, and the checkpoint (the caller
+    deletes it once the model is safe)."""
     import tensorflow as tf
 
     with strategy.scope():
@@ -91,6 +183,11 @@ def fit_multi_worker(
         if mixed_precision:
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
+    checkpoint = EpochCheckpoint(checkpoint_dir, is_chief, model=model, optimizer=optimizer) if checkpoint_dir else None
+    first_epoch = 0
+    if checkpoint:
+        first_epoch = checkpoint.restore()
+        _check_same_epoch_everywhere(strategy, first_epoch)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     distributed = strategy.experimental_distribute_dataset(batches.train.with_options(options))
@@ -100,11 +197,13 @@ def fit_multi_worker(
     for callback in callbacks:
         callback.set_model(model)
         callback.on_train_begin()
-    for epoch in range(epochs):
+    for epoch in range(first_epoch, epochs):
         for callback in callbacks:
             callback.on_epoch_begin(epoch)
         totals = _train_one_epoch(strategy, step, distributed)
         seen_here += totals.seen_here
+        if checkpoint:  # before anything reports the epoch done
+            checkpoint.save(epoch + 1)
         validation = evaluate_locally(model, batches.validation, task) if batches.validation is not None else None
         logs = totals.logs(task, validation)
         log.info("epoch %d/%d: %s", epoch + 1, epochs, ", ".join(f"{k} {v:.4f}" for k, v in logs.items()))
@@ -112,7 +211,19 @@ def fit_multi_worker(
             callback.on_epoch_end(epoch, logs)
     for callback in callbacks:
         callback.on_train_end()
-    return seen_here
+    return seen_here, checkpoint
+
+
+def _check_same_epoch_everywhere(strategy, epoch: int) -> None:
+    """Every worker must resume from the same epoch (the chief's checkpoint, read over the shared volume)."""
+    import tensorflow as tf
+
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(epoch, tf.int64)), axis=None)
+    if int(total) != epoch * strategy.num_replicas_in_sync:
+        raise TrainserveError(
+            f"this worker restored epoch {epoch} but the others did not: expected every worker to read the"
+            " chief's checkpoint from one shared --backup-dir"
+        )
 
 
 def _make_train_step(strategy, model: keras.Model, optimizer, global_batch: int, task: Task):

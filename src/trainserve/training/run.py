@@ -31,7 +31,14 @@ from trainserve.training.export import export_on_cpu, serving_outputs
 from trainserve.training.gate import FLOAT32_ATOL, MIXED_PRECISION_ATOL, run_gate, save_golden
 from trainserve.training.model import build_for_training
 from trainserve.training.model_fn import DataSpec, data_spec, input_structure
-from trainserve.training.multi_worker import evaluate_locally, fit_multi_worker, weights_digest
+from trainserve.training.multi_worker import (
+    EpochCheckpoint,
+    evaluate_locally,
+    exit_when_a_worker_is_lost,
+    fit_multi_worker,
+    wait_for_all_workers,
+    weights_digest,
+)
 from trainserve.training.pipeline import Batches, make_batches
 from trainserve.training.publish import PublishedVersion, ensure_writable, publish_or_discard, staging_dir
 
@@ -64,6 +71,7 @@ class TrainingOutcome:
     metrics: dict[str, float]  # on the held-out split: test_loss and test_accuracy, or test_loss and test_mae
     examples_seen: int | None  # by this worker; counted only by the multi-worker loop
     weights_sha256: str
+    checkpoint: EpochCheckpoint | None = None  # the multi-worker loop's, deleted once the model is published
 
 
 @dataclass
@@ -88,22 +96,32 @@ def train(config: TrainConfig) -> TrainResult:
         log.info("held-out split written to %s", shared)
 
     spec = data_spec(dataset.train, dataset.task)
-    model = _build_model(config, spec, devices)
-    structure = input_structure(model)
-    batches = make_batches(
-        dataset, devices.global_batch, config.grad_accum, config.seed, config.validation_split, structure
-    )
-    callbacks = make_callbacks(config, plan, backup_dir, batches.train_examples)
-    outcome = _fit_and_evaluate(config, devices, model, batches, callbacks, spec)
+    # Under multi-worker, a lost peer ends this worker too, with the exit code that restarts the group.
+    with exit_when_a_worker_is_lost(plan.multi_worker):
+        model = _build_model(config, spec, devices)
+        structure = input_structure(model)
+        batches = make_batches(
+            dataset, devices.global_batch, config.grad_accum, config.seed, config.validation_split, structure
+        )
+        callbacks = make_callbacks(config, plan, backup_dir, batches.train_examples)
+        outcome = _fit_and_evaluate(config, devices, model, batches, callbacks, spec, backup_dir)
 
-    # Named once (the fingerprint hashes every array) for the run summary and the published metadata.
-    data_info = {"source": config.data, "name": dataset.name, "fingerprint": dataset.fingerprint()}
-    published = (
-        _export_and_publish(config, dataset, spec, data_info, model, plan, outcome.metrics) if plan.is_chief else None
-    )
-    summary_path = _write_run_summary(config, started, data_info, devices, callbacks, outcome, published)
-    if callbacks.history_csv.is_file():
-        plot_training_curves(callbacks.history_csv, callbacks.logs_dir / "training_curves.png")
+        # Named once (the fingerprint hashes every array) for the run summary and the published metadata.
+        data_info = {"source": config.data, "name": dataset.name, "fingerprint": dataset.fingerprint()}
+        published = (
+            _export_and_publish(config, dataset, spec, data_info, model, plan, outcome.metrics)
+            if plan.is_chief
+            else None
+        )
+        if outcome.checkpoint is not None:  # kept until now: a failed export resumes after the last epoch
+            outcome.checkpoint.delete()
+        summary_path = _write_run_summary(config, started, data_info, devices, callbacks, outcome, published)
+        if callbacks.history_csv.is_file():
+            plot_training_curves(callbacks.history_csv, callbacks.logs_dir / "training_curves.png")
+        if plan.multi_worker:
+            # No worker ends before the chief has published: one that exited 0 is not restarted, and a
+            # group restart (the chief failing to publish) would wait for it forever.
+            wait_for_all_workers(devices.strategy)
     log.info("logs in %s (history.csv, training_curves.png, tensorboard/, run_summary.json)", callbacks.logs_dir)
     version, version_dir = published if published else (None, None)
     return TrainResult(version, version_dir, outcome.metrics, summary_path)
@@ -166,13 +184,19 @@ def _build_model(config: TrainConfig, spec: DataSpec, devices: Devices) -> keras
 
 
 def _fit_and_evaluate(
-    config: TrainConfig, devices: Devices, model: keras.Model, batches: Batches, callbacks: FitCallbacks, spec: DataSpec
+    config: TrainConfig,
+    devices: Devices,
+    model: keras.Model,
+    batches: Batches,
+    callbacks: FitCallbacks,
+    spec: DataSpec,
+    backup_dir: Path | None,
 ) -> TrainingOutcome:
     """Train for --epochs (per-epoch metrics on the validation split), then score the held-out test split
     with plain forward passes."""
-    examples_seen = None
+    examples_seen, checkpoint = None, None
     if devices.plan.multi_worker:
-        examples_seen = fit_multi_worker(
+        examples_seen, checkpoint = fit_multi_worker(
             devices.strategy,
             model,
             batches,
@@ -182,6 +206,8 @@ def _fit_and_evaluate(
             mixed_precision=devices.plan.mixed_precision,
             callbacks=[callbacks.history, callbacks.throughput],
             task=spec.task,
+            checkpoint_dir=backup_dir,
+            is_chief=devices.plan.is_chief,
         )
     else:
         model.fit(
@@ -198,6 +224,7 @@ def _fit_and_evaluate(
         metrics=metrics,
         examples_seen=examples_seen,
         weights_sha256=weights_digest(model),
+        checkpoint=checkpoint,
     )
 
 
