@@ -173,6 +173,30 @@ def test_multi_worker_component_wires_dns_and_tf_config():
     assert all(d["metadata"].get("namespace") == "trainserve" for d in docs if d["kind"] != "Namespace")
 
 
+def test_multi_worker_job_restarts_the_whole_group_from_a_shared_checkpoint():
+    """A lost worker: its index is replaced, the survivors exit with WorkerLost's code and are replaced too,
+    neither that echo nor a preemption spends the Job's budget, and every worker reaches the checkpoint."""
+    from trainserve.training.cluster import WorkerLost
+
+    docs = render("k8s/overlays/multi-worker")
+    (job,) = (d for d in docs if d["kind"] == "Job" and d["metadata"]["name"] == "train-mw")
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and spec["podReplacementPolicy"] == "Failed"
+    assert "backoffLimitPerIndex" not in spec, "one budget for the group: the workers succeed or fail together"
+    ignored = [rule for rule in spec["podFailurePolicy"]["rules"] if rule["action"] == "Ignore"]
+    assert {"containerName": "train", "operator": "In", "values": [WorkerLost.exit_code]} in [
+        rule.get("onExitCodes") for rule in ignored
+    ]
+    assert [{"type": "DisruptionTarget", "status": "True"}] in [rule.get("onPodConditions") for rule in ignored]
+    assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}, "done when the chief has published"
+    (container,) = pod["containers"]
+    backup = next(e["value"] for e in container["env"] if e["name"] == "TRAINSERVE_BACKUP_DIR")
+    (mount,) = (m for m in container["volumeMounts"] if backup.startswith(m["mountPath"] + "/"))
+    claim = next(v for v in pod["volumes"] if v["name"] == mount["name"])["persistentVolumeClaim"]["claimName"]
+    (pvc,) = (d for d in docs if d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] == claim)
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"], "every worker reads the chief's checkpoint"
+
+
 def expand(text: str, env: dict[str, str]) -> str:
     """The kubelet's `$(VAR)` expansion in env values, command and args (unknown names stay as written)."""
     return re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), text)
