@@ -97,7 +97,10 @@ def run_train(args: argparse.Namespace) -> int:
 
     config = config_from_args(TrainConfig, args)
     result = train(config)
-    print(f"published {config.model_name} version {result.version} at {result.version_dir}")
+    if result.version is None:  # a multi-worker run's other workers: worker 0 publishes
+        print(f"trained {config.model_name}; worker 0 publishes the version")
+    else:
+        print(f"published {config.model_name} version {result.version} at {result.version_dir}")
     held_out = ", ".join(f"{k.removeprefix('test_')} {v:.4f}" for k, v in result.metrics.items())
     print(f"held-out {held_out}; run summary {result.summary_path}")
     return 0
