@@ -37,6 +37,11 @@ def pod_specs(docs: list[dict]):
             yield doc, doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
 
 
+def pod_labels(doc: dict) -> dict:
+    template = doc["spec"]["jobTemplate"]["spec"]["template"] if doc["kind"] == "CronJob" else doc["spec"]["template"]
+    return template["metadata"].get("labels", {})
+
+
 def all_containers(spec: dict) -> list[dict]:
     return spec.get("initContainers", []) + spec["containers"]
 
@@ -155,6 +160,17 @@ def test_serving_is_consistent(rendered):
     access = {d["metadata"]["name"]: d["spec"]["accessModes"] for d in docs if d["kind"] == "PersistentVolumeClaim"}
     expected = ["ReadWriteOnce"] if name.endswith("local") else ["ReadWriteMany"]
     assert access == {"models": expected, "data": expected}
+
+
+def test_every_pod_may_resolve_names(rendered):
+    """Egress is denied by default: a pod that allow-dns does not select cannot resolve a Service name (a
+    worker its peers, eval the server)."""
+    _, docs, _ = rendered
+    allow_dns = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "allow-dns")
+    selector = allow_dns["spec"]["podSelector"]["matchLabels"]
+    for doc, _ in pod_specs(docs):
+        labels = pod_labels(doc)
+        assert selector.items() <= labels.items(), f"{doc['kind']} {doc['metadata']['name']}: pod labels {labels}"
 
 
 def test_multi_worker_component_wires_dns_and_tf_config():
