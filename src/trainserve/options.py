@@ -28,6 +28,31 @@ def positive_int(text: str) -> int:
     return value
 
 
+def key_values(text: str, convert, expected: str) -> dict:
+    """`a=1,b=2` -> {"a": convert("1"), "b": convert("2")}; a malformed item names what was `expected`."""
+    pairs = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = (side.strip() for side in item.partition("="))
+        try:
+            if not (sep and key and value):
+                raise ValueError(item)
+            pairs[key] = convert(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected {expected}") from None
+    return pairs
+
+
+def number_list(text: str, convert, valid, expected: str) -> tuple:
+    """`1,2,4` -> (1, 2, 4) when every value is `valid`; else an error naming what was `expected`."""
+    try:
+        values = tuple(convert(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        values = ()
+    if not values or not all(valid(v) for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
+    return values
+
+
 def image_shape(text: str) -> tuple[int, int, int]:
     try:
         dims = tuple(int(d) for d in text.lower().replace("x", ",").split(","))

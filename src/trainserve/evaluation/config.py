@@ -15,7 +15,7 @@ from typing import Literal
 from trainserve.data import SyntheticSpec
 from trainserve.errors import TrainserveError
 from trainserve.layout import DEFAULT_SIGNATURE, Task, ensure_writable_dir
-from trainserve.options import option, positive_int
+from trainserve.options import key_values, option, positive_int
 
 TaskChoice = Literal["auto", "classification", "regression"]
 # The metrics a gate may name, by task (evaluation/metrics.py computes them).
@@ -81,13 +81,7 @@ def parse_shard(text: str) -> Shard:
 
 def parse_input_map(text: str) -> dict[str, str]:
     """`key=input[,key=input...]` -> {data key: signature input}."""
-    pairs = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, name = item.partition("=")
-        if not sep or not key.strip() or not name.strip():
-            raise argparse.ArgumentTypeError(f"{item!r}: expected KEY=INPUT (a data key, a signature input)")
-        pairs[key.strip()] = name.strip()
-    return pairs
+    return key_values(text, str, "KEY=INPUT (a data key, a signature input)")
 
 
 def check_gates(gates: tuple[Gate, ...], task: Task) -> None:
@@ -101,27 +95,42 @@ def check_gates(gates: tuple[Gate, ...], task: Task) -> None:
 
 
 @dataclass
-class EvalConfig:
-    """Everything `trainserve eval` takes; each field is the flag of the same name."""
+class ClientOptions:
+    """The flags every client of a served model takes (`eval`, `load`): which version of which model, how
+    to reach it, and how the data meets its signature."""
 
     server: str = option("localhost:8500", "gRPC HOST:PORT")
     model: str = option("digits", "model name")
-    version: int | None = option(None, "evaluate this version (default: newest)", parse=positive_int)
-    label: str | None = option(None, "evaluate the version behind this label")
+    version: int | None = option(None, "this version (default: newest)", parse=positive_int)
+    label: str | None = option(None, "the version behind this label")
     signature: str = option(DEFAULT_SIGNATURE, "SignatureDef to call")
-    data: str = option("digits", "digits | synthetic | FILE.npz (x_test or x_test/<input>, y_test) | FILE.csv")
     label_column: str | None = option(None, "the label's column of a --data FILE.csv")
     input_map: dict[str, str] = option(
         factory=dict, help="KEY=INPUT[,...]: feed data KEY to signature INPUT (default: same names)",
         parse=parse_input_map,
     )  # fmt: skip
     task: TaskChoice = option("auto", "what the labels are (auto: the shared split's task, else the labels' dtype)")
-    output: str | None = option(None, "the output to evaluate (default: probabilities / predictions / the only float)")
+    output: str | None = option(None, "the output to judge (default: probabilities / predictions / the only float)")
+    wait: float = option(60.0, "seconds to wait for the model to be AVAILABLE")
+    tls_ca: Path | None = option(None, "PEM root certificate for a TLS server")
+
+    def check_client(self) -> None:
+        """The shared flags judged before the first request."""
+        if self.version is not None and self.label:
+            raise TrainserveError("--version and --label both given: expected at most one")
+        if self.wait < 0:
+            raise TrainserveError(f"--wait {self.wait:g}: expected seconds >= 0")
+
+
+@dataclass
+class EvalConfig(ClientOptions):
+    """Everything `trainserve eval` takes; each field is the flag of the same name."""
+
+    data: str = option("digits", "digits | synthetic | FILE.npz (x_test or x_test/<input>, y_test) | FILE.csv")
     batch_size: int = option(256, "examples per request", parse=positive_int)
     concurrency: int = option(4, "requests in flight", parse=positive_int)
     timeout: float = option(10.0, "seconds per request attempt")
     retries: int = option(5, "retries of UNAVAILABLE/DEADLINE_EXCEEDED/RESOURCE_EXHAUSTED")
-    wait: float = option(60.0, "seconds to wait for the model to be AVAILABLE")
     limit: int | None = option(None, "evaluate only the first N examples", parse=positive_int)
     shard: Shard | None = option(None, "I/N: evaluate every N-th batch from batch I (merge: trainserve report merge)",
                                  parse=parse_shard)  # fmt: skip
@@ -130,18 +139,16 @@ class EvalConfig:
     plots: Path | None = option(None, "write the task's plots (confusion matrix, PR curve, residuals...) here")
     min_accuracy: float | None = option(None, "exit 1 when accuracy is below this (the same as --require accuracy>=X)")
     require: tuple[Gate, ...] = option((), "METRIC>=X or METRIC<=X[,...]: exit 1 unless all hold", parse=parse_gates)
-    tls_ca: Path | None = option(None, "PEM root certificate for a TLS server")
     compare_local: Path | None = option(None, "also run this SavedModel version dir in-process on CPU")
     synthetic: SyntheticSpec = option(factory=SyntheticSpec)
 
     def check(self) -> None:
-        if self.version is not None and self.label:
-            raise TrainserveError("--version and --label both given: expected at most one")
+        self.check_client()
         for name in ("batch_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise TrainserveError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
-        if self.timeout <= 0 or self.retries < 0 or self.wait < 0:
-            raise TrainserveError("--timeout must be > 0, --retries and --wait >= 0")
+        if self.timeout <= 0 or self.retries < 0:
+            raise TrainserveError("--timeout must be > 0 and --retries >= 0")
         if self.compare_local is not None:
             from trainserve.savedmodel import require_tensorflow
 

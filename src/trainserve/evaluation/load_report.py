@@ -10,14 +10,13 @@ budget, among the stable points if any is stable.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainserve import __version__
 from trainserve.evaluation.load_measure import STABILITY_TOLERANCE, STABILITY_WINDOWS
+from trainserve.evaluation.report import report_header
 from trainserve.layout import write_file_atomic
 
 if TYPE_CHECKING:
@@ -98,14 +97,7 @@ def build_load_report(config: LoadConfig, version: int, data_name: str, points: 
     summaries = [point_summary(p) for p in points]
     best = best_point(summaries, config.latency_budget_ms)
     report = {
-        "schema": SCHEMA_ID,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "trainserve": __version__,
-        "server": config.server,
-        "model": config.model,
-        "version": version,
-        "label": config.label,
-        "signature": config.signature,
+        **report_header(SCHEMA_ID, config, version),
         "inputs": {"source": config.data or "synthetic", "name": data_name, "checked": config.data is not None},
         "settings": {
             "batch_sizes": list(config.batch_sizes),

@@ -16,6 +16,7 @@ from trainserve.evaluation.metrics import latency_histogram, precision_recall_cu
 from trainserve.layout import write_file_atomic
 
 if TYPE_CHECKING:
+    from trainserve.evaluation.config import ClientOptions
     from trainserve.evaluation.run import EvalResult, FinishedRun
 
 SCHEMA_ID = "trainserve.eval/2"  # /1 plus task, output, inputs, regression metrics and gates (fields only added)
@@ -28,18 +29,25 @@ def _percentiles(latencies: list[float]) -> dict:
     return {"p50": p50, "p90": p90, "p99": p99, "max": float(ms.max()), "mean": float(ms.mean())}
 
 
-def build_report(run: FinishedRun) -> dict:
-    """The report's JSON document (passed and gates are the caller's to fill)."""
-    config, totals, task = run.config, run.totals, run.plan.task
-    report = {
-        "schema": SCHEMA_ID,
+def report_header(schema: str, config: ClientOptions, version: int) -> dict:
+    """What every client's report says first: its schema, when, which trainserve, and which served version."""
+    return {
+        "schema": schema,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "trainserve": __version__,
         "server": config.server,
         "model": config.model,
-        "version": totals.version,
+        "version": version,
         "label": config.label,
         "signature": config.signature,
+    }
+
+
+def build_report(run: FinishedRun) -> dict:
+    """The report's JSON document (passed and gates are the caller's to fill)."""
+    config, totals, task = run.config, run.totals, run.plan.task
+    report = {
+        **report_header(SCHEMA_ID, config, totals.version),
         "task": task.to_json(),
         "output": run.plan.output,
         "data": _data_section(run),
