@@ -6,7 +6,9 @@ serve-local on loopback. Prints examples/s and ratios:
   (b) `trainserve eval` at default settings (batch 256, 4 in flight), in its own process as users run it
   (c) one example per request, sequential, as TF Serving's mnist_client.py does
   (d) REST JSON `:predict` at batch 256, sequential
-Targets: (b) >= 0.95 x (a) (the client no longer competes with TensorFlow for the cores), (b) >= 40 x (c).
+  (e) `trainserve load`'s closed loop at concurrency 1 against a plain timed loop of the same requests
+Targets: (b) >= 0.95 x (a) (the client no longer competes with TensorFlow for the cores), (b) >= 40 x (c),
+(e) within 10 % of the plain loop (load mode's windows and threads add no overhead of their own).
 Then the client's footprint (issue 14): start to first request, process launch to the first Predict (target
 <= 1 s), and the peak RSS of 1,000,000 synthetic examples through `trainserve eval` (target <= 150 MB), beside
 what importing tensorflow_serving.apis alone costs (what the client did before trainserve.protos).
@@ -68,6 +70,34 @@ def one_per_request(target: str, x: np.ndarray) -> float:
         to_tensor_proto(image[np.newaxis], into=request.inputs["images"])
         stub.Predict(request, timeout=10)
     return len(x) / (time.perf_counter() - started)
+
+
+def plain_loop_rps(stub, request: predict_pb2.PredictRequest, seconds: float) -> float:
+    """The independent measurement of load mode: one Predict at a time in a plain timed loop (requests/s)."""
+    stub.Predict(request, timeout=10)
+    n, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        stub.Predict(request, timeout=10)
+        n += 1
+    return n / (time.perf_counter() - started)
+
+
+def load_vs_plain(target: str, x: np.ndarray, batch: int, repeats: int) -> tuple[float, float]:
+    """(e): `trainserve load`'s closed loop at concurrency 1 against the plain loop, alternated `repeats` times
+    so that drift on a shared machine hits both alike: (median load-mode requests/s, median plain requests/s)."""
+    from trainserve.evaluation.load import run_sweep
+    from trainserve.evaluation.load_config import LoadConfig
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "bench"
+    to_tensor_proto(x[:batch], into=request.inputs["images"])
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(target))
+    config = LoadConfig(server=target, model="bench", batch_sizes=(batch,), concurrency=(1,), window_s=1.5)
+    loaded, plain = [], []
+    for _ in range(repeats):
+        plain.append(plain_loop_rps(stub, request, 3 * config.window_s))
+        loaded.append(run_sweep(config).report["points"][0]["throughput_rps"])
+    return statistics.median(loaded), statistics.median(plain)
 
 
 def rest_json(rest: str, x: np.ndarray, batch: int = 256) -> float:
@@ -181,6 +211,12 @@ def main() -> None:
             print(f"  (b)/(a) = {ours / ceiling:.2f}  (target >= 0.95)")
             print(f"  (b)/(c) = {ours / single:.1f}  (target >= 40)")
             print(f"  (b)/(d) = {ours / rest:.1f}")
+            for batch in (1, 32):
+                loaded, plain = load_vs_plain(target, x, batch, args.repeats)
+                print(
+                    f"  (e) trainserve load, concurrency 1, batch {batch:<3} {loaded:8.0f} req/s; plain timed loop "
+                    f"{plain:.0f} req/s: {100 * (loaded / plain - 1):+.1f} % (target within 10 %)"
+                )
             print(f"client start to first request: {start_s:.2f} s, median of {args.repeats} (target <= 1 s)")
 
             if args.memory_examples:

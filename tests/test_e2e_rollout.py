@@ -20,8 +20,8 @@ IMAGES = np.random.default_rng(7).integers(0, 256, (4, 8, 8, 1), dtype=np.uint8)
 SERVER_FLAGS = ("--model_config_file_poll_wait_seconds=1", "--allow_version_labels_for_unavailable_models")
 
 
-def start_server(config, tmp_path, name: str) -> ServeLocal:
-    server = ServeLocal(f"--model_config_file={config}", *SERVER_FLAGS, log_path=tmp_path / f"{name}.log")
+def start_server(serve_local, config) -> ServeLocal:
+    server = serve_local(f"--model_config_file={config}", *SERVER_FLAGS)  # the fixture stops it, pass or fail
     server.wait_for(lambda: server.versions("m"), "the server to answer")
     return server
 
@@ -77,11 +77,11 @@ def evaluate(server: ServeLocal, report, min_accuracy: float) -> int:
     return proc.returncode
 
 
-def test_gated_rollout_with_serve_local(model_versions, tmp_path):
+def test_gated_rollout_with_serve_local(model_versions, serve_local, tmp_path):
     base, config = tmp_path / "models" / "m", tmp_path / "rollout" / "models.config"
     install_version(model_versions[0], base, 1)
     write_config(config, new_config("m", str(base)))  # what the serving image writes before any rollout
-    server = start_server(config, tmp_path, "serve-1")
+    server = start_server(serve_local, config)
     rollout = ("--config", config)
 
     # First run: v1 becomes the candidate, passes, and is the first stable version.
@@ -125,13 +125,11 @@ def test_gated_rollout_with_serve_local(model_versions, tmp_path):
     # v3 staged again, then the server restarts: the same versions and labels come back.
     cli_ok("candidate", *rollout, "--server", server.target, "--wait", "120")
     assert server.stop() == 0
-    restarted = start_server(config, tmp_path, "serve-2")
-    try:
-        restarted.wait_available("m", 3)
-        assert {v for v, s in restarted.versions("m").items() if s == "AVAILABLE"} == {1, 3}
-        assert (label_version(restarted, "stable"), label_version(restarted, "candidate")) == (1, 3)
-    finally:
-        assert restarted.stop() == 0
+    restarted = start_server(serve_local, config)
+    restarted.wait_available("m", 3)
+    assert {v for v, s in restarted.versions("m").items() if s == "AVAILABLE"} == {1, 3}
+    assert (label_version(restarted, "stable"), label_version(restarted, "candidate")) == (1, 3)
+    assert restarted.stop() == 0
     actions = [(e["action"], e["after"]) for e in read_history(history_path(config))]
     assert actions == [
         ("candidate", {"candidate": 1}),

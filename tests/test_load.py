@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from conftest import (
-    MONITORING,
     ServeLocal,
     assert_one_line_error,
     install_version,
     predict_count,
     run_cli,
     save_foreign_model,
+    serve_counted,
 )
 from trainserve.cli import main
 from trainserve.evaluation.client import Signature
@@ -36,13 +36,7 @@ QUICK = {"window_s": 0.5, "max_windows": 6, "wait": 60}
 
 def _serve(root, model: str, version_dir) -> ServeLocal:
     install_version(version_dir, root / model, 1)
-    (root / "monitoring.config").write_text(MONITORING)
-    server = ServeLocal(
-        f"--model_name={model}", f"--model_base_path={root / model}",
-        f"--monitoring_config_file={root / 'monitoring.config'}", log_path=root / "server.log",
-    )  # fmt: skip
-    server.wait_available(model, 1)
-    return server
+    return serve_counted(root, model)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +79,7 @@ def _request(model: str, signature: str = "serving_default", **inputs) -> predic
 
 
 @pytest.mark.slow
-def test_closed_loop_agrees_with_a_plain_timed_loop(served_m, model_versions):
+def test_closed_loop_counts_like_a_plain_timed_loop(served_m, model_versions):
     from trainserve.data import load_dataset
     from trainserve.savedmodel import LoadedModel
 
@@ -106,7 +100,9 @@ def test_closed_loop_agrees_with_a_plain_timed_loop(served_m, model_versions):
           f"{[p['windows'] for p in points]}, stable {[p['stable'] for p in points]}); plain loop "
           f"{[round(r, 1) for r in plain]} req/s; medians {loaded:.1f} vs {plain_median:.1f}: "
           f"{100 * (loaded / plain_median - 1):+.1f} %")  # fmt: skip
-    assert loaded == pytest.approx(plain_median, rel=0.10)
+    # A bound, not a timing: accounting bugs (a window's duration or count off) show as factors. The 10 %
+    # agreement is measured, alternated on a quiet machine, by bench/eval_throughput.py (e).
+    assert 0.5 < loaded / plain_median < 2
     assert point["examples_per_s"] == pytest.approx(8 * point["throughput_rps"])
     assert point["error_count"] == 0 and point["latency_ms"]["p50"] <= point["latency_ms"]["p99"]
     # Every answer was checked against its labels: the same accuracy the model has on those 8 digits.
