@@ -14,6 +14,12 @@ import time
 import grpc
 
 from trainserve.errors import TrainserveError
+from trainserve.protos import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    prediction_service_pb2_grpc,
+)
 
 POLL_SECONDS = 0.5
 RPC_TIMEOUT = 10.0
@@ -24,8 +30,6 @@ class ServingServer:
     """A TF Serving (or serve-local) gRPC endpoint, asked about one model's versions and labels."""
 
     def __init__(self, target: str):
-        from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
-
         self.target = target
         self.channel = grpc.insecure_channel(target)
         self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
@@ -33,8 +37,6 @@ class ServingServer:
 
     def version_state(self, model: str, version: int) -> tuple[str, str]:
         """(state name, error message) of one version; ("", "") while the server does not know it."""
-        from tensorflow_serving.apis import get_model_status_pb2
-
         request = get_model_status_pb2.GetModelStatusRequest()
         request.model_spec.name = model
         request.model_spec.version.value = version
@@ -52,8 +54,6 @@ class ServingServer:
 
     def label_version(self, model: str, label: str) -> int | None:
         """The version the server resolves `label` to now, or None (label unknown, version not loaded)."""
-        from tensorflow_serving.apis import get_model_metadata_pb2
-
         request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
         request.model_spec.name = model
         request.model_spec.version_label = label
@@ -66,39 +66,39 @@ class ServingServer:
 
     def wait_available(self, model: str, version: int, wait: float) -> None:
         """Until `version` is AVAILABLE; a failed load (END with an error) fails at once, naming the error."""
-        state, error = "", ""
-        deadline = time.monotonic() + wait
-        while True:
-            state, error = self._ask(lambda: self.version_state(model, version))
-            if state == "AVAILABLE":
-                return
+
+        def loaded(answer: tuple[str, str]) -> bool:
+            state, error = answer
             if state == "END" and error:
                 raise TrainserveError(f"{self.target}: model {model} version {version} failed to load: {error}")
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(POLL_SECONDS)
-        raise TrainserveError(
-            f"{self.target}: model {model} version {version} is not AVAILABLE after {wait:g} s "
-            f"(state {state or 'unknown to the server'}): expected the server to poll the config and load it "
-            "(--wait to wait longer)"
-        )
+            return state == "AVAILABLE"
+
+        state, _ = self._poll(lambda: self.version_state(model, version), loaded, wait)
+        if state != "AVAILABLE":
+            raise TrainserveError(
+                f"{self.target}: model {model} version {version} is not AVAILABLE after {wait:g} s "
+                f"(state {state or 'unknown to the server'}): expected the server to poll the config and load it "
+                "(--wait to wait longer)"
+            )
 
     def wait_label(self, model: str, label: str, version: int, wait: float) -> None:
         """Until the server resolves `label` to `version`."""
-        seen = None
+        seen = self._poll(lambda: self.label_version(model, label), lambda answer: answer == version, wait)
+        if seen != version:
+            raise TrainserveError(
+                f"{self.target}: label {label!r} of model {model} resolves to "
+                f"{'nothing' if seen is None else f'version {seen}'} after {wait:g} s, expected version {version}: "
+                "is the server polling this config file (--model_config_file_poll_wait_seconds)?"
+            )
+
+    def _poll(self, ask, done, wait: float):
+        """Ask every POLL_SECONDS until `done(answer)` or `wait` seconds have passed; the last answer."""
         deadline = time.monotonic() + wait
         while True:
-            seen = self._ask(lambda: self.label_version(model, label))
-            if seen == version:
-                return
-            if time.monotonic() >= deadline:
-                break
+            answer = self._ask(ask)
+            if done(answer) or time.monotonic() >= deadline:
+                return answer
             time.sleep(POLL_SECONDS)
-        raise TrainserveError(
-            f"{self.target}: label {label!r} of model {model} resolves to "
-            f"{'nothing' if seen is None else f'version {seen}'} after {wait:g} s, expected version {version}: "
-            "is the server polling this config file (--model_config_file_poll_wait_seconds)?"
-        )
 
     def _ask(self, call):
         try:
