@@ -29,17 +29,18 @@ def render(path: str) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
 
 
-def pod_specs(docs: list[dict]):
+def pod_templates(docs: list[dict]):
+    """(workload, its pod template) for every workload that makes pods."""
     for doc in docs:
         if doc["kind"] in ("Deployment", "Job"):
-            yield doc, doc["spec"]["template"]["spec"]
+            yield doc, doc["spec"]["template"]
         elif doc["kind"] == "CronJob":  # the rollout Jobs' templates
-            yield doc, doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+            yield doc, doc["spec"]["jobTemplate"]["spec"]["template"]
 
 
-def pod_labels(doc: dict) -> dict:
-    template = doc["spec"]["jobTemplate"]["spec"]["template"] if doc["kind"] == "CronJob" else doc["spec"]["template"]
-    return template["metadata"].get("labels", {})
+def pod_specs(docs: list[dict]):
+    for doc, template in pod_templates(docs):
+        yield doc, template["spec"]
 
 
 def all_containers(spec: dict) -> list[dict]:
@@ -168,8 +169,8 @@ def test_every_pod_may_resolve_names(rendered):
     _, docs, _ = rendered
     allow_dns = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "allow-dns")
     selector = allow_dns["spec"]["podSelector"]["matchLabels"]
-    for doc, _ in pod_specs(docs):
-        labels = pod_labels(doc)
+    for doc, template in pod_templates(docs):
+        labels = template["metadata"].get("labels", {})
         assert selector.items() <= labels.items(), f"{doc['kind']} {doc['metadata']['name']}: pod labels {labels}"
 
 
