@@ -24,6 +24,7 @@ from trainserve.protos import (
 POLL_SECONDS = 0.5
 RPC_TIMEOUT = 10.0
 NOT_YET = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAVAILABLE)
+State = get_model_status_pb2.ModelVersionStatus.State
 
 
 class ServingServer:
@@ -35,8 +36,8 @@ class ServingServer:
         self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
         self.predictions = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
 
-    def version_state(self, model: str, version: int) -> tuple[str, str]:
-        """(state name, error message) of one version; ("", "") while the server does not know it."""
+    def version_state(self, model: str, version: int) -> tuple[int | None, str]:
+        """(ModelVersionStatus.State, error message) of one version; (None, "") while the server does not know it."""
         request = get_model_status_pb2.GetModelStatusRequest()
         request.model_spec.name = model
         request.model_spec.version.value = version
@@ -44,13 +45,12 @@ class ServingServer:
             response = self.models.GetModelStatus(request, timeout=RPC_TIMEOUT)
         except grpc.RpcError as exc:
             if exc.code() in NOT_YET:
-                return "", ""
+                return None, ""
             raise
         for status in response.model_version_status:
             if status.version == version:
-                name = get_model_status_pb2.ModelVersionStatus.State.Name(status.state)
-                return name, status.status.error_message
-        return "", ""
+                return status.state, status.status.error_message
+        return None, ""
 
     def label_version(self, model: str, label: str) -> int | None:
         """The version the server resolves `label` to now, or None (label unknown, version not loaded)."""
@@ -67,18 +67,18 @@ class ServingServer:
     def wait_available(self, model: str, version: int, wait: float) -> None:
         """Until `version` is AVAILABLE; a failed load (END with an error) fails at once, naming the error."""
 
-        def loaded(answer: tuple[str, str]) -> bool:
+        def loaded(answer: tuple[int | None, str]) -> bool:
             state, error = answer
-            if state == "END" and error:
+            if state == State.END and error:
                 raise TrainserveError(f"{self.target}: model {model} version {version} failed to load: {error}")
-            return state == "AVAILABLE"
+            return state == State.AVAILABLE
 
         state, _ = self._poll(lambda: self.version_state(model, version), loaded, wait)
-        if state != "AVAILABLE":
+        if state != State.AVAILABLE:
             raise TrainserveError(
                 f"{self.target}: model {model} version {version} is not AVAILABLE after {wait:g} s "
-                f"(state {state or 'unknown to the server'}): expected the server to poll the config and load it "
-                "(--wait to wait longer)"
+                f"(state {'unknown to the server' if state is None else State.Name(state)}): expected the server "
+                "to poll the config and load it (--wait to wait longer)"
             )
 
     def wait_label(self, model: str, label: str, version: int, wait: float) -> None:
