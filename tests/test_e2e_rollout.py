@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import ServeLocal, install_version, run_cli
+from conftest import ServeLocal, assert_one_line_error, install_version, run_cli
 from trainserve.rollout.config_file import history_path, new_config, write_config
 from trainserve.rollout.history import read_history
 
@@ -140,3 +140,18 @@ def test_gated_rollout_with_serve_local(model_versions, serve_local, tmp_path):
         ("rollback", {"stable": 1}),
         ("candidate", {"stable": 1, "candidate": 3}),
     ]
+
+
+def test_candidate_that_fails_to_load_is_a_one_line_error_and_changes_nothing(model_versions, serve_local, tmp_path):
+    base, config = tmp_path / "models" / "m", tmp_path / "rollout" / "models.config"
+    install_version(model_versions[0], base, 1)
+    write_config(config, new_config("m", str(base)))
+    server = start_server(serve_local, config)
+    server.wait_available("m", 1)
+    broken = install_version(model_versions[1], base, 2)  # published, but not a SavedModel
+    (broken / "saved_model.pb").write_bytes(b"\x0a\x03not a saved model")
+    before = config.read_bytes()
+    proc = run_cli("candidate", "--config", config, "--version", "2", "--server", server.target, "--wait", "120")
+    assert_one_line_error(proc, "model m version 2 failed to load")
+    assert config.read_bytes() == before and not history_path(config).exists()
+    assert server.versions("m")[1] == "AVAILABLE"

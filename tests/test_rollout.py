@@ -121,6 +121,27 @@ def test_candidate_loads_first_then_labels(site):
     assert config.read_text().startswith("# Written by trainserve")
 
 
+class FailingLoad(FakeServer):
+    """A server on which the staged version fails to load."""
+
+    def wait_available(self, model, version, wait):
+        super().wait_available(model, version, wait)
+        raise TrainserveError(f"unused:1: model {model} version {version} failed to load: corrupt")
+
+
+def test_candidate_that_fails_to_load_leaves_the_config_as_it_was(site):
+    config = site / "rollout" / "models.config"
+    stage(site, version=1)
+    promote(PromoteConfig(config, report(site, 1)))
+    before, history = config.read_bytes(), history_path(config).read_bytes()
+    server = FailingLoad(config)
+    with pytest.raises(TrainserveError, match="version 3 failed to load"):
+        stage(site, version=3, server=server)
+    ((_, _, while_loading),) = server.seen
+    assert "versions: 3" in while_loading, "the version was offered to the server"
+    assert config.read_bytes() == before and history_path(config).read_bytes() == history
+
+
 def test_promote_rollback_and_history(site):
     config = site / "rollout" / "models.config"
     stage(site, version=1)

@@ -1,5 +1,5 @@
 """The three rollout steps. Each reads the config, checks everything, and only then rewrites it and
-appends to the history; a refusal changes nothing.
+appends to the history; a refusal changes nothing, and neither does a candidate that fails to load.
 
     candidate: newest published version N -> loaded (policy gains N) -> AVAILABLE -> label candidate = N
     promote:   an eval report for N that passed -> stable = N, previous = the old stable (kept loaded)
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from trainserve.errors import TrainserveError
-from trainserve.layout import numeric_versions
+from trainserve.layout import numeric_versions, write_file_atomic
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
 from trainserve.rollout.config_file import find_model, history_path, locked, new_config, read_config, write_config
 from trainserve.rollout.history import append_history
@@ -66,13 +66,20 @@ def stage_candidate(config: CandidateConfig, server: Server) -> Change:
             server.wait_label(model.name, CANDIDATE, version, config.wait)
             return Change(model.name, before, before, None)
         after = before.with_candidate(version)
+        original = path.read_bytes()
         apply_rollout(model, Rollout(before.stable, before.previous), loading=version)
         write_config(path, served)
         log.info("model %s: loading version %d (labels unchanged: %s)", model.name, version, before.describe())
-        server.wait_available(model.name, version, config.wait)
-        apply_rollout(model, after)
-        write_config(path, served)
-        server.wait_label(model.name, CANDIDATE, version, config.wait)
+        try:
+            server.wait_available(model.name, version, config.wait)
+            apply_rollout(model, after)
+            write_config(path, served)
+            server.wait_label(model.name, CANDIDATE, version, config.wait)
+        except TrainserveError:
+            # A candidate that did not come up leaves the config as it was, so the history tells all changes.
+            write_file_atomic(path, original)
+            log.info("model %s: config %s restored (labels: %s)", model.name, path, before.describe())
+            raise
         record = append_history(history_path(path), _record("candidate", model.name, before, after))
     return Change(model.name, before, after, record)
 
