@@ -9,8 +9,11 @@ import argparse
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
+
+T = TypeVar("T")
 
 
 def option(default: Any = None, help: str = "", *, parse=None, flag: str | None = None, factory=None) -> Any:
@@ -28,7 +31,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def key_values(text: str, convert, expected: str) -> dict:
+def key_values(text: str, convert: Callable[[str], T], expected: str) -> dict[str, T]:
     """`a=1,b=2` -> {"a": convert("1"), "b": convert("2")}; a malformed item names what was `expected`."""
     pairs = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -42,7 +45,7 @@ def key_values(text: str, convert, expected: str) -> dict:
     return pairs
 
 
-def number_list(text: str, convert, valid, expected: str) -> tuple:
+def number_list(text: str, convert: Callable[[str], T], valid: Callable[[T], bool], expected: str) -> tuple[T, ...]:
     """`1,2,4` -> (1, 2, 4) when every value is `valid`; else an error naming what was `expected`."""
     try:
         values = tuple(convert(part) for part in text.split(",") if part.strip())
