@@ -1,9 +1,11 @@
 """Data sets: load, validate, fingerprint and share the held-out split (training and evaluation both).
 
-A data set is named inputs (each any numeric dtype and shape) and labels: integer labels make a
-classification task (K classes), float labels a regression one (T targets). The built-in image sources
-(`digits`, `synthetic`, keras sets) give one uint8 input `images` [N, H, W, C]; files are read by
-`trainserve.data_files` (`.npz`, `.csv`). Scaling and other preprocessing happen inside the model.
+A data set is named inputs (each any numeric dtype, shape and memory order) and labels: integer labels make
+a classification task (K classes), float labels a regression one (T targets). The built-in image sources
+(`digits`, `synthetic`, keras sets) give one uint8 input `images` [N, H, W, C]; files are read into arrays by
+`trainserve.data_files` (`.npz`, `.csv`) and built into a Dataset here. A CSV makes a `tabular` data set: its
+columns are float32 (NaN: missing) or str (categories, "": missing), preprocessed inside the model
+(training/preprocessing.py), so the served graph takes the columns as they are.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
+from trainserve import data_files
+from trainserve.data_files import NPZ_KEYS
 from trainserve.errors import TrainserveError
 from trainserve.layout import Task, split_arrays, write_file_atomic
 from trainserve.options import image_shape, option, positive_int
 
 KERAS_DATASETS = ("mnist", "fashion_mnist", "cifar10")
-NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 IMAGES = "images"  # the input name of image data (the built-in sources, and a single uint8 [N, H, W(, C)] array)
 SINGLE = "x"  # the input name of any other single array (`x_train` in an .npz)
 CIFAR10_LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -48,6 +51,7 @@ class Dataset:
     y_test: np.ndarray
     task: Task
     single: bool = True
+    tabular: bool = False  # CSV columns: float32 with NaN for missing, str categories; preprocessed in the model
 
     @property
     def x_train(self) -> np.ndarray:
@@ -112,10 +116,9 @@ def load_dataset(
     seed: int = 0,
     label_column: str | None = None,
     test_fraction: float = 0.2,
+    categorical: tuple[str, ...] = (),
 ) -> Dataset:
     """Load `digits`, `synthetic`, a keras data set name, an `.npz` or a `.csv` file, validated."""
-    from trainserve import data_files
-
     if source == "digits":
         return _digits(seed)
     if source == "synthetic":
@@ -123,13 +126,37 @@ def load_dataset(
     if source in KERAS_DATASETS:
         return _keras_dataset(source)
     if source.endswith(".csv"):
-        return data_files.load_csv(Path(source), label_column, test_fraction, seed)
+        return load_csv(Path(source), label_column, test_fraction, seed, categorical)
+    if categorical:
+        raise TrainserveError(f"--categorical applies to a --data FILE.csv: expected none with --data {source}")
     if source.endswith(".npz") or os.path.sep in source:
-        return data_files.load_npz(Path(source))
+        path = Path(source)
+        arrays = data_files.read_npz(path)
+        return build_dataset(
+            path.stem, arrays.x_train, arrays.y_train, arrays.x_test, arrays.y_test, arrays.label_names, str(path)
+        )
     raise TrainserveError(
         f"unknown data source {source!r}: expected digits, synthetic, {', '.join(KERAS_DATASETS)}, "
         "a FILE.npz or a FILE.csv"
     )
+
+
+def load_csv(path: Path, label_column: str | None, test_fraction: float, seed: int, categorical=()) -> Dataset:
+    """A CSV's columns as a tabular data set; a `test_fraction` of the rows, drawn with `seed`, held out."""
+    table = data_files.read_csv(path, label_column, tuple(categorical))
+    count = len(table.labels)
+    n_test = int(round(count * test_fraction))
+    if not 1 <= n_test < count:
+        raise TrainserveError(
+            f"data file {path}: --test-fraction {test_fraction} of {count} rows: expected at least one row on each side"
+        )
+    order = np.random.default_rng(seed).permutation(count)
+    test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
+    pick = lambda rows: {k: v[rows] for k, v in table.inputs.items()}  # noqa: E731
+    return build_dataset(
+        path.stem, pick(train), table.labels[train], pick(test), table.labels[test], table.label_names,
+        source=str(path), tabular=True,
+    )  # fmt: skip
 
 
 def build_dataset(
@@ -140,29 +167,36 @@ def build_dataset(
     y_test: np.ndarray,
     label_names: list[str] | None = None,
     source: str = "",
+    tabular: bool = False,
 ) -> Dataset:
     """Check every array against the others; decide the task from the labels. One array (not a dict) is a
-    single input: `images` when uint8 [N, H, W] (gains a channel axis) or [N, H, W, C], else `x`."""
+    single input: `images` when uint8 [N, H, W] (gains a channel axis) or [N, H, W, C], else `x`. Arrays are
+    made C-ordered (a Fortran-ordered file is as good as any), labels too."""
     where = source or name
     single = not isinstance(x_train, dict)
     train, test = (_named(x, single, x_train) for x in (x_train, x_test))
+    y_train, y_test = np.ascontiguousarray(y_train), np.ascontiguousarray(y_test)
     if sorted(train) != sorted(test):
         raise TrainserveError(
             f"{where}: x_train has inputs {sorted(train)} but x_test has {sorted(test)}: expected the same inputs"
         )
     for input_name in train:
-        _check_input(where, input_name, train[input_name], test[input_name], (y_train, y_test), single)
+        _check_input(where, input_name, train[input_name], test[input_name], (y_train, y_test), single, tabular)
     if not len(y_test):
         raise TrainserveError(f"{where}: x_test is empty: expected at least one held-out example")
     y_train, y_test, task = labels_and_task(y_train, y_test, label_names, where)
-    return Dataset(name, train, y_train, test, y_test, task, single)
+    return Dataset(name, train, y_train, test, y_test, task, single, tabular)
 
 
-def _check_input(where: str, name: str, a: np.ndarray, b: np.ndarray, labels: tuple, single: bool) -> None:
-    """One input of both splits: numeric, one dtype, one example shape, as many examples as labels."""
+def _check_input(
+    where: str, name: str, a: np.ndarray, b: np.ndarray, labels: tuple, single: bool, tabular: bool
+) -> None:
+    """One input of both splits: numeric (finite, unless a CSV column: NaN is its missing value; or text, a
+    CSV's categories), one dtype, one example shape, as many examples as labels."""
     keys = {split: f"x_{split}" if single else f"x_{split}/{name}" for split in ("train", "test")}
-    _numeric(a, f"{where}: {keys['train']}")
-    _numeric(b, f"{where}: {keys['test']}")
+    for x, key in ((a, keys["train"]), (b, keys["test"])):
+        if not (tabular and x.dtype.kind == "U"):
+            _numeric(x, f"{where}: {key}", finite=not tabular)
     if a.dtype != b.dtype:
         raise TrainserveError(f"{where}: {keys['test']} has dtype {b.dtype}: expected {a.dtype}, as {keys['train']}")
     if a.shape[1:] != b.shape[1:]:
@@ -179,10 +213,10 @@ def _check_input(where: str, name: str, a: np.ndarray, b: np.ndarray, labels: tu
 
 
 def _named(x, single: bool, first) -> dict[str, np.ndarray]:
-    """The inputs of one split; a single array is named after `first` (x_train), so both splits agree."""
+    """The inputs of one split, C-ordered; a single array is named after `first` (x_train), so both agree."""
     if not single:
-        return dict(x)
-    x, first = np.asarray(x), np.asarray(first)
+        return {k: np.ascontiguousarray(v) for k, v in x.items()}
+    x, first = np.ascontiguousarray(x), np.asarray(first)
     name = single_input_name(first.dtype, first.ndim)
     return {name: x[..., np.newaxis] if name == IMAGES and x.ndim == 3 else x}
 
@@ -193,10 +227,15 @@ def single_input_name(dtype: np.dtype, ndim: int) -> str:
     return IMAGES if dtype == np.uint8 and ndim in (3, 4) else SINGLE
 
 
-def _numeric(x: np.ndarray, what: str) -> np.ndarray:
+def _numeric(x: np.ndarray, what: str, finite: bool = True) -> np.ndarray:
     if x.dtype.kind not in "biuf" or x.ndim < 1:
         raise TrainserveError(
-            f"{what} has dtype {x.dtype} and shape {x.shape}: expected a numeric array [N, ...] (bool, int, float)"
+            f"{what} has dtype {x.dtype} and shape {x.shape}: expected a numeric array [N, ...] (bool, int, float;"
+            " text categories and missing values come in a .csv)"
+        )
+    if finite and x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+        raise TrainserveError(
+            f"{what} holds NaN or infinite values: expected finite numbers (a .csv's empty cells are missing values)"
         )
     return x
 
@@ -213,7 +252,7 @@ def labels_and_task(y_train, y_test, label_names, where: str) -> tuple[np.ndarra
                 f"{where}: label {observed - 1} is out of range: expected labels in [0, {len(names)})"
                 " (the classes seen in y_train, or label_names)"
             )
-        if len(names) < 2:
+        if len(names) < 2 or len(np.unique(y_train)) < 2:
             raise TrainserveError(f"{where}: y_train holds one class: expected at least 2 classes")
         return y_train, y_test, Task("classification", classes=len(names), label_names=tuple(names))
     if all(k == "f" for k in kinds):

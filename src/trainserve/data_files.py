@@ -1,30 +1,54 @@
-"""Your own data from files: `.npz` (one or several named inputs) and `.csv` (one column per input).
+"""Your own data from files, read into arrays (`trainserve.data` builds the Dataset from them).
 
 .npz: `x_train` / `x_test` (one input) or `x_train/<input>` / `x_test/<input>` (several), each any numeric
-dtype and shape; `y_train` / `y_test`: integers -> classification, floats ([N] or [N, T]) -> regression;
-`label_names` optional (classification).
+dtype, shape and memory order; `y_train` / `y_test`: integers -> classification, floats ([N] or [N, T]) ->
+regression; `label_names` optional (classification).
 
-.csv (`--label-column NAME`): a header row, then one example per row. Every other column becomes an input
-of that name, shape [N, 1]: int64 when every value is an integer (counts, category ids for an Embedding),
-float32 otherwise; text is refused (encode categories as integers first). The label column decides the
-task the same way: all integers -> classification, otherwise regression. A `--test-fraction` of the rows,
-drawn with `--seed`, is held out as the test split.
+.csv (`--label-column NAME`): a header row, then one example per row; every other column becomes an input of
+that name, shape [N, 1], typed by its content: numbers -> float32 (an empty cell is NaN, a missing value),
+anything else -> a string category (an empty cell is the empty string, a missing value). Columns named by
+`--categorical` are string categories whatever they hold (ids). The label column: all integers ->
+classification with those ids, other numbers -> regression, text -> classification whose classes are the
+sorted names.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 import re
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from trainserve.data import NPZ_KEYS, Dataset, build_dataset
 from trainserve.errors import TrainserveError
 
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 INPUT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 INTEGER = re.compile(r"^[+-]?\d+$")
+
+
+@dataclass
+class FileArrays:
+    """What a data file holds: inputs (one array, or a dict of named ones) and labels per split."""
+
+    x_train: np.ndarray | dict[str, np.ndarray]
+    y_train: np.ndarray
+    x_test: np.ndarray | dict[str, np.ndarray]
+    y_test: np.ndarray
+    label_names: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CsvTable:
+    """A CSV's columns: inputs by name, each [N, 1] float32 (NaN: missing) or str (""; missing), and
+    labels [N] (int64 ids, float32 targets, or int64 indexes into `label_names` for text labels)."""
+
+    inputs: dict[str, np.ndarray]
+    labels: np.ndarray
+    label_names: list[str] = field(default_factory=list)
 
 
 def check_input_name(name: str, where: str) -> str:
@@ -35,8 +59,8 @@ def check_input_name(name: str, where: str) -> str:
     return name
 
 
-def load_npz(path: Path) -> Dataset:
-    """Read an .npz with `x_train y_train x_test y_test` (or `x_train/<input>`, `x_test/<input>`)."""
+def read_npz(path: Path) -> FileArrays:
+    """The arrays of an .npz with `x_train y_train x_test y_test` (or `x_train/<input>`, `x_test/<input>`)."""
     if not path.is_file():
         raise TrainserveError(f"data file {path} not found: expected an .npz with keys {', '.join(NPZ_KEYS)}")
     try:
@@ -53,7 +77,7 @@ def load_npz(path: Path) -> Dataset:
             names = [str(n) for n in npz["label_names"]] if "label_names" in files else []
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise TrainserveError(f"data file {path} is not a readable .npz ({exc})") from None
-    return build_dataset(path.stem, x["train"], y_train, x["test"], y_test, names, source=str(path))
+    return FileArrays(x["train"], y_train, x["test"], y_test, names)
 
 
 def _inputs(npz, files: list[str], key: str, path: Path):
@@ -68,29 +92,9 @@ def _inputs(npz, files: list[str], key: str, path: Path):
     return {check_input_name(name, f"data file {path}"): npz[f] for name, f in sorted(named.items())}
 
 
-def load_csv(path: Path, label_column: str | None, test_fraction: float, seed: int) -> Dataset:
-    """Read a CSV: every column but `label_column` becomes an input [N, 1]; a seeded fraction is held out."""
-    inputs, labels = read_csv(path, label_column)
-    count = len(labels)
-    n_test = int(round(count * test_fraction))
-    if not 1 <= n_test < count:
-        raise TrainserveError(
-            f"data file {path}: --test-fraction {test_fraction} of {count} rows: expected at least one row on each side"
-        )
-    order = np.random.default_rng(seed).permutation(count)
-    test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
-    return build_dataset(
-        path.stem,
-        {k: v[train] for k, v in inputs.items()},
-        labels[train],
-        {k: v[test] for k, v in inputs.items()},
-        labels[test],
-        source=str(path),
-    )
-
-
-def read_csv(path: Path, label_column: str | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """(inputs by column name, each [N, 1]; labels [N]) of a CSV with a header row, every cell checked."""
+def read_csv_text(path: Path, label_column: str | None) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of a CSV with a header row and a `label_column`; every row as long as the header,
+    cells stripped of surrounding blanks."""
     if not path.is_file():
         raise TrainserveError(f"data file {path} not found: expected a .csv with a header row")
     if not label_column:
@@ -110,28 +114,67 @@ def read_csv(path: Path, label_column: str | None) -> tuple[dict[str, np.ndarray
     for number, row in enumerate(body, start=2):
         if len(row) != len(header):
             raise TrainserveError(f"data file {path} line {number} has {len(row)} fields: expected {len(header)}")
-    columns = {name: _column([r[i].strip() for r in body], name, path) for i, name in enumerate(header)}
-    labels = columns.pop(label_column)[:, 0]
-    return {check_input_name(name, f"data file {path}"): values for name, values in columns.items()}, labels
+    if not body:
+        raise TrainserveError(f"data file {path} has a header but no rows: expected examples")
+    return header, [[cell.strip() for cell in row] for row in body]
 
 
-def _column(values: list[str], name: str, path: Path) -> np.ndarray:
-    """One column as int64 [N, 1] (all integers) or float32 [N, 1]; anything else names the bad cell."""
-    if all(INTEGER.match(v) for v in values):
-        return np.array([int(v) for v in values], np.int64)[:, np.newaxis]
-    try:
-        return np.array([float(v) for v in values], np.float32)[:, np.newaxis]
-    except ValueError:
-        row = next(i for i, v in enumerate(values) if not _is_float(v))
+def read_csv(path: Path, label_column: str | None, categorical: tuple[str, ...] = ()) -> CsvTable:
+    """The CSV's inputs typed by content (`categorical` columns as text) and its labels."""
+    header, body = read_csv_text(path, label_column)
+    unknown = sorted(set(categorical) - set(header))
+    if unknown:
         raise TrainserveError(
-            f"data file {path} column {name!r} line {row + 2} is {values[row]!r}: expected a number"
-            " (encode categories as integer ids)"
-        ) from None
+            f"--categorical {','.join(unknown)}: data file {path} has no such column: expected some of {', '.join(header)}"
+        )
+    text = {name: [row[i] for row in body] for i, name in enumerate(header)}
+    labels, label_names = _label_column(text.pop(label_column), label_column, label_column in categorical, path)
+    inputs = {
+        check_input_name(name, f"data file {path}"): _input_column(values, name, name in categorical, path)
+        for name, values in text.items()
+    }
+    return CsvTable(inputs, labels, label_names)
 
 
-def _is_float(text: str) -> bool:
+def _input_column(values: list[str], name: str, categorical: bool, path: Path) -> np.ndarray:
+    """float32 [N, 1] with NaN where a cell is empty, or str [N, 1] ("" where empty): numbers unless
+    declared categorical or some cell is not a number."""
+    if all(v == "" for v in values):
+        raise TrainserveError(
+            f"data file {path} column {name!r} is empty in every row: expected at least one value (or drop the column)"
+        )
+    numbers = None if categorical else _numbers(values)
+    if numbers is None:
+        return np.array(values, dtype=str)[:, np.newaxis]
+    bad = next((i for i, v in enumerate(numbers) if math.isinf(v)), None)
+    if bad is not None:
+        raise TrainserveError(
+            f"data file {path} column {name!r} line {bad + 2} is {values[bad]!r}: expected a finite number"
+            " (an empty cell for a missing value)"
+        )
+    return np.array(numbers, np.float32)[:, np.newaxis]
+
+
+def _numbers(values: list[str]) -> list[float] | None:
+    """The column as floats (NaN for empty cells), or None when some cell is not a number."""
     try:
-        float(text)
+        return [math.nan if v == "" else float(v) for v in values]
     except ValueError:
-        return False
-    return True
+        return None
+
+
+def _label_column(values: list[str], name: str, categorical: bool, path: Path) -> tuple[np.ndarray, list[str]]:
+    """(labels, names): integer ids, float targets, or indexes into the sorted names of text labels."""
+    empty = next((i for i, v in enumerate(values) if v == ""), None)
+    if empty is not None:
+        raise TrainserveError(
+            f"data file {path} label column {name!r} is empty at line {empty + 2}: expected a label in every row"
+        )
+    if not categorical and all(INTEGER.match(v) for v in values):
+        return np.array([int(v) for v in values], np.int64), []
+    numbers = None if categorical else _numbers(values)
+    if numbers is not None:
+        return np.array(numbers, np.float32), []
+    names = sorted(set(values))
+    index = {n: i for i, n in enumerate(names)}
+    return np.array([index[v] for v in values], np.int64), names

@@ -31,6 +31,9 @@ STAGING_PREFIX = ".tmp-"
 
 # Output names of the serving signature trainserve exports, by task.
 PROBABILITIES, CLASSES, PREDICTIONS = "probabilities", "classes", "predictions"
+# Classes with names (not just ids) also give the predicted class's name [N] and every column's name [N, K]
+# (as TensorFlow's classification signature does); tabular models with categories count unseen ones [N].
+CLASS_NAMES, LABEL_NAMES, UNKNOWN_CATEGORIES = "class_names", "label_names", "unknown_categories"
 
 # The held-out split training shares with the eval client (`<data_dir>/<model>/test.npz`) carries the task
 # too, as JSON in a 0-d string array under this key: the client sees only gRPC and that file, never the
@@ -58,6 +61,12 @@ class Task:
             "targets": self.targets,
             "label_names": list(self.label_names),
         }
+
+    @property
+    def named_classes(self) -> bool:
+        """Classes with names of their own, not the default ids "0".."K-1"."""
+        ids = tuple(str(i) for i in range(self.classes))
+        return self.kind == "classification" and bool(self.label_names) and self.label_names != ids
 
     @classmethod
     def from_json(cls, raw: dict) -> Task:
@@ -195,10 +204,11 @@ def split_arrays(inputs: dict[str, np.ndarray], labels: np.ndarray, task: Task, 
     """The arrays of a shared split: `x_test` when `single` (one input), else `x_test/<input>` each."""
     if single and len(inputs) != 1:
         raise ValueError(f"a single-input split needs exactly one input, got {sorted(inputs)}")
-    arrays = {SPLIT_INPUTS: next(iter(inputs.values()))} if single else {}
+    # C order always: the eval client streams rows straight from the file.
+    arrays = {SPLIT_INPUTS: np.ascontiguousarray(next(iter(inputs.values())))} if single else {}
     if not single:
-        arrays.update({f"{SPLIT_INPUTS}/{name}": array for name, array in inputs.items()})
-    arrays[SPLIT_LABELS] = labels
+        arrays.update({f"{SPLIT_INPUTS}/{name}": np.ascontiguousarray(array) for name, array in inputs.items()})
+    arrays[SPLIT_LABELS] = np.ascontiguousarray(labels)
     arrays[SPLIT_LABEL_NAMES] = np.array(list(task.label_names), dtype=str)
     arrays[SPLIT_TASK_KEY] = np.array(json.dumps(task.to_json()))
     return arrays

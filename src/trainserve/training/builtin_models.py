@@ -1,7 +1,8 @@
 """The built-in models (`--architecture cnn|mlp`): two `--model-fn` functions like any other.
 
 They take uint8 images `images` [N, H, W, C] and scale them to [0, 1] in their first layer, so training
-and the serving graph preprocess identically. The softmax is its own layer with dtype float32, so under
+and the serving graph preprocess identically. `mlp` also takes tabular data (a CSV): the preprocessed
+`features` [F], for classification or regression. The softmax is its own layer with dtype float32, so under
 mixed_float16 the probabilities are still computed in float32 (Keras' mixed-precision guide).
 """
 
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import keras
 
+from trainserve.errors import TrainserveError
 from trainserve.training.model_fn import DataSpec
+from trainserve.training.preprocessing import FEATURES
 
 
 def cnn(spec: DataSpec) -> keras.Model:
@@ -27,6 +30,8 @@ def cnn(spec: DataSpec) -> keras.Model:
 
 
 def mlp(spec: DataSpec) -> keras.Model:
+    if spec.preprocessing is not None:
+        return _tabular_mlp(spec)
     inputs, x = _scaled_images(spec)
     x = keras.layers.Flatten()(x)
     x = keras.layers.Dense(256, activation="relu")(x)
@@ -35,9 +40,23 @@ def mlp(spec: DataSpec) -> keras.Model:
     return _head(inputs, x, spec, "trainserve_mlp")
 
 
-def _scaled_images(spec: DataSpec):
-    from trainserve.errors import TrainserveError
+def _tabular_mlp(spec: DataSpec) -> keras.Model:
+    """Two small hidden layers over the preprocessed features; softmax or linear head by task."""
+    inputs = spec.keras_inputs()
+    x = keras.layers.Dense(32, activation="relu")(inputs[FEATURES])
+    x = keras.layers.Dense(16, activation="relu")(x)
+    if spec.task.kind == "regression":
+        outputs = keras.layers.Dense(spec.task.targets, dtype="float32", name="predictions")(x)
+        return keras.Model(inputs, outputs, name="trainserve_mlp")
+    return _head(inputs, x, spec, "trainserve_mlp")
 
+
+def _scaled_images(spec: DataSpec):
+    if spec.preprocessing is not None:
+        raise TrainserveError(
+            "the built-in cnn classifies images and the data is a table (a .csv): expected --architecture mlp"
+            " or --model-fn"
+        )
     if len(spec.inputs) != 1 or len(spec.inputs[0].shape) != 3 or spec.task.kind != "classification":
         raise TrainserveError(
             f"the built-in models classify images: expected one input [N, H, W, C], got {list(spec.inputs)}"

@@ -22,6 +22,11 @@ STRATEGIES: tuple[str, ...] = choices_of(Strategy)
 MIXED_PRECISION_MODES: tuple[str, ...] = choices_of(MixedPrecision)
 
 
+def column_names(text: str) -> tuple[str, ...]:
+    """`a,b` -> ("a", "b")."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 @dataclass
 class TrainConfig:
     """Everything `trainserve train` takes; each field is the flag of the same name."""
@@ -34,6 +39,10 @@ class TrainConfig:
         "(x_train y_train x_test y_test, or x_train/<input> x_test/<input>) | FILE.csv (with --label-column)",
     )
     label_column: str | None = option(None, "the label column of a --data FILE.csv; the other columns are inputs")
+    categorical: tuple[str, ...] = option(
+        (), "COL[,COL..]: columns of a --data FILE.csv that are categories though they hold numbers (ids)",
+        parse=column_names,
+    )
     test_fraction: float = option(0.2, "held-out fraction of a --data FILE.csv (drawn with --seed)", parse=float)
     validation_split: float = option(
         0.1, "fraction of the training data held back for per-epoch metrics (0: none)", parse=float

@@ -40,8 +40,15 @@ class GateResult:
 def save_golden(path: Path, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> Path:
     """Store a golden batch: `in:<name>` inputs and the `out:<name>` outputs training computed."""
     arrays = {f"in:{k}": v for k, v in inputs.items()} | {f"out:{k}": v for k, v in outputs.items()}
-    np.savez(path, **arrays)
+    # Text (string inputs and outputs) as UTF-8 bytes: an object array would need pickle to be stored.
+    np.savez(path, **{k: _bytes(v) if v.dtype.kind in "OU" else v for k, v in arrays.items()})
     return path
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    return np.array([v if isinstance(v, bytes) else str(v).encode() for v in array.ravel()], np.bytes_).reshape(
+        array.shape
+    )
 
 
 def check_on_cpu(version_dir: Path, golden: Path | None = None, atol: float = FLOAT32_ATOL) -> GateResult:
@@ -58,8 +65,8 @@ def check_on_cpu(version_dir: Path, golden: Path | None = None, atol: float = FL
         signatures = sorted(model.signatures)
         if golden is not None:
             with np.load(golden) as npz:
-                inputs = {k[3:]: npz[k] for k in npz.files if k.startswith("in:")}
-                expected = {k[4:]: npz[k] for k in npz.files if k.startswith("out:")}
+                inputs = {k[3:]: _strings_as_objects(npz[k]) for k in npz.files if k.startswith("in:")}
+                expected = {k[4:]: _strings_as_objects(npz[k]) for k in npz.files if k.startswith("out:")}
             got = model.run(DEFAULT_SIGNATURE, inputs, list(expected))
             return _compare(expected, got, atol, signatures)
         requests = read_warmup_inputs(version_dir)
@@ -76,6 +83,11 @@ def check_on_cpu(version_dir: Path, golden: Path | None = None, atol: float = FL
         return GateResult(True, "", f"{len(requests)} {checked}", None, signatures)
     except TrainserveError as exc:
         return GateResult(False, str(exc))
+
+
+def _strings_as_objects(array: np.ndarray) -> np.ndarray:
+    """Stored bytes as the object array of bytes a session takes and answers for DT_STRING."""
+    return array.astype(object) if array.dtype.kind == "S" else array
 
 
 def _zeros_like(spec) -> np.ndarray:

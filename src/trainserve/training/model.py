@@ -12,6 +12,7 @@ from trainserve.layout import Task
 from trainserve.training import model_fn
 from trainserve.training.config import ARCHITECTURES, Architecture
 from trainserve.training.model_fn import DataSpec, InputSpec
+from trainserve.training.preprocessing import FEATURES, feature_layers
 
 
 class GradientAccumulationModel(keras.Model):
@@ -60,6 +61,18 @@ class GradientAccumulationModel(keras.Model):
         return metrics
 
 
+def build_network(reference: str, spec: DataSpec) -> keras.Model:
+    """The model `reference` builds; for tabular data behind the preprocessing layers, so it takes the raw
+    columns (unless the function asked for them itself: `raw_inputs = True`)."""
+    if spec.preprocessing is None or model_fn.wants_raw_inputs(model_fn.resolve(reference)):
+        return model_fn.build(reference, spec)
+    inner = model_fn.build(reference, spec.features_spec())
+    raw = spec.keras_inputs()
+    features = feature_layers(spec.preprocessing, raw)
+    outputs = inner(model_fn.input_structure(inner)({FEATURES: features}))
+    return keras.Model(raw, outputs, name=inner.name)
+
+
 def task_loss(task: Task, units: int) -> str:
     """The loss trainserve compiles with: cross-entropy on probabilities (binary for one sigmoid unit), MSE."""
     if task.kind == "regression":
@@ -72,9 +85,8 @@ def build_for_training(
 ) -> keras.Model:
     """The model `reference` builds for `spec` (call under the strategy scope), ready for `fit`: the user's
     compile kept, or Adam with the task's loss and metrics; wrapped to accumulate gradients over K slices."""
-    model = model_fn.build(reference, spec)
-    compiled = getattr(model, "compiled", False)
-    config = model.get_compile_config() if compiled else None
+    model = build_network(reference, spec)
+    config = _compile_config(model)
     if grad_accum > 1:
         try:
             model = GradientAccumulationModel(model.input, model.output, name=model.name, micro_batches=grad_accum)
@@ -86,13 +98,21 @@ def build_for_training(
     if not compile:
         return model
     if config is not None:
-        if grad_accum > 1:
-            model.compile_from_config(config)
+        if grad_accum > 1 or not getattr(model, "compiled", False):
+            model.compile_from_config(config)  # a new wrapper: the inner model's compile, carried over
         return model
     units = int(model.outputs[0].shape[-1]) if len(model.outputs[0].shape) == 2 else 1
     metrics = ["accuracy"] if spec.task.kind == "classification" else ["mean_absolute_error"]
     model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss=task_loss(spec.task, units), metrics=metrics)
     return model
+
+
+def _compile_config(model: keras.Model) -> dict | None:
+    """The user's compile of `model`, or of the model behind the preprocessing layers; None: uncompiled."""
+    for candidate in (model, *model.layers):
+        if isinstance(candidate, keras.Model) and getattr(candidate, "compiled", False):
+            return candidate.get_compile_config()
+    return None
 
 
 def rebuild_float32(reference: str, spec: DataSpec, weights: list[np.ndarray]) -> keras.Model:
@@ -106,7 +126,7 @@ def rebuild_float32(reference: str, spec: DataSpec, weights: list[np.ndarray]) -
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("float32")
     try:
-        clone = model_fn.build(reference, spec)
+        clone = build_network(reference, spec)
     finally:
         keras.config.set_dtype_policy(previous)
     try:

@@ -9,6 +9,11 @@ data input, named after it (`spec.keras_inputs()` makes them), and has one outpu
 probabilities [N, K] (softmax), or [N, 1] (sigmoid) for K = 2; regression -> [N, T] (or [N] for T = 1).
 Returned compiled, its loss, optimizer and metrics are kept; uncompiled, trainserve compiles it with Adam
 and the task's loss and metrics. The built-in `--architecture cnn|mlp` are two such functions.
+
+Tabular data (a CSV) is preprocessed inside the model (training/preprocessing.py): the function gets one
+input `features` float32 [F] and trainserve puts the preprocessing layers in front of what it returns. A
+function with the attribute `raw_inputs = True` gets the raw columns instead (str categories, float32 numbers
+with NaN for missing) and `spec.preprocessing` (vocabularies, means) to build its own.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import numpy as np
 
 from trainserve.errors import TrainserveError
 from trainserve.layout import Task
+from trainserve.training.preprocessing import FEATURES, Preprocessing, plan_preprocessing
 
 BUILTIN = {"cnn": "trainserve.training.builtin_models:cnn", "mlp": "trainserve.training.builtin_models:mlp"}
 
@@ -38,9 +44,21 @@ class InputSpec:
 
     @property
     def keras_dtype(self) -> str:
-        """int64 for integer ids and counts (uint8 is image data: float32), float32 for everything else."""
+        """int64 for integer ids and counts (uint8 is image data: float32), string for text, float32 else."""
+        if self.dtype == STRING:
+            return STRING
         kind = np.dtype(self.dtype).kind
         return "int64" if kind in "iu" and self.dtype != "uint8" else "float32"
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+STRING = "string"  # the dtype name of text inputs (numpy's name for them varies with their width)
+
+
+def dtype_name(array: np.ndarray) -> str:
+    return STRING if array.dtype.kind in "USO" else array.dtype.name
 
 
 @dataclass(frozen=True)
@@ -50,6 +68,28 @@ class DataSpec:
     inputs: tuple[InputSpec, ...]
     task: Task
     sample: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+    preprocessing: Preprocessing | None = None  # tabular data: what the layers in front of the model do
+
+    def to_json(self) -> dict:
+        """Everything but the sample (an .npz beside it)."""
+        return {
+            "inputs": [i.to_json() for i in self.inputs],
+            "task": self.task.to_json(),
+            "preprocessing": self.preprocessing.to_json() if self.preprocessing else None,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict, sample: dict[str, np.ndarray]) -> DataSpec:
+        inputs = tuple(InputSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in raw["inputs"])
+        steps = raw.get("preprocessing")
+        return cls(inputs, Task.from_json(raw["task"]), sample, Preprocessing.from_json(steps) if steps else None)
+
+    def features_spec(self) -> DataSpec:
+        """What a model behind the preprocessing layers gets: `features` float32 [F], a sample of them."""
+        assert self.preprocessing is not None
+        sample = {FEATURES: self.preprocessing.features(self.sample)} if self.sample else {}
+        spec = (InputSpec(FEATURES, (self.preprocessing.width,), "float32"),)
+        return DataSpec(spec, self.task, sample, self.preprocessing)
 
     @property
     def names(self) -> list[str]:
@@ -67,9 +107,15 @@ class DataSpec:
         return self.task.classes if self.task.kind == "classification" else self.task.targets
 
 
-def data_spec(inputs: dict[str, np.ndarray], task: Task, sample_size: int = 256) -> DataSpec:
-    specs = tuple(InputSpec(k, tuple(int(d) for d in v.shape[1:]), v.dtype.name) for k, v in inputs.items())
-    return DataSpec(specs, task, {k: v[:sample_size] for k, v in inputs.items()})
+def data_spec(inputs: dict[str, np.ndarray], task: Task, sample_size: int = 256, tabular: bool = False) -> DataSpec:
+    """The spec of the training inputs; `tabular` (a CSV's columns): with the preprocessing they need."""
+    specs = tuple(InputSpec(k, tuple(int(d) for d in v.shape[1:]), dtype_name(v)) for k, v in inputs.items())
+    preprocessing = plan_preprocessing(inputs) if tabular else None
+    return DataSpec(specs, task, {k: v[:sample_size] for k, v in inputs.items()}, preprocessing)
+
+
+def wants_raw_inputs(function: Callable) -> bool:
+    return bool(getattr(function, "raw_inputs", False))
 
 
 def resolve(reference: str) -> Callable:

@@ -95,7 +95,7 @@ def train(config: TrainConfig) -> TrainResult:
         shared = write_test_split(dataset, config.data_dir, config.model_name)
         log.info("held-out split written to %s", shared)
 
-    spec = data_spec(dataset.train, dataset.task)
+    spec = data_spec(dataset.train, dataset.task, tabular=dataset.tabular)
     # Under multi-worker, a lost peer ends this worker too, with the exit code that restarts the group.
     with exit_when_a_worker_is_lost(plan.multi_worker):
         model = _build_model(config, spec, devices)
@@ -129,7 +129,9 @@ def train(config: TrainConfig) -> TrainResult:
 
 def _load_data(config: TrainConfig) -> Dataset:
     """Load and describe the training data; also proves the export directory writable, before training."""
-    dataset = load_dataset(config.data, config.synthetic, config.seed, config.label_column, config.test_fraction)
+    dataset = load_dataset(
+        config.data, config.synthetic, config.seed, config.label_column, config.test_fraction, config.categorical
+    )
     ensure_writable(config.export_base / config.model_name)  # fail now, not after training
     if len(dataset.y_train) == 0:
         raise TrainserveError(f"{config.data}: x_train is empty: expected training examples")
