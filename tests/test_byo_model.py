@@ -27,7 +27,7 @@ CASES = {
 }  # fmt: skip
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("example", sorted(CASES))
 def test_example_trains_passes_the_gate_and_publishes(example, tmp_path):
     from trainserve.savedmodel import LoadedModel
@@ -52,7 +52,8 @@ def test_example_trains_passes_the_gate_and_publishes(example, tmp_path):
     model = LoadedModel(version)
     wanted, outputs = model.signature("serving_default")
     assert {k: v.dtype.name for k, v in wanted.items()} == inputs
-    assert sorted(outputs) == (["predictions"] if kind == "regression" else ["classes", "probabilities"])
+    named = ["class_names", "label_names"] if read_task(version).named_classes else []  # breast cancer's
+    assert sorted(outputs) == (["predictions"] if kind == "regression" else sorted(["classes", "probabilities", *named]))
     with np.load(tmp_path / "shared" / "m" / "test.npz") as split:
         task = split_task(split)
         assert task == read_task(version)
@@ -110,33 +111,44 @@ def _metrics(kind: str, y: np.ndarray, answer: dict) -> dict:
     return found
 
 
-TINY_TABULAR = """
+TINY_RAW = """
 import keras
 
 def build_model(spec):
+    # raw_inputs: the CSV's columns as they are (float32 [N], NaN where a cell was empty), not `features`
     inputs = spec.keras_inputs()
-    x = keras.layers.Concatenate()([keras.layers.Normalization(axis=None)(inputs[n]) if i.dtype != "int64"
-                                    else keras.ops.cast(inputs[n], "float32") for n, i in zip(spec.names, spec.inputs)])
-    return keras.Model(inputs, keras.layers.Dense(spec.output_units)(x))
+    filled = [keras.ops.reshape(keras.ops.nan_to_num(inputs[n]), (-1, 1)) for n in spec.names]
+    return keras.Model(inputs, keras.layers.Dense(spec.output_units)(keras.layers.Concatenate()(filled)))
+
+build_model.raw_inputs = True
 """
 
 
-@pytest.mark.slow
-def test_csv_with_a_label_column_trains_and_shares_named_inputs(tmp_path):
+@pytest.mark.integration
+def test_csv_regression_with_a_model_that_asks_for_the_raw_columns(tmp_path):
+    from trainserve.savedmodel import LoadedModel
+
     rng = np.random.default_rng(0)
     rows = ["area,rooms,price"] + [
-        f"{a:.3f},{r},{a * 2 + r:.3f}" for a, r in zip(rng.random(120), rng.integers(1, 5, 120))
+        f"{a:.3f},{r if i % 7 else ''},{a * 2 + (r or 0):.3f}"
+        for i, (a, r) in enumerate(zip(rng.random(120), rng.integers(1, 5, 120)))
     ]
     (tmp_path / "houses.csv").write_text("\n".join(rows) + "\n")
-    (tmp_path / "tiny.py").write_text(TINY_TABULAR)
+    (tmp_path / "tiny.py").write_text(TINY_RAW)
     proc = run_cli(
         "train", "--data", "houses.csv", "--label-column", "price", "--model-fn", "tiny.py:build_model",
-        "--epochs", "2", "--export-base", "models", "--data-dir", "shared", "--logs-dir", "logs", cwd=tmp_path,
+        "--epochs", "1", "--export-base", "models", "--data-dir", "shared", "--logs-dir", "logs", cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     with np.load(tmp_path / "shared" / "digits" / "test.npz") as split:
         assert split_input_names(split.files) == ["area", "rooms"] and len(split["y_test"]) == 24
-        assert split["x_test/rooms"].dtype == np.int64 and split_task(split).kind == "regression"
+        assert split["x_test/rooms"].dtype == np.float32 and split_task(split).kind == "regression"
+        feed = {name: split[f"x_test/{name}"] for name in ("area", "rooms")}
+    model = LoadedModel(tmp_path / "models" / "digits" / "1")
+    wanted, outputs = model.signature("serving_default")
+    assert {k: (v.dtype.name, v.shape) for k, v in wanted.items()} == {"area": ("float32", (None,)),
+                                                                        "rooms": ("float32", (None,))}  # fmt: skip
+    assert sorted(outputs) == ["predictions"] and np.isfinite(model.run("serving_default", feed)["predictions"]).all()
 
 
 BAD_MODELS = """
@@ -155,6 +167,7 @@ def wrong_width(spec):
 """
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -168,12 +181,13 @@ def wrong_width(spec):
         pytest.param(["--data", "labels.npz"], "expected 1-D integer labels (classification) or float", id="labels"),
         pytest.param(["--data", "t.csv"], "needs --label-column NAME", id="csv-no-label-flag"),
         pytest.param(["--data", "t.csv", "--label-column", "y"], "has no column 'y'", id="csv-no-label-column"),
+        pytest.param(["--data", "t.csv", "--label-column", "b"], "built-in cnn classifies images", id="csv-cnn"),
     ],
 )
 def test_bad_model_or_data_is_one_line(args, fragment, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("bad.py").write_text(BAD_MODELS)
-    Path("t.csv").write_text("a,b\n1,2\n3,4\n")
+    Path("t.csv").write_text("a,b\n1,2\n3,4\n5,2\n6,4\n7,2\n")
     x = np.zeros((4, 3), np.float32)
     np.savez("labels.npz", x_train=x, y_train=np.array(["a"] * 4), x_test=x, y_test=np.array(["a"] * 4))
     code = main(["train", "--epochs", "1", "--export-base", "models", "--logs-dir", "logs", *args])

@@ -1,4 +1,5 @@
-"""Data loading and validation: every source ends as uint8 NHWC with labels in [0, K)."""
+"""Data loading and validation: every source ends as named inputs with labels in [0, K) or float targets; a
+CSV as people have it (text categories, empty cells, class names); any valid npz layout."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 from trainserve.data import SyntheticSpec, load_dataset, write_test_split
 from trainserve.errors import TrainserveError
 from trainserve.training.pipeline import make_input_pipeline
+
+pytestmark = pytest.mark.unit
 
 
 def _npz(path, **overrides):
@@ -178,15 +181,113 @@ def test_csv_columns_become_inputs_and_a_seeded_fraction_is_held_out(tmp_path):
     path.write_text("\n".join(rows) + "\n")
     ds = load_dataset(str(path), seed=1, label_column="price", test_fraction=0.25)
     assert sorted(ds.train) == ["kind", "rooms", "size"] and len(ds.y_test) == 5 and len(ds.y_train) == 15
-    assert ds.train["rooms"].dtype == np.int64 and ds.train["size"].dtype == np.float32
-    assert ds.train["size"].shape == (15, 1) and ds.task.kind == "regression"
+    assert ds.train["rooms"].dtype == np.float32 and ds.train["size"].dtype == np.float32 and ds.tabular
+    assert ds.train["size"].shape == (15,) and ds.task.kind == "regression"
     assert ds.fingerprint() == load_dataset(str(path), seed=1, label_column="price", test_fraction=0.25).fingerprint()
     by_kind = load_dataset(str(path), seed=1, label_column="kind", test_fraction=0.25)
     assert by_kind.task.kind == "classification" and by_kind.task.classes == 3
+    ids = load_dataset(str(path), seed=1, label_column="price", test_fraction=0.25, categorical=("rooms",))
+    assert ids.train["rooms"].dtype.kind == "U" and set(ids.train["rooms"]) <= {"0", "1", "2", "3"}
     with pytest.raises(TrainserveError, match="has no column 'cost': expected --label-column to name one of"):
         load_dataset(str(path), label_column="cost")
     with pytest.raises(TrainserveError, match="needs --label-column NAME"):
         load_dataset(str(path))
-    path.write_text("a,b\n1,x\n2,3\n")
-    with pytest.raises(TrainserveError, match="column 'b' line 2 is 'x': expected a number"):
-        load_dataset(str(path), label_column="a")
+
+
+IRIS_LIKE = """size,colour,species
+1.0,red,setosa
+2.0,,versicolor
+,blue,setosa
+4.0,red,virginica
+5.0,blue,versicolor
+6.0,green,virginica
+7.0,red,setosa
+8.0,blue,virginica
+"""
+
+
+def test_csv_text_is_a_category_an_empty_cell_is_missing_and_label_names_are_sorted_classes(tmp_path):
+    path = tmp_path / "iris.csv"
+    path.write_text(IRIS_LIKE)
+    ds = load_dataset(str(path), seed=0, label_column="species", test_fraction=0.25)
+    assert ds.task.label_names == ("setosa", "versicolor", "virginica") and ds.task.classes == 3
+    everything = {k: np.concatenate([ds.train[k], ds.test[k]]) for k in ds.train}
+    assert everything["colour"].dtype.kind == "U" and "" in set(everything["colour"])
+    assert everything["size"].dtype == np.float32 and np.isnan(everything["size"]).sum() == 1
+    names = np.array(ds.label_names)
+    truth = {line.split(",")[0] or "nan": line.split(",")[2] for line in IRIS_LIKE.splitlines()[1:]}
+    for size, label in zip(np.concatenate([ds.train["size"], ds.test["size"]]), np.concatenate([ds.y_train, ds.y_test])):
+        assert truth[f"{size:.1f}" if size == size else "nan"] == names[label]
+
+
+@pytest.mark.parametrize(
+    "text, args, message",
+    [
+        pytest.param("a,b,y\n1,2,x\n3,4\n", {}, "line 3 has 2 fields: expected 3", id="ragged-row"),
+        pytest.param("a,b,y\n1,,x\n3,,z\n", {}, "column 'b' is empty in every row", id="empty-column"),
+        pytest.param("a,y\n1,x\n3,x\n4,x\n", {}, "y_train holds one class: expected at least 2", id="one-class"),
+        pytest.param("a,y\n1,x\n3,\n4,z\n", {}, "label column 'y' is empty at line 3", id="empty-label"),
+        pytest.param("a,y\n1,x\ninf,z\n4,z\n", {}, "line 3 is 'inf': expected a finite number", id="inf"),
+        pytest.param("a,y\n1,x\n3,z\n", {"categorical": ("c",)}, "--categorical c: data file", id="categorical"),
+        pytest.param("a,y\n", {}, "has a header but no rows", id="no-rows"),
+        pytest.param(b"a,y\n1,\xff\n", {}, "is not a readable CSV", id="not-utf8"),
+    ],
+)
+def test_bad_csv_is_one_line_before_training(tmp_path, text, args, message):
+    path = tmp_path / "t.csv"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(TrainserveError) as err:
+        load_dataset(str(path), label_column="y", test_fraction=0.34, **args)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_any_npz_layout_and_small_dtype_trains_and_its_split_is_one_eval_reads(tmp_path):
+    """Fortran order (np.asfortranarray, .T, np.delete) and bool/float16/int8/uint16 inputs: accepted, and
+    the shared split training writes streams in the eval client (C order)."""
+    from trainserve.evaluation.data import open_eval_data
+
+    rng = np.random.default_rng(0)
+    arrays = {
+        "x_train/f16": np.asfortranarray(rng.random((12, 3, 2)).astype(np.float16)),
+        "x_train/flag": rng.random((12, 4)).T.T > 0.5,
+        "x_train/small": np.asfortranarray(rng.integers(-5, 5, (12, 2)).astype(np.int8)),
+        "x_train/wide": rng.integers(0, 60000, (12, 2)).astype(np.uint16),
+        "y_train": np.arange(12) % 2,
+    }
+    arrays |= {k.replace("train", "test"): np.asfortranarray(v[:5]) for k, v in arrays.items()}
+    np.savez(tmp_path / "f.npz", **arrays)
+    ds = load_dataset(str(tmp_path / "f.npz"))
+    assert all(v.flags.c_contiguous for v in ds.test.values())
+    for source in (write_test_split(ds, tmp_path, "f"), tmp_path / "f.npz"):  # the split, and the file itself
+        data = open_eval_data(str(source))
+        columns, labels = next(data.batches(100))
+        for name in ds.test:
+            np.testing.assert_array_equal(columns[name], arrays[f"x_test/{name}"])
+            assert columns[name].dtype == arrays[f"x_test/{name}"].dtype
+        np.testing.assert_array_equal(labels, arrays["y_test"])
+
+
+def test_npz_inputs_must_be_finite(tmp_path):
+    x = np.ones((6, 2), np.float32)
+    x[2, 1] = np.nan
+    np.savez(tmp_path / "n.npz", x_train=x, y_train=np.arange(6) % 2, x_test=x, y_test=np.arange(6) % 2)
+    with pytest.raises(TrainserveError, match="x_train holds NaN or infinite values: expected finite numbers"):
+        load_dataset(str(tmp_path / "n.npz"))
+
+
+def test_eval_reads_a_csv_as_text_and_maps_class_names_to_the_models_ids(tmp_path):
+    from trainserve.evaluation.data import encode_labels, open_eval_data
+    from trainserve.evaluation.plan import text_as
+
+    path = tmp_path / "iris.csv"
+    path.write_text(IRIS_LIKE)
+    data = open_eval_data(str(path), label_column="species")
+    columns, labels = next(data.batches(100))
+    assert columns["colour"][1] == "" and labels[0] == "setosa"
+    sizes = text_as(columns["size"], np.dtype(np.float32), "size")
+    assert sizes.dtype == np.float32 and np.isnan(sizes[2]) and sizes[0] == 1.0
+    assert text_as(columns["colour"], np.dtype(object), "colour").tolist()[:2] == [b"red", b""]
+    encoded = encode_labels(data, ["virginica", "setosa", "versicolor"], "model 'm'")
+    assert encoded.labels.tolist()[:3] == [1, 2, 1] and encoded.label_names[0] == "virginica"
+    with pytest.raises(TrainserveError, match="label names virginica are not classes of model 'm'"):
+        encode_labels(data, ["setosa", "versicolor"], "model 'm'")

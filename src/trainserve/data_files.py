@@ -5,7 +5,7 @@ dtype, shape and memory order; `y_train` / `y_test`: integers -> classification,
 regression; `label_names` optional (classification).
 
 .csv (`--label-column NAME`): a header row, then one example per row; every other column becomes an input of
-that name, shape [N, 1], typed by its content: numbers -> float32 (an empty cell is NaN, a missing value),
+that name, shape [N] (one value per example: what a CSV row or a JSON instance holds), typed by its content: numbers -> float32 (an empty cell is NaN, a missing value),
 anything else -> a string category (an empty cell is the empty string, a missing value). Columns named by
 `--categorical` are string categories whatever they hold (ids). The label column: all integers ->
 classification with those ids, other numbers -> regression, text -> classification whose classes are the
@@ -43,7 +43,7 @@ class FileArrays:
 
 @dataclass
 class CsvTable:
-    """A CSV's columns: inputs by name, each [N, 1] float32 (NaN: missing) or str (""; missing), and
+    """A CSV's columns: inputs by name, each [N] float32 (NaN: missing) or str ("": missing), and
     labels [N] (int64 ids, float32 targets, or int64 indexes into `label_names` for text labels)."""
 
     inputs: dict[str, np.ndarray]
@@ -99,8 +99,11 @@ def read_csv_text(path: Path, label_column: str | None) -> tuple[list[str], list
         raise TrainserveError(f"data file {path} not found: expected a .csv with a header row")
     if not label_column:
         raise TrainserveError(f"data file {path}: a .csv needs --label-column NAME: expected the label's column")
-    with open(path, newline="") as fh:
-        rows = list(csv.reader(fh))
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise TrainserveError(f"data file {path} is not a readable CSV ({exc}): expected UTF-8 text") from None
     if not rows:
         raise TrainserveError(f"data file {path} is empty: expected a header row and examples")
     header, body = [h.strip() for h in rows[0]], [r for r in rows[1:] if r]
@@ -128,7 +131,7 @@ def read_csv(path: Path, label_column: str | None, categorical: tuple[str, ...] 
             f"--categorical {','.join(unknown)}: data file {path} has no such column: expected some of {', '.join(header)}"
         )
     text = {name: [row[i] for row in body] for i, name in enumerate(header)}
-    labels, label_names = _label_column(text.pop(label_column), label_column, label_column in categorical, path)
+    labels, label_names = label_column_values(text.pop(label_column), label_column, label_column in categorical, path)
     inputs = {
         check_input_name(name, f"data file {path}"): _input_column(values, name, name in categorical, path)
         for name, values in text.items()
@@ -137,7 +140,7 @@ def read_csv(path: Path, label_column: str | None, categorical: tuple[str, ...] 
 
 
 def _input_column(values: list[str], name: str, categorical: bool, path: Path) -> np.ndarray:
-    """float32 [N, 1] with NaN where a cell is empty, or str [N, 1] ("" where empty): numbers unless
+    """float32 [N] with NaN where a cell is empty, or str [N] ("" where empty): numbers unless
     declared categorical or some cell is not a number."""
     if all(v == "" for v in values):
         raise TrainserveError(
@@ -145,14 +148,14 @@ def _input_column(values: list[str], name: str, categorical: bool, path: Path) -
         )
     numbers = None if categorical else _numbers(values)
     if numbers is None:
-        return np.array(values, dtype=str)[:, np.newaxis]
+        return np.array(values, dtype=str)
     bad = next((i for i, v in enumerate(numbers) if math.isinf(v)), None)
     if bad is not None:
         raise TrainserveError(
             f"data file {path} column {name!r} line {bad + 2} is {values[bad]!r}: expected a finite number"
             " (an empty cell for a missing value)"
         )
-    return np.array(numbers, np.float32)[:, np.newaxis]
+    return np.array(numbers, np.float32)
 
 
 def _numbers(values: list[str]) -> list[float] | None:
@@ -163,7 +166,7 @@ def _numbers(values: list[str]) -> list[float] | None:
         return None
 
 
-def _label_column(values: list[str], name: str, categorical: bool, path: Path) -> tuple[np.ndarray, list[str]]:
+def label_column_values(values: list[str], name: str, categorical: bool, path: Path) -> tuple[np.ndarray, list[str]]:
     """(labels, names): integer ids, float targets, or indexes into the sorted names of text labels."""
     empty = next((i for i, v in enumerate(values) if v == ""), None)
     if empty is not None:

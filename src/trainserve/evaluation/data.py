@@ -1,9 +1,11 @@
 """Held-out data for evaluation: named inputs and labels, streamed in batches so memory stays bounded.
 
 An `.npz` (`x_test`, or `x_test/<input>` for several inputs; `y_test`) is read member by member straight
-from the zip (a 1M-example file is never loaded whole); a `.csv` (`--label-column`) is one input per
-column, as training reads it; `digits` is the split `trainserve train` holds out, and `synthetic` is
-generated batch by batch. Labels stay as the file has them: which task they fit is decided against the
+from the zip (a 1M-example file is never loaded whole; a Fortran-ordered member, which cannot be read by
+rows, is loaded whole); a `.csv` (`--label-column`) is one input per column, kept as text [N]: the
+signature says what each column is (evaluation/plan.py converts); `digits` is the split `trainserve train`
+holds out, and `synthetic` is generated batch by batch. Labels stay as the file has them (numbers, or class
+names that `encode_labels` turns into the model's class ids): which task they fit is decided against the
 served signature (evaluation/plan.py).
 """
 
@@ -12,12 +14,13 @@ from __future__ import annotations
 import zipfile
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from trainserve.data import IMAGES, SyntheticSpec, load_dataset, single_input_name, synthetic_examples
+from trainserve.data_files import label_column_values, read_csv_text
 from trainserve.errors import TrainserveError
 from trainserve.layout import SPLIT_INPUTS, SPLIT_LABEL_NAMES, SPLIT_LABELS, Task, split_task
 
@@ -112,11 +115,31 @@ def open_eval_data(
         ds = load_dataset("digits")
         return _in_memory("digits", ds.test, ds.y_test, limit, ds.label_names, ds.task)
     if source.endswith(".csv"):
-        from trainserve.data_files import read_csv
-
-        inputs, labels = read_csv(Path(source), label_column)
-        return _in_memory(Path(source).stem, inputs, labels, limit)
+        return _open_csv(Path(source), label_column, limit)
     return _open_npz(Path(source), limit)
+
+
+def _open_csv(path: Path, label_column: str | None, limit: int | None) -> ArrayData:
+    """Every column as text [N, 1]; labels typed as training types them (names stay names)."""
+    header, body = read_csv_text(path, label_column)
+    text = {name: np.array([row[i] for row in body], dtype=str) for i, name in enumerate(header)}
+    labels, names = label_column_values(text.pop(label_column).tolist(), label_column, False, path)
+    if names:
+        labels = np.array(names, dtype=str)[labels]
+    return _in_memory(path.stem, text, labels, limit)
+
+
+def encode_labels(data: EvalData, model_names: list[str], model: str) -> EvalData:
+    """Labels that are class names -> the model's class ids; a name the model lacks is a one-line error."""
+    index = {name: i for i, name in enumerate(model_names)}
+    unknown = sorted({str(v) for v in data.labels} - set(index))
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise TrainserveError(
+            f"{data.name}: label names {shown} are not classes of {model}: expected some of {', '.join(model_names)}"
+        )
+    labels = np.array([index[str(v)] for v in data.labels], np.int64)
+    return replace(data, labels=labels, label_names=list(model_names))
 
 
 def _in_memory(name, inputs: dict[str, np.ndarray], labels, limit, label_names=(), task=None) -> ArrayData:
@@ -130,13 +153,12 @@ def _in_memory(name, inputs: dict[str, np.ndarray], labels, limit, label_names=(
     return ArrayData(name, columns, labels[:count], count, list(label_names), task, arrays=inputs)
 
 
-def _read_npy_header(fh, path) -> tuple[tuple[int, ...], np.dtype]:
+def _read_npy_header(fh, path) -> tuple[tuple[int, ...], np.dtype, bool]:
+    """(shape, dtype, Fortran order?) of one .npy member, the stream left at its first value."""
     version = np.lib.format.read_magic(fh)
     reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     shape, fortran, dtype = reader(fh)
-    if fortran:
-        raise TrainserveError(f"{path}: {fh.name} is stored in Fortran order: expected C order (np.savez default)")
-    return shape, dtype
+    return shape, dtype, fortran
 
 
 def _open_npz(path: Path, limit: int | None) -> EvalData:
@@ -151,20 +173,25 @@ def _open_npz(path: Path, limit: int | None) -> EvalData:
                 with archive.open(member) as fh:
                     headers[key] = _read_npy_header(fh, path)
         with np.load(path, allow_pickle=False) as npz:
-            labels = npz[SPLIT_LABELS]
+            labels = np.ascontiguousarray(npz[SPLIT_LABELS])
             names = [str(n) for n in npz[SPLIT_LABEL_NAMES]] if SPLIT_LABEL_NAMES in npz.files else []
             task = split_task(npz)
+            fortran = any(header[2] for header in headers.values())  # such a member is not readable by rows
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as exc:
         raise TrainserveError(f"data file {path} is not a readable .npz ({exc})") from None
     columns = {}
-    for key, (shape, dtype) in headers.items():
-        if dtype.kind not in "biuf" or len(shape) < 1 or shape[0] != len(labels):
+    for key, (shape, dtype, _) in headers.items():
+        if dtype.kind not in "biufU" or len(shape) < 1 or shape[0] != len(labels):
             raise TrainserveError(
-                f"{path}: {members[key]} is {dtype} {list(shape)}: expected a numeric array with one row per "
-                f"label ({len(labels)} in {SPLIT_LABELS})"
+                f"{path}: {members[key]} is {dtype} {list(shape)}: expected a numeric (or text) array with one row"
+                f" per label ({len(labels)} in {SPLIT_LABELS})"
             )
         columns[key] = Column(key, tuple(shape[1:]), dtype)
     count = min(len(labels), limit or len(labels))
+    if fortran:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: np.ascontiguousarray(npz[m[:-4]]) for k, m in members.items()}
+        return ArrayData(path.stem, columns, labels[:count], count, names, task, arrays=arrays)
     return NpzData(path.stem, columns, labels[:count], count, names, task, path=path, members=members)
 
 
@@ -178,5 +205,5 @@ def _input_members(path: Path, npy: set[str], expected: str) -> dict[str, str]:
     if named:
         return named
     with zipfile.ZipFile(path) as archive, archive.open(f"{SPLIT_INPUTS}.npy") as fh:
-        shape, dtype = _read_npy_header(fh, path)
+        shape, dtype, _ = _read_npy_header(fh, path)
     return {single_input_name(dtype, len(shape)): f"{SPLIT_INPUTS}.npy"}

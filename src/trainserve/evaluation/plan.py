@@ -17,20 +17,34 @@ from trainserve.errors import TrainserveError
 from trainserve.evaluation.client import Signature, Target
 from trainserve.evaluation.config import TaskChoice
 from trainserve.evaluation.data import Column, EvalData
-from trainserve.layout import CLASSES, PREDICTIONS, PROBABILITIES, Task
+from trainserve.layout import CLASSES, PREDICTIONS, PROBABILITIES, UNKNOWN_CATEGORIES, Task
 
 
 @dataclass(frozen=True)
 class Feed:
-    """One signature input, fed from the data's column `key` (`add_axis`: [N, ...] -> [N, ..., 1])."""
+    """One signature input, fed from the data's column `key` (`add_axis`: [N, ...] -> [N, ..., 1]); a text
+    column (a CSV's) is converted to `convert` (the signature's dtype: strings as UTF-8 bytes, numbers parsed
+    with an empty cell as NaN)."""
 
     key: str
     input: str
     add_axis: bool = False
+    convert: np.dtype | None = None
 
     def take(self, columns: dict[str, np.ndarray]) -> np.ndarray:
         array = columns[self.key]
+        if self.convert is not None:
+            array = text_as(array, self.convert, self.key)
         return array[..., np.newaxis] if self.add_axis else array
+
+
+def text_as(array: np.ndarray, dtype: np.dtype, key: str) -> np.ndarray:
+    if dtype == np.dtype(object):
+        return np.array([v.encode() for v in array.ravel()], dtype=object).reshape(array.shape)
+    try:
+        return np.where(array == "", "nan", array).astype(dtype)
+    except ValueError as exc:
+        raise TrainserveError(f"the data's {key!r} holds text that is not a {dtype.name} ({exc})") from None
 
 
 @dataclass(frozen=True)
@@ -41,10 +55,12 @@ class Plan:
     task: Task
     output: str
     classes_output: str | None = None  # an integer `classes` output served beside the probabilities
+    unknown_output: str | None = None  # trainserve's count of category values training never saw
 
     @property
     def output_filter(self) -> list[str]:
-        return [self.output] + ([self.classes_output] if self.classes_output else [])
+        extra = [o for o in (self.classes_output, self.unknown_output) if o]
+        return [self.output, *extra]
 
     def request_inputs(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {feed.input: feed.take(columns) for feed in self.feeds}
@@ -66,7 +82,8 @@ def plan_requests(
     labels = _labels_for(kind, data.labels, data.name)
     resolved = _task(kind, signature.outputs[chosen].shape, labels, data, where)
     classes = CLASSES if kind == "classification" and _is_int_output(signature, CLASSES) else None
-    return Plan(feeds, resolved, chosen, classes), replace(data, labels=labels, task=resolved)
+    unknown = UNKNOWN_CATEGORIES if _is_int_output(signature, UNKNOWN_CATEGORIES) else None
+    return Plan(feeds, resolved, chosen, classes, unknown), replace(data, labels=labels, task=resolved)
 
 
 def map_inputs(signature: Signature, data: EvalData, input_map: dict[str, str], where: str) -> tuple[Feed, ...]:
@@ -97,6 +114,11 @@ def map_inputs(signature: Signature, data: EvalData, input_map: dict[str, str], 
 
 def _feed(column: Column, signature: Signature, name: str, where: str) -> Feed:
     spec = signature.inputs[name]
+    if column.dtype.kind == "U" and spec.dtype != column.dtype:  # text: whatever the signature takes
+        shape = (1, *column.shape)
+        for add_axis in (False, True):
+            if spec.accepts(np.empty(shape + ((1,) if add_axis else ()), spec.dtype)):
+                return Feed(column.key, name, add_axis, spec.dtype)
     if column.dtype != spec.dtype:
         raise TrainserveError(
             f"{where} wants {name!r} as {spec.dtype.name}; the data's {column.key!r} is {column.dtype.name}: "

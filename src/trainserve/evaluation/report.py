@@ -91,6 +91,9 @@ def _data_section(run: FinishedRun) -> dict:
         section["input_shape"] = next(iter(inputs.values()))["shape"]
     if task.kind == "classification":
         section.update(classes=task.classes, label_names=list(task.label_names))
+    if run.plan.unknown_output:
+        tally = run.totals.tally
+        section["unknown_categories"] = {"values": tally.unknown_cells, "examples": tally.unknown_examples}
     return section
 
 
@@ -133,6 +136,12 @@ def summary_table(report: dict) -> str:
         f"  latency ms      p50 {lat['p50']:.1f}  p90 {lat['p90']:.1f}  p99 {lat['p99']:.1f}  max {lat['max']:.1f}",
         f"  requests        {p['requests']:>10,}    retries         {p['retries']:>8}",
     ]
+    if "unknown_categories" in report["data"]:
+        unknown = report["data"]["unknown_categories"]
+        lines.append(
+            f"  unseen categories {unknown['values']:>8,}    in examples     {unknown['examples']:>8,}"
+            "    (served through the OOV bucket)"
+        )
     if report["compare_local"]:
         c = report["compare_local"]
         agreement = "" if c["class_agreement"] is None else f"  class agreement {c['class_agreement']:.4f}"

@@ -19,11 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
+from trainserve.layout import LABEL_NAMES
 from trainserve.evaluation.client import ServingClient, Target
 from trainserve.evaluation.config import EvalConfig, check_gates
-from trainserve.evaluation.data import Batch, EvalData, open_eval_data
+from trainserve.evaluation.data import Batch, EvalData, encode_labels, open_eval_data
 from trainserve.evaluation.metrics import ClassificationMetrics, RegressionMetrics, predicted_classes, task_metrics
-from trainserve.evaluation.plan import Plan, plan_requests
+from trainserve.evaluation.plan import Plan, map_inputs, plan_requests
 from trainserve.evaluation.report import build_report
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class BatchAnswer:
     latency_s: float
     retries: int
     local: LocalComparison | None  # None without --compare-local
+    unknown: np.ndarray | None = None  # per example: category values training never saw (tabular models)
 
 
 @dataclass
@@ -61,6 +63,8 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
     local_max_abs_diff: float = 0.0
     local_agree: int | None = None
+    unknown_cells: int = 0  # category values training never saw (served through the OOV bucket)
+    unknown_examples: int = 0  # examples holding at least one
 
     @property
     def examples(self) -> int:
@@ -71,6 +75,9 @@ class Tally:
         self.requests += 1
         self.retries += answer.retries
         self.latencies.append(answer.latency_s)
+        if answer.unknown is not None:
+            self.unknown_cells += int(answer.unknown.sum())
+            self.unknown_examples += int(np.count_nonzero(answer.unknown))
         if answer.local is not None:
             self.local_max_abs_diff = max(self.local_max_abs_diff, answer.local.max_abs_diff)
             if answer.local.agreeing is not None:
@@ -116,6 +123,7 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     try:
         client.wait_until_available(target, config.wait)
         signature = client.signature(target, None)
+        data = _with_class_ids(client, target, signature, data, config)
         plan, data = plan_requests(signature, data, target, config.task, config.output, config.input_map)
         check_gates(config.gates, plan.task)
         local_model = _local_model(config.compare_local)
@@ -134,6 +142,25 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     report["gates"] = [gate.judge(report["metrics"]) for gate in config.gates]
     report["passed"] = all(g["passed"] for g in report["gates"])
     return EvalResult(report, report["passed"], [t * 1000 for t in totals.tally.latencies], totals.tally)
+
+
+def _with_class_ids(client: ServingClient, target: Target, signature, data: EvalData, config: EvalConfig) -> EvalData:
+    """Labels that are class names (a CSV's) become the model's class ids, in the order of the model's own
+    `label_names` output, asked for one example; a name the model lacks is an error before the run."""
+    if data.labels.dtype.kind != "U" or not data.count:
+        return data
+    where = f"signature {target.signature!r} of {target.describe()}"
+    if LABEL_NAMES not in signature.outputs:
+        raise TrainserveError(
+            f"{data.name}: the labels are names ({', '.join(sorted(set(data.labels[:3].tolist())))}...) but {where}"
+            f" does not name its classes (no {LABEL_NAMES!r} output): expected integer class ids"
+        )
+    feeds = map_inputs(signature, data, config.input_map, where)
+    columns, _ = next(data.batches(1))
+    inputs = {feed.input: feed.take(columns) for feed in feeds}
+    answer = client.predict(target, inputs, [LABEL_NAMES], None, config.retries)
+    names = [v.decode() if isinstance(v, bytes) else str(v) for v in answer.outputs[LABEL_NAMES][0]]
+    return encode_labels(data, names, target.describe())
 
 
 def _local_model(version_dir: Path | None):
@@ -193,7 +220,10 @@ class _BatchPredictor:
             if self.plan.task.kind == "classification":
                 agreeing = int(np.sum(_predicted(mine, self.plan) == _predicted(prediction.outputs, self.plan)))
             local = LocalComparison(float(np.max(np.abs(mine[self.plan.output] - output), initial=0.0)), agreeing)
-        return BatchAnswer(prediction.version, labels, output, classes, prediction.latency_s, prediction.retries, local)
+        unknown = prediction.outputs[self.plan.unknown_output] if self.plan.unknown_output else None
+        return BatchAnswer(
+            prediction.version, labels, output, classes, prediction.latency_s, prediction.retries, local, unknown
+        )
 
 
 def _predicted(outputs: dict[str, np.ndarray], plan: Plan) -> np.ndarray:

@@ -3,9 +3,9 @@
 Computed on the training split only, then built from Keras preprocessing layers in front of the model and
 exported with it (the training/serving skew tf.Transform exists for cannot happen: one graph does both):
 
-    number column (float32 [N, 1], NaN: missing)   Normalization(mean, variance), NaN -> 0 (the mean), and a
+    number column (float32 [N], NaN: missing)      Normalization(mean, variance), NaN -> 0 (the mean), and a
                                                    missing-value indicator when the training split had NaN
-    category column (str [N, 1], "": missing)      StringLookup(vocabulary = the values seen in training,
+    category column (str [N], "": missing)         StringLookup(vocabulary = the values seen in training,
                                                    "" included when seen; one OOV bucket), one-hot
 
 The features are concatenated in column order into `features` float32 [N, F]. Vocabularies, means and
@@ -22,7 +22,7 @@ from typing import Literal
 import numpy as np
 
 FEATURES = "features"  # the one input a --model-fn model gets for tabular data (unless it asks for raw_inputs)
-OOV_TOKEN = "\x00[UNK]"  # StringLookup's OOV token must not be a value of the data: CSV cells hold no NUL
+OOV_TOKEN = "\x00[UNK]"  # StringLookup's OOV token may not be in the vocabulary: a value unlikely in a CSV
 EPSILON = 1e-7  # keras.backend.epsilon(): Normalization divides by max(sqrt(variance), epsilon)
 
 
@@ -91,7 +91,8 @@ def plan_preprocessing(train: dict[str, np.ndarray]) -> Preprocessing:
     for name, values in train.items():
         x = values.reshape(len(values), -1)[:, 0]
         if x.dtype.kind in "USO":
-            columns.append(ColumnPlan(name, "category", vocabulary=tuple(sorted({_text(v) for v in x}))))
+            vocabulary = tuple(sorted({_text(v) for v in x} - {OOV_TOKEN}))  # that value: in the OOV bucket
+            columns.append(ColumnPlan(name, "category", vocabulary=vocabulary))
             continue
         x = x.astype(np.float64)
         seen = x[~np.isnan(x)]
@@ -106,7 +107,7 @@ def feature_layers(plan: Preprocessing, inputs: dict):
 
     parts = []
     for column in plan.columns:
-        x = inputs[column.name]
+        x = keras.ops.reshape(inputs[column.name], (-1, 1))  # [N] (one value per example) -> [N, 1]
         if column.kind == "number":
             normalized = keras.layers.Normalization(
                 mean=column.mean, variance=column.variance, dtype="float32", name=f"normalize_{column.name}"
