@@ -53,7 +53,8 @@ def test_example_trains_passes_the_gate_and_publishes(example, tmp_path):
     wanted, outputs = model.signature("serving_default")
     assert {k: v.dtype.name for k, v in wanted.items()} == inputs
     named = ["class_names", "label_names"] if read_task(version).named_classes else []  # breast cancer's
-    assert sorted(outputs) == (["predictions"] if kind == "regression" else sorted(["classes", "probabilities", *named]))
+    classification = sorted(["classes", "probabilities", *named])
+    assert sorted(outputs) == (["predictions"] if kind == "regression" else classification)
     with np.load(tmp_path / "shared" / "m" / "test.npz") as split:
         task = split_task(split)
         assert task == read_task(version)

@@ -216,7 +216,8 @@ def test_csv_text_is_a_category_an_empty_cell_is_missing_and_label_names_are_sor
     assert everything["size"].dtype == np.float32 and np.isnan(everything["size"]).sum() == 1
     names = np.array(ds.label_names)
     truth = {line.split(",")[0] or "nan": line.split(",")[2] for line in IRIS_LIKE.splitlines()[1:]}
-    for size, label in zip(np.concatenate([ds.train["size"], ds.test["size"]]), np.concatenate([ds.y_train, ds.y_test])):
+    sizes, labels = np.concatenate([ds.train["size"], ds.test["size"]]), np.concatenate([ds.y_train, ds.y_test])
+    for size, label in zip(sizes, labels):
         assert truth[f"{size:.1f}" if size == size else "nan"] == names[label]
 
 

@@ -96,7 +96,7 @@ def test_served_equals_in_process_and_rest_takes_a_raw_json_row(iris):
     dtypes = {k: v.dtype for k, v in local.signature("serving_default")[0].items()}
     want = local.run("serving_default", {k: text_as(v, dtypes[k], k) for k, v in columns.items()})
     # The CSV rows as JSON instances: text as it is, numbers as numbers (an empty cell as NaN).
-    rows = [{k: str(v[i]) if dtypes[k] == object else float(v[i] or "nan") for k, v in columns.items()}
+    rows = [{k: str(v[i]) if dtypes[k].kind == "O" else float(v[i] or "nan") for k, v in columns.items()}
             for i in range(5)]  # fmt: skip
     code, body = server.post("/v1/models/iris:predict", {"instances": rows})
     assert code == 200, body

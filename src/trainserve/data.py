@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 from trainserve import data_files
-from trainserve.data_files import NPZ_KEYS
 from trainserve.errors import TrainserveError
 from trainserve.layout import Task, split_arrays, write_file_atomic
 from trainserve.options import image_shape, option, positive_int
@@ -144,14 +143,7 @@ def load_dataset(
 def load_csv(path: Path, label_column: str | None, test_fraction: float, seed: int, categorical=()) -> Dataset:
     """A CSV's columns as a tabular data set; a `test_fraction` of the rows, drawn with `seed`, held out."""
     table = data_files.read_csv(path, label_column, tuple(categorical))
-    count = len(table.labels)
-    n_test = int(round(count * test_fraction))
-    if not 1 <= n_test < count:
-        raise TrainserveError(
-            f"data file {path}: --test-fraction {test_fraction} of {count} rows: expected at least one row on each side"
-        )
-    order = np.random.default_rng(seed).permutation(count)
-    test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
+    train, test = data_files.held_out_rows(len(table.labels), test_fraction, seed, path)
     pick = lambda rows: {k: v[rows] for k, v in table.inputs.items()}  # noqa: E731
     return build_dataset(
         path.stem, pick(train), table.labels[train], pick(test), table.labels[test], table.label_names,

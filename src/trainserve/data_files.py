@@ -5,8 +5,9 @@ dtype, shape and memory order; `y_train` / `y_test`: integers -> classification,
 regression; `label_names` optional (classification).
 
 .csv (`--label-column NAME`): a header row, then one example per row; every other column becomes an input of
-that name, shape [N] (one value per example: what a CSV row or a JSON instance holds), typed by its content: numbers -> float32 (an empty cell is NaN, a missing value),
-anything else -> a string category (an empty cell is the empty string, a missing value). Columns named by
+that name, shape [N] (one value per example: what a CSV row or a JSON instance holds), typed by its content:
+numbers -> float32 (an empty cell is NaN, a missing value), anything else -> a string category (an empty
+cell is the empty string, a missing value). Columns named by
 `--categorical` are string categories whatever they hold (ids). The label column: all integers ->
 classification with those ids, other numbers -> regression, text -> classification whose classes are the
 sorted names.
@@ -128,7 +129,8 @@ def read_csv(path: Path, label_column: str | None, categorical: tuple[str, ...] 
     unknown = sorted(set(categorical) - set(header))
     if unknown:
         raise TrainserveError(
-            f"--categorical {','.join(unknown)}: data file {path} has no such column: expected some of {', '.join(header)}"
+            f"--categorical {','.join(unknown)}: data file {path} has no such column:"
+            f" expected some of {', '.join(header)}"
         )
     text = {name: [row[i] for row in body] for i, name in enumerate(header)}
     labels, label_names = label_column_values(text.pop(label_column), label_column, label_column in categorical, path)
@@ -137,6 +139,17 @@ def read_csv(path: Path, label_column: str | None, categorical: tuple[str, ...] 
         for name, values in text.items()
     }
     return CsvTable(inputs, labels, label_names)
+
+
+def held_out_rows(count: int, test_fraction: float, seed: int, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(training rows, test rows): a `test_fraction` of `count` rows drawn with `seed`, each side in order."""
+    n_test = int(round(count * test_fraction))
+    if not 1 <= n_test < count:
+        raise TrainserveError(
+            f"data file {path}: --test-fraction {test_fraction} of {count} rows: expected at least one row on each side"
+        )
+    order = np.random.default_rng(seed).permutation(count)
+    return np.sort(order[n_test:]), np.sort(order[:n_test])
 
 
 def _input_column(values: list[str], name: str, categorical: bool, path: Path) -> np.ndarray:

@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.layout import LABEL_NAMES
 from trainserve.evaluation.client import ServingClient, Target
 from trainserve.evaluation.config import EvalConfig, check_gates
 from trainserve.evaluation.data import Batch, EvalData, encode_labels, open_eval_data
 from trainserve.evaluation.metrics import ClassificationMetrics, RegressionMetrics, predicted_classes, task_metrics
 from trainserve.evaluation.plan import Plan, map_inputs, plan_requests
 from trainserve.evaluation.report import build_report
+from trainserve.layout import LABEL_NAMES
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,8 @@ class TrainConfig:
     )
     label_column: str | None = option(None, "the label column of a --data FILE.csv; the other columns are inputs")
     categorical: tuple[str, ...] = option(
-        (), "COL[,COL..]: columns of a --data FILE.csv that are categories though they hold numbers (ids)",
+        (),
+        "COL[,COL..]: columns of a --data FILE.csv that are categories though they hold numbers (ids)",
         parse=column_names,
     )
     test_fraction: float = option(0.2, "held-out fraction of a --data FILE.csv (drawn with --seed)", parse=float)

@@ -112,7 +112,8 @@ def feature_layers(plan: Preprocessing, inputs: dict):
             normalized = keras.layers.Normalization(
                 mean=column.mean, variance=column.variance, dtype="float32", name=f"normalize_{column.name}"
             )(x)
-            parts.append(_missing_values_layer()(column.indicator, dtype="float32", name=f"missing_{column.name}")(normalized))
+            missing = _missing_values_layer()(column.indicator, dtype="float32", name=f"missing_{column.name}")
+            parts.append(missing(normalized))
         else:
             lookup = keras.layers.StringLookup(
                 vocabulary=list(column.vocabulary),
