@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make examples`: the three examples/ models (tabular regression, two-input binary classification, an
-# LSTM over digit rows), each train -> CPU gate -> publish -> served together by one serve-local ->
-# `trainserve eval` on its held-out split with the task's gate. No Docker, no GPU.
+# `make examples`: the four examples/ models (tabular regression, two-input binary classification, an
+# LSTM over digit rows, a CSV with text categories, empty cells and named classes), each train -> CPU gate
+# -> publish -> served together by one serve-local -> `trainserve eval` on its held-out data with the task's
+# gate (the CSV example on its raw test.csv, labels by name). No Docker, no GPU.
 set -euo pipefail
 
 BIN=${BIN:-.venv/bin}
@@ -13,7 +14,22 @@ EXAMPLES=(
   "diabetes_regression:30:r2>=0.3"
   "breast_cancer_two_inputs:20:accuracy>=0.9,roc_auc>=0.95"
   "digits_rows_lstm:15:accuracy>=0.5"
+  "iris_categories:60:accuracy>=0.85"
 )
+
+# What each example trains and is evaluated on: its .npz and the shared split, or (CSV) its own files.
+train_data() {
+  case $1 in
+    iris_categories) echo --data "$DIR/$1/train.csv" --label-column species --batch-size 16 ;;
+    *) echo --data "$DIR/$1.npz" ;;
+  esac
+}
+eval_data() {
+  case $1 in
+    iris_categories) echo --data "$DIR/$1/test.csv" --label-column species ;;
+    *) echo --data "$DIR/data/$1/test.npz" ;;
+  esac
+}
 
 mkdir -p "$DIR/reports" "$DIR/models"
 models=$(cd "$DIR/models" && pwd) # TF Serving wants absolute base paths
@@ -21,8 +37,12 @@ config="$DIR/models.config"
 echo "model_config_list {" >"$config"
 for example in "${EXAMPLES[@]}"; do
   IFS=: read -r name epochs _ <<<"$example"
-  "$BIN/python" "examples/$name.py" "$DIR/$name.npz"
-  "$BIN/trainserve" train --data "$DIR/$name.npz" --model-fn "examples/$name.py:build_model" --model-name "$name" \
+  case $name in
+    iris_categories) "$BIN/python" "examples/$name.py" "$DIR/$name" ;;
+    *) "$BIN/python" "examples/$name.py" "$DIR/$name.npz" ;;
+  esac
+  # shellcheck disable=SC2046  # word splitting of the flags is intended (no spaces in $DIR)
+  "$BIN/trainserve" train $(train_data "$name") --model-fn "examples/$name.py:build_model" --model-name "$name" \
     --epochs "$epochs" --learning-rate 0.01 --export-base "$DIR/models" --data-dir "$DIR/data" --logs-dir "$DIR/logs/$name"
   echo "  config { name: \"$name\" base_path: \"$models/$name\" model_platform: \"tensorflow\" }" >>"$config"
 done
@@ -35,7 +55,8 @@ trap 'kill -TERM "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || tr
 
 for example in "${EXAMPLES[@]}"; do
   IFS=: read -r name _ gate <<<"$example"
-  "$BIN/trainserve" eval --server "localhost:$GRPC_PORT" --model "$name" --data "$DIR/data/$name/test.npz" \
+  # shellcheck disable=SC2046
+  "$BIN/trainserve" eval --server "localhost:$GRPC_PORT" --model "$name" $(eval_data "$name") \
     --require "$gate" --report "$DIR/reports/$name.json" --plots "$DIR/reports/$name" --wait 120
 done
 echo "examples: models in $DIR/models, reports and plots in $DIR/reports, server log $DIR/serve-local.log"
