@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import free_port
@@ -87,7 +87,10 @@ def npz_files(draw) -> DataFile:
 @st.composite
 def csv_files(draw) -> DataFile:
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    rows, kinds = draw(st.integers(5, 14)), draw(st.lists(st.sampled_from(["float", "int", "text", "ids"]), 1, 3))
+    rows, kinds = (
+        draw(st.integers(5, 14)),
+        draw(st.lists(st.sampled_from(["float", "int", "text", "ids"]), min_size=1, max_size=3)),
+    )
     empty = draw(st.sampled_from([0.0, 0.2, 0.9]))
     columns = {}
     for i, kind in enumerate(kinds):
@@ -117,11 +120,14 @@ def _accepted(case: DataFile, directory: Path) -> tuple[Path, Dataset] | None:
     """The data set train builds, or None after checking the refusal is one line naming what was expected."""
     path = case.write(directory)
     try:
-        return path, case.load(path)
+        accepted = path, case.load(path)
     except TrainserveError as exc:
         message = str(exc)
         assert "\n" not in message and "expected" in message, message
+        event(f"{case.kind} refused: {message.split(': ', 1)[-1][:60]}")  # --hypothesis-show-statistics
         return None
+    event(f"{case.kind} accepted")
+    return accepted
 
 
 def _assert_same(got: np.ndarray, want: np.ndarray, what: str) -> None:
