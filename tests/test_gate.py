@@ -9,14 +9,14 @@ import pytest
 
 from conftest import save_foreign_model
 from trainserve.savedmodel import LoadedModel, gpu_pinned_nodes
-from trainserve.training.gate import check_on_cpu, run_gate, save_golden
+from trainserve.training.gate import GoldenBatch, check_on_cpu, run_gate
 
 
 def test_trainserve_export_passes_with_its_golden_batch(tiny_savedmodel, tmp_path):
     model = LoadedModel(tiny_savedmodel)
     images = np.random.default_rng(1).integers(0, 256, (5, 8, 8, 1), dtype=np.uint8)
     expected = model.run("serving_default", {"images": images})
-    golden = save_golden(tmp_path / "g.npz", {"images": images}, expected)
+    golden = GoldenBatch({"images": images}, expected)
     result = run_gate(tiny_savedmodel, golden)
     assert result.ok, result.reason
     assert result.max_abs_diff <= 1e-6
@@ -27,7 +27,7 @@ def test_golden_mismatch_fails_with_the_difference(tiny_savedmodel, tmp_path):
     images = np.zeros((2, 8, 8, 1), np.uint8)
     outputs = LoadedModel(tiny_savedmodel).run("serving_default", {"images": images})
     outputs["probabilities"] = outputs["probabilities"] + 0.05
-    result = check_on_cpu(tiny_savedmodel, save_golden(tmp_path / "g.npz", {"images": images}, outputs))
+    result = check_on_cpu(tiny_savedmodel, GoldenBatch({"images": images}, outputs))
     assert not result.ok
     assert "output 'probabilities' differs by 0.05" in result.reason and "expected <= 0.0001" in result.reason
 
@@ -36,7 +36,7 @@ def test_changed_classes_fail_even_within_tolerance(tiny_savedmodel, tmp_path):
     images = np.zeros((2, 8, 8, 1), np.uint8)
     outputs = LoadedModel(tiny_savedmodel).run("serving_default", {"images": images})
     outputs["classes"] = (outputs["classes"] + 1) % 10
-    result = check_on_cpu(tiny_savedmodel, save_golden(tmp_path / "g.npz", {"images": images}, outputs), atol=1.0)
+    result = check_on_cpu(tiny_savedmodel, GoldenBatch({"images": images}, outputs), atol=1.0)
     assert not result.ok and "classes" in result.reason and "expected identical" in result.reason
 
 
@@ -86,3 +86,46 @@ def test_inputs_are_checked_like_tf_serving(tiny_savedmodel, inputs, message):
     with pytest.raises(TrainserveError) as err:
         LoadedModel(tiny_savedmodel).run("serving_default", inputs)
     assert message in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def export_job():
+    """A trained-looking CNN's export job: its function, data spec, weights and golden batch."""
+    import keras
+
+    from trainserve.layout import Task
+    from trainserve.training.export import ExportJob, serving_outputs
+    from trainserve.training.model import build_for_training
+    from trainserve.training.model_fn import data_spec, input_structure
+
+    images = np.random.default_rng(2).integers(0, 256, (16, 8, 8, 1), dtype=np.uint8)
+    spec = data_spec({"images": images}, Task("classification", classes=10))
+    keras.utils.set_random_seed(3)
+    model = build_for_training("cnn", spec, 1e-3)
+    answers = serving_outputs(model(input_structure(model)({"images": images[:4]})), spec.task)
+    outputs = {k: np.asarray(v) for k, v in answers.items()}
+    return ExportJob("cnn", spec, model.get_weights(), GoldenBatch({"images": images[:4]}, outputs), 1e-4)
+
+
+@pytest.mark.parametrize("in_process", [True, False], ids=["in-process", "child-process"])
+def test_export_and_gate_pass_and_reproduce_the_trained_outputs(export_job, tmp_path, in_process):
+    """Both paths (no GPU: this process; GPUs: one child that sees none) export what training computed."""
+    from trainserve.training.export import export_and_gate
+
+    result = export_and_gate(export_job, tmp_path / "v", in_process=in_process)
+    assert result.ok, result.reason
+    assert result.checked == "golden batch of 4" and result.max_abs_diff <= 1e-4
+    got = LoadedModel(tmp_path / "v").run("serving_default", export_job.golden.inputs)
+    np.testing.assert_allclose(got["probabilities"], export_job.golden.outputs["probabilities"], atol=1e-5)
+
+
+@pytest.mark.parametrize("in_process", [True, False], ids=["in-process", "child-process"])
+def test_export_and_gate_refuse_outputs_training_did_not_compute(export_job, tmp_path, in_process):
+    from dataclasses import replace
+
+    from trainserve.training.export import export_and_gate
+
+    outputs = {**export_job.golden.outputs, "probabilities": export_job.golden.outputs["probabilities"] + 0.01}
+    job = replace(export_job, golden=GoldenBatch(export_job.golden.inputs, outputs))
+    result = export_and_gate(job, tmp_path / "v", in_process=in_process)
+    assert not result.ok and "output 'probabilities' differs by 0.01" in result.reason, result.reason
