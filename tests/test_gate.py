@@ -12,6 +12,7 @@ from trainserve.savedmodel import LoadedModel, gpu_pinned_nodes
 from trainserve.training.gate import GoldenBatch, check_on_cpu, run_gate
 
 
+@pytest.mark.integration
 def test_trainserve_export_passes_with_its_golden_batch(tiny_savedmodel, tmp_path):
     model = LoadedModel(tiny_savedmodel)
     images = np.random.default_rng(1).integers(0, 256, (5, 8, 8, 1), dtype=np.uint8)
@@ -23,6 +24,7 @@ def test_trainserve_export_passes_with_its_golden_batch(tiny_savedmodel, tmp_pat
     assert result.signatures == ["serving_default"]
 
 
+@pytest.mark.unit
 def test_golden_mismatch_fails_with_the_difference(tiny_savedmodel, tmp_path):
     images = np.zeros((2, 8, 8, 1), np.uint8)
     outputs = LoadedModel(tiny_savedmodel).run("serving_default", {"images": images})
@@ -32,6 +34,7 @@ def test_golden_mismatch_fails_with_the_difference(tiny_savedmodel, tmp_path):
     assert "output 'probabilities' differs by 0.05" in result.reason and "expected <= 0.0001" in result.reason
 
 
+@pytest.mark.unit
 def test_changed_classes_fail_even_within_tolerance(tiny_savedmodel, tmp_path):
     images = np.zeros((2, 8, 8, 1), np.uint8)
     outputs = LoadedModel(tiny_savedmodel).run("serving_default", {"images": images})
@@ -40,6 +43,7 @@ def test_changed_classes_fail_even_within_tolerance(tiny_savedmodel, tmp_path):
     assert not result.ok and "classes" in result.reason and "expected identical" in result.reason
 
 
+@pytest.mark.unit
 def test_foreign_savedmodel_runs_on_zero_inputs(tmp_path):
     path = save_foreign_model(tmp_path / "foreign")
     result = check_on_cpu(path)
@@ -47,6 +51,7 @@ def test_foreign_savedmodel_runs_on_zero_inputs(tmp_path):
     assert "zeros" in result.checked
 
 
+@pytest.mark.integration
 def test_gpu_pinned_nodes_are_found_in_function_bodies(tmp_path):
     path = save_foreign_model(tmp_path / "pinned", pin_device="/device:GPU:0")
     pinned = gpu_pinned_nodes(path)
@@ -56,6 +61,7 @@ def test_gpu_pinned_nodes_are_found_in_function_bodies(tmp_path):
     assert "pinned to a GPU" in result.reason
 
 
+@pytest.mark.unit
 def test_corrupt_saved_model_pb_is_reported(tiny_savedmodel, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(tiny_savedmodel, broken)
@@ -64,6 +70,7 @@ def test_corrupt_saved_model_pb_is_reported(tiny_savedmodel, tmp_path):
     assert not result.ok and "corrupt" in result.reason
 
 
+@pytest.mark.unit
 def test_missing_variables_fail_the_load(tiny_savedmodel, tmp_path):
     half = tmp_path / "half"
     shutil.copytree(tiny_savedmodel, half)
@@ -72,6 +79,7 @@ def test_missing_variables_fail_the_load(tiny_savedmodel, tmp_path):
     assert not result.ok and "does not load on CPU" in result.reason
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "inputs, message",
     [
@@ -86,6 +94,13 @@ def test_inputs_are_checked_like_tf_serving(tiny_savedmodel, inputs, message):
     with pytest.raises(TrainserveError) as err:
         LoadedModel(tiny_savedmodel).run("serving_default", inputs)
     assert message in str(err.value)
+
+
+# No GPU: this process; GPUs: one child that sees none (a fresh TensorFlow, so the integration tier).
+BOTH_WAYS = [
+    pytest.param(True, id="in-process", marks=pytest.mark.unit),
+    pytest.param(False, id="child-process", marks=pytest.mark.integration),
+]
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +122,8 @@ def export_job():
     return ExportJob("cnn", spec, model.get_weights(), GoldenBatch({"images": images[:4]}, outputs), 1e-4)
 
 
-@pytest.mark.parametrize("in_process", [True, False], ids=["in-process", "child-process"])
+@pytest.mark.parametrize("in_process", BOTH_WAYS)
 def test_export_and_gate_pass_and_reproduce_the_trained_outputs(export_job, tmp_path, in_process):
-    """Both paths (no GPU: this process; GPUs: one child that sees none) export what training computed."""
     from trainserve.training.export import export_and_gate
 
     result = export_and_gate(export_job, tmp_path / "v", in_process=in_process)
@@ -119,7 +133,7 @@ def test_export_and_gate_pass_and_reproduce_the_trained_outputs(export_job, tmp_
     np.testing.assert_allclose(got["probabilities"], export_job.golden.outputs["probabilities"], atol=1e-5)
 
 
-@pytest.mark.parametrize("in_process", [True, False], ids=["in-process", "child-process"])
+@pytest.mark.parametrize("in_process", BOTH_WAYS)
 def test_export_and_gate_refuse_outputs_training_did_not_compute(export_job, tmp_path, in_process):
     from dataclasses import replace
 

@@ -259,7 +259,7 @@ def _export_and_gate(path: Path, *, job: ExportJob, in_process: bool, dataset: D
         raise TrainserveError(f"nothing published: {gate.reason}")
     write_warmup_requests(path, model_name, dataset.test)
     log.info(
-        "exported and passed the CPU gate (%s) in %.1f s: %s, max abs diff %.2e (<= %g)",
+        "CPU gate passed (export and gate %s, %.1f s): %s, max abs diff %.2e (<= %g)",
         "in this process: no GPU here" if in_process else "in a child process that sees no GPU",
         time.monotonic() - started, gate.checked, gate.max_abs_diff, job.atol,
     )  # fmt: skip
