@@ -6,7 +6,7 @@ set -euo pipefail
 BIN=${BIN:-.venv/bin}
 DIR=${DEMO_DIR:-demo}
 MODEL=${MODEL_NAME:-digits}
-EPOCHS=${DEMO_EPOCHS:-20}
+EPOCHS=${DEMO_EPOCHS:-10}
 GRPC_PORT=${GRPC_PORT:-8500}
 REST_PORT=${REST_PORT:-8501}
 
@@ -14,7 +14,7 @@ REST_PORT=${REST_PORT:-8501}
 # own start (importing TensorFlow) is not added to the demo's time. Its ports open once the version is loaded.
 mkdir -p "$DIR/reports"
 "$BIN/trainserve" serve-local --port="$GRPC_PORT" --rest_api_port="$REST_PORT" \
-  --model_name="$MODEL" --model_base_path="$PWD/$DIR/models/$MODEL" >"$DIR/serve-local.log" 2>&1 &
+  --model_name="$MODEL" --model_base_path="$(cd "$DIR" && pwd)/models/$MODEL" >"$DIR/serve-local.log" 2>&1 &
 server=$!
 stop_server() {
   kill -TERM "$server" 2>/dev/null || true
