@@ -81,7 +81,7 @@ def _data_section(run: FinishedRun) -> dict:
     inputs = {
         feed.input: {
             "key": feed.key,
-            "dtype": data.columns[feed.key].dtype.name,
+            "dtype": _sent_dtype(feed, data.columns[feed.key].dtype),
             "shape": list(data.columns[feed.key].shape),
         }
         for feed in run.plan.feeds
@@ -95,6 +95,12 @@ def _data_section(run: FinishedRun) -> dict:
         tally = run.totals.tally
         section["unknown_categories"] = {"values": tally.unknown_cells, "examples": tally.unknown_examples}
     return section
+
+
+def _sent_dtype(feed, stored: np.dtype) -> str:
+    """What the requests carry: the data's dtype, or the signature's for a CSV's text column."""
+    dtype = feed.convert if feed.convert is not None else stored
+    return "string" if dtype.kind in "OSU" else dtype.name
 
 
 def _performance_section(run: FinishedRun) -> dict:
