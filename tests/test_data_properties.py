@@ -135,7 +135,7 @@ def _assert_same(got: np.ndarray, want: np.ndarray, what: str) -> None:
     np.testing.assert_array_equal(got, want, err_msg=what)  # NaN equals NaN here
 
 
-@settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=data_files())
 def test_train_accepts_or_says_why_and_eval_reads_what_train_read(case):
     from trainserve.evaluation.data import encode_labels, open_eval_data
@@ -198,7 +198,7 @@ class InProcessServer:
         self.thread.join(timeout=30)
 
 
-@settings(max_examples=5, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=5, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=data_files())
 def test_what_train_accepts_is_served_with_the_in_process_predictions(case):
     import keras
