@@ -36,6 +36,7 @@ def _in_batches(tally, labels, scores, sizes=(7, 1, 50, 300)):
     return tally.summary()
 
 
+@pytest.mark.unit
 def test_binary_curves_equal_scikit_learn_with_ties():
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 2, 500)
@@ -45,6 +46,7 @@ def test_binary_curves_equal_scikit_learn_with_ties():
     assert roc_auc(np.ones(3, int), np.ones(3)) is None, "undefined with one class"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("columns", [1, 2], ids=["one-sigmoid-score", "two-softmax-columns"])
 @pytest.mark.parametrize("kind", ["probabilities", "logits"])
 def test_classification_loss_and_auc_equal_scikit_learn(columns, kind):
@@ -71,11 +73,13 @@ def test_classification_loss_and_auc_equal_scikit_learn(columns, kind):
     )
 
 
+@pytest.mark.unit
 def test_independent_sigmoids_are_refused_not_scored():
     with pytest.raises(TrainserveError, match="do not sum to 1.*multi-label"):
         output_kind(np.full((4, 3), 0.9, np.float32), "out")
 
 
+@pytest.mark.unit
 def test_regression_metrics_equal_scikit_learn_per_target():
     rng = np.random.default_rng(2)
     truth = (rng.normal(size=(999, 3)) * [1, 10, 0.1] + [0, 1e4, -5]).astype(np.float32)  # offsets test stability
@@ -121,6 +125,7 @@ def _eval(server, data_path, *args, report=None):
                  *(["--report", str(report)] if report else []), *args])  # fmt: skip
 
 
+@pytest.mark.integration
 def test_foreign_regression_output_chosen_by_name(foreign, tmp_path, capsys):
     server, d = foreign
     path = _npz(tmp_path, "reg", **{"x_test/x": d["x"], "x_test/offset": d["offset"], "y_test": d["total_y"]})
@@ -139,6 +144,7 @@ def test_foreign_regression_output_chosen_by_name(foreign, tmp_path, capsys):
         assert (tmp_path / "p" / name).read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.integration
 def test_foreign_logits_as_classification_with_an_input_map(foreign, tmp_path, capsys):
     server, d = foreign
     path = _npz(tmp_path, "cls", **{"x_test/features": d["x"], "x_test/offset": d["offset"], "y_test": d["class_y"]})
@@ -158,6 +164,7 @@ def test_foreign_logits_as_classification_with_an_input_map(foreign, tmp_path, c
 GOOD = {"x_test/x": "x", "x_test/offset": "offset", "y_test": "total_y"}  # names of the fixture's arrays
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "arrays, args, fragment",
     [
@@ -205,6 +212,7 @@ def test_bad_input_is_one_line_before_any_predict(foreign, tmp_path, capsys, arr
 # --- shards: `--shard I/N` clients, then `trainserve report merge` ----------------------------------------
 
 
+@pytest.mark.unit
 def test_latency_percentiles_from_the_histogram_are_within_two_percent_above():
     from trainserve.evaluation.metrics import latency_histogram, percentiles_from_histogram
 
@@ -214,6 +222,7 @@ def test_latency_percentiles_from_the_histogram_are_within_two_percent_above():
     assert all(e <= a <= e * 1.02 for e, a in zip(exact, approximate)), (exact, approximate)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("task", ["regression", "binary-logits"])
 def test_shard_reports_merge_into_the_unsharded_report(foreign, tmp_path, capsys, task):
     server, d = foreign
@@ -243,6 +252,7 @@ def test_shard_reports_merge_into_the_unsharded_report(foreign, tmp_path, capsys
             assert merged["metrics"][name] == pytest.approx(full["metrics"][name], abs=2e-3), name
 
 
+@pytest.mark.integration
 def test_merge_refuses_an_incomplete_or_mixed_set(foreign, tmp_path, capsys):
     server, d = foreign
     path = _npz(tmp_path, "data", **{"x_test/x": d["x"], "x_test/offset": d["offset"], "y_test": d["total_y"]})
