@@ -133,3 +133,28 @@ def test_grpc_predict_with_a_missing_number_and_an_empty_category_answers(iris):
     probabilities = from_tensor_proto(answer.outputs["probabilities"])
     assert probabilities.shape == (1, 3) and np.isfinite(probabilities).all()
     assert from_tensor_proto(answer.outputs["unknown_categories"]).tolist() == [0]  # missing is not unseen
+
+
+def test_the_export_child_a_gpu_machine_uses_carries_the_preprocessing_and_the_strings(tmp_path):
+    """With a GPU visible, export and gate run in one child process that sees none: the spec (vocabularies,
+    statistics) and the golden batch's text go through files, and the gate still passes."""
+    import keras
+
+    from trainserve.data import load_dataset
+    from trainserve.training.export import ExportJob, export_and_gate, serving_outputs
+    from trainserve.training.gate import GoldenBatch
+    from trainserve.training.model import build_network
+    from trainserve.training.model_fn import data_spec, input_structure
+
+    runpy.run_path(str(EXAMPLE))["write_data"](str(tmp_path))
+    ds = load_dataset(str(tmp_path / "train.csv"), label_column="species")
+    spec = data_spec(ds.train, ds.task, tabular=True)
+    keras.utils.set_random_seed(0)
+    model = build_network(f"{EXAMPLE}:build_model", spec)
+    inputs = {k: v[:8] for k, v in ds.test.items()}
+    outputs = serving_outputs(model(input_structure(model)(inputs), training=False), ds.task)
+    golden = GoldenBatch(inputs, {k: np.asarray(v) for k, v in outputs.items()})
+    job = ExportJob(f"{EXAMPLE}:build_model", spec, model.get_weights(), golden, 1e-4)
+    result = export_and_gate(job, tmp_path / "1", in_process=False)
+    assert result.ok, result.reason
+    assert result.checked == "golden batch of 8"
