@@ -21,6 +21,7 @@ from typing import Literal
 import numpy as np
 
 from trainserve.errors import TrainserveError
+from trainserve.protos import prediction_log_pb2
 
 DEFAULT_SIGNATURE = "serving_default"
 ASSETS_EXTRA = "assets.extra"
@@ -112,19 +113,19 @@ def write_warmup_requests(
     are not the slow ones (tensorflow/serving#385).
     """
     import tensorflow as tf
-    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
     path = warmup_path(version_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     count = 0
     with tf.io.TFRecordWriter(str(path)) as writer:
         for size in batch_sizes[:MAX_WARMUP_RECORDS]:
-            request = predict_pb2.PredictRequest(
-                model_spec=model_pb2.ModelSpec(name=model_name, signature_name=DEFAULT_SIGNATURE)
-            )
+            log = prediction_log_pb2.PredictionLog()
+            request = log.predict_log.request
+            request.model_spec.name, request.model_spec.signature_name = model_name, DEFAULT_SIGNATURE
             for key, array in inputs.items():
-                request.inputs[key].CopyFrom(tf.make_tensor_proto(array[: min(size, len(array))]))
-            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+                # TensorFlow's TensorProto and ours are different classes of one message: cross as bytes.
+                tensor = tf.make_tensor_proto(array[: min(size, len(array))])
+                request.inputs[key].ParseFromString(tensor.SerializeToString())
             writer.write(log.SerializeToString())
             count += 1
     return count
@@ -133,7 +134,7 @@ def write_warmup_requests(
 def read_warmup_inputs(version_dir: Path) -> list[tuple[str, dict[str, np.ndarray]]]:
     """The (signature, inputs) of each warmup PredictionLog record, as TF Serving replays them."""
     import tensorflow as tf
-    from tensorflow_serving.apis import prediction_log_pb2
+    from tensorflow.core.framework.tensor_pb2 import TensorProto  # TensorFlow's class, for make_ndarray
 
     path = warmup_path(version_dir)
     if not path.is_file():
@@ -142,7 +143,7 @@ def read_warmup_inputs(version_dir: Path) -> list[tuple[str, dict[str, np.ndarra
     for raw in tf.data.TFRecordDataset(str(path)).take(MAX_WARMUP_RECORDS):
         log = prediction_log_pb2.PredictionLog.FromString(raw.numpy())
         request = log.predict_log.request
-        inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+        inputs = {k: tf.make_ndarray(TensorProto.FromString(v.SerializeToString())) for k, v in request.inputs.items()}
         requests.append((request.model_spec.signature_name or DEFAULT_SIGNATURE, inputs))
     return requests
 
