@@ -23,10 +23,10 @@ from conftest import (
 )
 from trainserve.cli import main
 from trainserve.evaluation.client import Signature
-from trainserve.evaluation.load import run_sweep, synthetic_inputs
-from trainserve.evaluation.load_config import LoadConfig
-from trainserve.evaluation.load_measure import Window, is_stable
-from trainserve.evaluation.load_report import best_point, validate_load_report
+from trainserve.evaluation.load.config import LoadConfig
+from trainserve.evaluation.load.measure import Window, is_stable
+from trainserve.evaluation.load.report import best_point, validate_load_report
+from trainserve.evaluation.load.sweep import run_sweep, synthetic_inputs
 from trainserve.protos import predict_pb2, prediction_service_pb2_grpc
 from trainserve.savedmodel import TensorSpecInfo
 from trainserve.tensors import to_tensor_proto

@@ -90,7 +90,7 @@ def add_runs_parser(commands) -> None:
 
 
 def run_runs(args: argparse.Namespace) -> int:
-    from trainserve.training.runs import fingerprint_warning, read_run, runs_table
+    from trainserve.training.run_summaries import fingerprint_warning, read_run, runs_table
 
     rows = [read_run(path) for path in args.logs]
     print(runs_table(rows))

@@ -17,9 +17,9 @@ import numpy as np
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.client import ServingClient, Signature, Target
 from trainserve.evaluation.data import open_eval_data
-from trainserve.evaluation.load_config import LoadConfig
-from trainserve.evaluation.load_measure import Load, Measured, Request, measure
-from trainserve.evaluation.load_report import build_load_report, point_line
+from trainserve.evaluation.load.config import LoadConfig
+from trainserve.evaluation.load.measure import Load, Measured, Request, measure
+from trainserve.evaluation.load.report import build_load_report, point_line
 from trainserve.evaluation.metrics import task_metrics
 from trainserve.evaluation.plan import Plan, plan_requests
 from trainserve.protos import predict_pb2

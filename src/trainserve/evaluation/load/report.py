@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainserve.evaluation.load_measure import STABILITY_TOLERANCE, STABILITY_WINDOWS
+from trainserve.evaluation.load.measure import STABILITY_TOLERANCE, STABILITY_WINDOWS
 from trainserve.evaluation.report import report_header
 from trainserve.layout import write_file_atomic
 
 if TYPE_CHECKING:
-    from trainserve.evaluation.load import Point
-    from trainserve.evaluation.load_config import LoadConfig
+    from trainserve.evaluation.load.config import LoadConfig
+    from trainserve.evaluation.load.sweep import Point
 
 SCHEMA_ID = "trainserve.load/1"
-SCHEMA_PATH = Path(__file__).with_name("load_report.schema.json")
+SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 
 
 def point_summary(point: Point) -> dict:
