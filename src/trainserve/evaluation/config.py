@@ -14,8 +14,10 @@ from typing import Literal
 
 from trainserve.data import SyntheticSpec
 from trainserve.errors import TrainserveError
-from trainserve.layout import DEFAULT_SIGNATURE, Task, ensure_writable_dir
+from trainserve.files import ensure_writable_dir
+from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.options import key_values, option, positive_int
+from trainserve.task import Task
 
 TaskChoice = Literal["auto", "classification", "regression"]
 # The metrics a gate may name, by task (evaluation/metrics.py computes them).

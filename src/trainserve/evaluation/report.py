@@ -14,7 +14,7 @@ from trainserve import __version__
 from trainserve.evaluation.config import ClientOptions
 from trainserve.evaluation.metrics import latency_histogram, precision_recall_curve
 from trainserve.evaluation.records import EvalResult, FinishedRun
-from trainserve.layout import write_file_atomic
+from trainserve.files import write_file_atomic
 
 SCHEMA_ID = "trainserve.eval/2"  # /1 plus task, output, inputs, regression metrics and gates (fields only added)
 SCHEMA_PATH = Path(__file__).with_name("eval_report.schema.json")

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.layout import CLASSES, DEFAULT_SIGNATURE, PREDICTIONS, PROBABILITIES, Task
+from trainserve.layout import CLASSES, DEFAULT_SIGNATURE, PREDICTIONS, PROBABILITIES
+from trainserve.task import Task
 
 
 def serving_outputs(y, task: Task) -> dict:

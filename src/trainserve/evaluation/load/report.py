@@ -17,7 +17,7 @@ import numpy as np
 from trainserve.evaluation.load.config import LoadConfig
 from trainserve.evaluation.load.measure import STABILITY_TOLERANCE, STABILITY_WINDOWS, Point
 from trainserve.evaluation.report import report_header
-from trainserve.layout import write_file_atomic
+from trainserve.files import write_file_atomic
 
 SCHEMA_ID = "trainserve.load/1"
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
