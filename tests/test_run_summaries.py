@@ -8,7 +8,7 @@ import pytest
 
 from conftest import assert_one_line_error, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration  # a real training run in a subprocess
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from trainserve.options import EnvDefaults
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trainserve.evaluation.commands import add_eval_parser, add_load_parser, add_report_parser
-    from trainserve.rollout.commands import add_rollout_parsers
-    from trainserve.serving.commands import add_serve_local_parser
-    from trainserve.training.commands import add_training_parsers
+    from trainserve.evaluation import commands as evaluation
+    from trainserve.rollout import commands as rollout
+    from trainserve.serving import commands as serving
+    from trainserve.training import commands as training
 
     parser = EnvDefaults(
         prog="trainserve",
@@ -30,12 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trainserve {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=EnvDefaults)
-    add_training_parsers(commands)
-    add_serve_local_parser(commands)
-    add_eval_parser(commands)
-    add_load_parser(commands)
-    add_report_parser(commands)
-    add_rollout_parsers(commands)
+    for stage in (training, serving, evaluation, rollout):  # the data's path, and the order of --help
+        stage.add_parsers(commands)
     return parser
 
 

@@ -10,6 +10,13 @@ from trainserve.errors import TrainserveError, first_line
 from trainserve.options import add_options, config_from_args
 
 
+def add_parsers(commands) -> None:
+    """The evaluation stage's commands."""
+    add_eval_parser(commands)
+    add_load_parser(commands)
+    add_report_parser(commands)
+
+
 def add_eval_parser(commands) -> None:
     from trainserve.evaluation.config import EvalConfig
 

@@ -7,6 +7,11 @@ import argparse
 from trainserve.options import add_options, config_from_args
 
 
+def add_parsers(commands) -> None:
+    """The serving stage's command."""
+    add_serve_local_parser(commands)
+
+
 def add_serve_local_parser(commands) -> None:
     from trainserve.serving.config import ServerOptions
 

@@ -10,7 +10,8 @@ from trainserve.errors import TrainserveError
 from trainserve.options import DeprecatedAlias, add_options, config_from_args
 
 
-def add_training_parsers(commands) -> None:
+def add_parsers(commands) -> None:
+    """The training stage's commands."""
     add_train_parser(commands)
     add_verify_parser(commands)
     add_runs_parser(commands)
