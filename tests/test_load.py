@@ -160,7 +160,9 @@ def test_synthetic_inputs_cli_report_and_plot(served_f, tmp_path, capsys):
     one, four = report["points"]
     assert (one["batch_size"], four["batch_size"]) == (1, 4) and one["error_count"] == four["error_count"] == 0
     assert four["examples_per_s"] == pytest.approx(4 * four["throughput_rps"])
-    assert report["best"]["examples_per_s"] == max(one["examples_per_s"], four["examples_per_s"])
+    # The fastest point, among the stable ones when any is (on a busy machine a 0.3 s window may not settle).
+    ranked = [p for p in (one, four) if p["stable"]] or [one, four]
+    assert report["best"]["examples_per_s"] == max(p["examples_per_s"] for p in ranked)
     assert "best with p99 <= 1000 ms" in out and "C=2" in out
     assert (tmp_path / "plots" / "throughput_vs_p99.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
