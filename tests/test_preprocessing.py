@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainserve.layout import Task
+from trainserve.task import Task
 from trainserve.training.model_fn import data_spec
 from trainserve.training.preprocessing import plan_preprocessing
 

@@ -20,8 +20,10 @@ import numpy as np
 
 from trainserve import data_files
 from trainserve.errors import TrainserveError
-from trainserve.layout import Task, split_arrays, write_file_atomic
+from trainserve.files import write_file_atomic
+from trainserve.layout import split_arrays
 from trainserve.options import image_shape, option, positive_int
+from trainserve.task import Task
 
 KERAS_DATASETS = ("mnist", "fashion_mnist", "cifar10")
 IMAGES = "images"  # the input name of image data (the built-in sources, and a single uint8 [N, H, W(, C)] array)

@@ -35,8 +35,8 @@ from trainserve.layout import (
     PREDICTIONS,
     PROBABILITIES,
     UNKNOWN_CATEGORIES,
-    Task,
 )
+from trainserve.task import Task
 from trainserve.training.gate import GateResult, GoldenBatch, check_on_cpu, result_from_output, run_without_gpu
 
 
