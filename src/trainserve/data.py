@@ -3,9 +3,8 @@
 A data set is named inputs (each any numeric dtype, shape and memory order) and labels: integer labels make
 a classification task (K classes), float labels a regression one (T targets). The built-in image sources
 (`digits`, `synthetic`, keras sets) give one uint8 input `images` [N, H, W, C]; files are read into arrays by
-`trainserve.data_files` (`.npz`, `.csv`) and built into a Dataset here. A CSV makes a `tabular` data set: its
-columns are float32 (NaN: missing) or str (categories, "": missing), preprocessed inside the model
-(training/preprocessing.py), so the served graph takes the columns as they are.
+`trainserve.data_files` (`.npz`, `.csv`) and built into a Dataset here. A CSV makes a `tabular` data set:
+float32 (NaN: missing) and str columns, preprocessed in the model (training/preprocessing.py).
 """
 
 from __future__ import annotations
