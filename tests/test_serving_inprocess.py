@@ -337,6 +337,23 @@ def test_grpc_health_is_off_by_default(running_m):
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED, "as in TF Serving, only with the flag"
 
 
+def test_grpc_health_watch_streams_changes_and_ends_when_the_server_drains(serve_in_process, model_versions, tmp_path):
+    install_version(model_versions[0], tmp_path / "m", 1)
+    server = serve_in_process(
+        "--model_name=m", f"--model_base_path={tmp_path / 'm'}", "--enable_grpc_healthcheck_service"
+    )
+    server.wait_available("m", 1)
+    watch = grpc.insecure_channel(server.target).unary_stream("/grpc.health.v1.Health/Watch")
+    stream = watch(b"\x0a\x01m", timeout=60)  # HealthCheckRequest{service: "m"}
+    assert next(stream) == b"\x08\x01", "SERVING at once"
+    stopping = threading.Thread(target=server.stop)
+    stopping.start()
+    assert next(stream) == b"\x08\x02", "NOT_SERVING when the drain begins"
+    assert list(stream) == [], "then the stream ends, so the drain is not held up by it"
+    stopping.join(timeout=60)
+    assert server.exit_code == 0 and "stopped cleanly" in server.log()
+
+
 def test_failing_warmup_record_fails_the_load(serve_in_process, model_versions, tmp_path):
     from trainserve.layout import write_warmup_requests
 
