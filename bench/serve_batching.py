@@ -5,6 +5,7 @@ untrained: weights do not change the compute). 64 closed-loop clients each send 
 Predict, a different example each, for a fixed time; the configurations differ only in batching:
   off                       no --enable_batching
   on, timeout 0 / 1 / 5 ms  max_batch_size 64, num_batch_threads = CPUs (the batching guide's CPU advice)
+  on, timeout 0, 1 thread   the same with one batch thread: a batch grows while that one runs
 The clients run in their own process(es), on one asyncio loop each, sending pre-serialized requests, so
 that the load generator costs little and is measured: its CPU use (and the server's) is printed beside
 the figures, as a share of one core, so a reader can tell who was saturated.
@@ -42,6 +43,14 @@ SHAPE = (28, 28, 1)
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 BEFORE_OFF = 1195  # ex/s, batching off, issue 24's measurement of the threaded front end
 WARMUP_S = 3.0
+# (name, batch_timeout_micros or None for batching off, num_batch_threads or 0 for one per CPU)
+CONFIGS = [
+    ("batching off", None, 0),
+    ("on, timeout 0", 0, 0),
+    ("on, 0, 1 thread", 0, 1),
+    ("on, timeout 1 ms", 1000, 0),
+    ("on, timeout 5 ms", 5000, 0),
+]
 
 
 @dataclass
@@ -131,7 +140,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(tmp: Path, name: str, timeout_micros: int | None) -> tuple[subprocess.Popen, str, str]:
+def start_server(
+    tmp: Path, name: str, timeout_micros: int | None, threads: int = 0
+) -> tuple[subprocess.Popen, str, str]:
     port, rest_port = free_port(), free_port()
     (tmp / "monitoring.config").write_text("prometheus_config { enable: true }\n")
     flags = [f"--port={port}", "--model_name=bench", f"--model_base_path={tmp / 'models' / 'bench'}"]
@@ -144,7 +155,8 @@ def start_server(tmp: Path, name: str, timeout_micros: int | None) -> tuple[subp
         params = tmp / f"{name}.config"
         params.write_text(
             f"max_batch_size {{ value: 64 }}\nbatch_timeout_micros {{ value: {timeout_micros} }}\n"
-            f"num_batch_threads {{ value: {len(os.sched_getaffinity(0))} }}\nmax_enqueued_batches {{ value: 1000 }}\n"
+            f"num_batch_threads {{ value: {threads or len(os.sched_getaffinity(0))} }}\n"
+            "max_enqueued_batches { value: 1000 }\n"
         )
         flags += ["--enable_batching", f"--batching_parameters_file={params}"]
     log = open(tmp / f"{name}.log", "w")  # noqa: SIM115  (the child writes to it until terminated)
@@ -223,8 +235,8 @@ def run_clients(target: str, server_pid: int, args) -> tuple[list[float], int, f
     return latencies, sum(r["errors"] for r in results), client_cpu / args.seconds, server_cpu / args.seconds
 
 
-def measure(tmp: Path, name: str, timeout_micros: int | None, args) -> Result:
-    server, target, metrics_url = start_server(tmp, name.replace(" ", "_").replace(",", ""), timeout_micros)
+def measure(tmp: Path, name: str, timeout_micros: int | None, threads: int, args) -> Result:
+    server, target, metrics_url = start_server(tmp, name.replace(" ", "_").replace(",", ""), timeout_micros, threads)
     try:
         wait_ready(target)
         rows_before, runs_before = batch_totals(metrics_url)
@@ -258,11 +270,10 @@ def main() -> None:
         print("exporting the benchmark model (CNN, 28x28x1)...", flush=True)
         export_model(tmp / "models" / "bench" / "1")
         ceiling = in_process_ceiling(tmp / "models" / "bench" / "1", examples(8192), (32, 64, 128, 256, 512))
-        configs = [("batching off", None), ("on, timeout 0", 0), ("on, timeout 1 ms", 1000), ("on, timeout 5 ms", 5000)]
         results = []
-        for name, timeout_micros in configs:
+        for name, timeout_micros, threads in CONFIGS:
             print(f"measuring {name} ({args.seconds:g} s)...", flush=True)
-            results.append(measure(tmp, name, timeout_micros, args))
+            results.append(measure(tmp, name, timeout_micros, threads, args))
         report(results, ceiling, args)
 
 
