@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 TF_VERSION ?= $(shell sed -n 's/.*"tensorflow-cpu==\([0-9.]*\)".*/\1/p' pyproject.toml)
 MODEL_NAME ?= digits
 DEMO_DIR ?= demo
-DEMO_EPOCHS ?= 20
+DEMO_EPOCHS ?= 10
 GRPC_PORT ?= 8500
 REST_PORT ?= 8501
 PYTEST_ARGS ?=
@@ -117,14 +117,23 @@ standins: ## Build the local STAND-IN base images the e2e tests use (no registry
 	TF_VERSION=$(TF_VERSION) scripts/standins/build.sh
 
 .PHONY: e2e
-e2e: venv ## End-to-end on a real Docker engine with stand-in bases: train -> serve -> eval -> v2
-	$(BIN)/python -m pytest tests/test_e2e_docker.py $(PYTEST_ARGS)
+e2e: venv ## Only the e2e tier: a real Docker engine with stand-in bases (train -> serve -> eval -> v2, rollout)
+	$(BIN)/python -m pytest -m e2e $(PYTEST_ARGS)
 
 ##@ Development
 
+# The tiers (pytest markers) say what a test needs: unit (this process only), integration (subprocesses,
+# sockets), e2e (a Docker engine). Every core runs tests (pytest-xdist); the Docker tests share one worker
+# (xdist_group "docker") so they do not fight over the engine.
+PYTEST_PARALLEL ?= -n auto --dist loadgroup
+
 .PHONY: test
-test: venv ## Run the whole test suite (unit, integration with real TensorFlow)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test: venv ## Run the whole test suite: unit, integration (real TensorFlow, gRPC, serve-local), e2e (Docker)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+
+.PHONY: test-fast
+test-fast: venv ## Only the unit tier: in process, no subprocess TensorFlow, no Docker (about a minute)
+	$(BIN)/python -m pytest -m unit $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 .PHONY: lint
 lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profile
@@ -142,6 +151,7 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 
 .PHONY: bench
 bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
+	$(BIN)/python bench/loop.py
 	$(BIN)/python bench/train_input.py
 	$(BIN)/python bench/eval_throughput.py
 	$(BIN)/python bench/serve_batching.py

@@ -193,6 +193,34 @@ def model_versions(tmp_path_factory) -> list[Path]:
 
 
 @pytest.fixture(scope="session")
+def trained_digits(tmp_path_factory, worker_id) -> Path:
+    """The default model trained 5 epochs on the bundled digits and published, once per test session (xdist
+    workers share it): ROOT/models/digits/1, ROOT/data/digits/test.npz, ROOT/logs/ (run_summary.json, ...).
+    Read-only: a test that changes it copies it first."""
+    import fcntl
+    import shutil
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base if worker_id == "master" else base.parent) / "trained-digits"  # the parent: one per session
+    with open(f"{root}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "done").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            _train_digits(root)
+            (root / "done").touch()
+    return root
+
+
+def _train_digits(root: Path) -> None:
+    """`trainserve train --epochs 5` in this process: the CLI's own function, without a second TensorFlow start."""
+    from trainserve.training.config import TrainConfig
+    from trainserve.training.run import train
+
+    result = train(TrainConfig(epochs=5, export_base=root / "models", data_dir=root / "data", logs_dir=root / "logs"))
+    assert result.version == 1, result
+
+
+@pytest.fixture(scope="session")
 def tiny_savedmodel(model_versions) -> Path:
     """A real trainserve-style export (untrained 8x8x1 CNN) with warmup requests."""
     return model_versions[0]
@@ -238,3 +266,46 @@ def install_version(template: Path, model_base: Path, version: int) -> Path:
     target = model_base / str(version)
     os.rename(staged, target)
     return target
+
+
+# --- Docker (the e2e tier) --------------------------------------------------------------------------------------
+
+TF_VERSION_ENV = next(
+    line.split("=", 1)[1] for line in (REPO / ".env").read_text().splitlines() if line.startswith("TF_VERSION=")
+)
+# Our Dockerfiles on the local STAND-IN bases (no registry here): TensorFlow CPU for tensorflow/tensorflow:<v>-gpu,
+# serve-local as tensorflow_model_server. Users get the real base images.
+IMAGES = {
+    "train-gpu": ("images/train-gpu/Dockerfile", f"trainserve-standin/tensorflow:{TF_VERSION_ENV}-gpu"),
+    "serve-cpu": ("images/serve-cpu/Dockerfile", f"trainserve-standin/serving:{TF_VERSION_ENV}"),
+    "eval": ("images/eval/Dockerfile", "trainserve-standin/python:3.11-slim"),
+}
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # no socket, no permission, daemon down
+        require("a Docker engine", False, f"{type(exc).__name__}: {exc}")
+    return client
+
+
+@pytest.fixture(scope="session")
+def docker_images(docker_client) -> dict[str, str]:
+    """Stand-in bases (reused when their content is unchanged) and our three images on them, built once per
+    session (the e2e files share one xdist worker); returns each image's tag."""
+    subprocess.run([REPO / "scripts" / "standins" / "build.sh"], env={**os.environ, "TF_VERSION": TF_VERSION_ENV},
+                   check=True)  # fmt: skip
+    tags = {}
+    for name, (dockerfile, base_image) in IMAGES.items():
+        context = REPO / Path(dockerfile).parent if name == "serve-cpu" else REPO
+        tags[name] = f"trainserve/{name}:{TF_VERSION_ENV}"
+        docker_client.images.build(
+            path=str(context), dockerfile=str(REPO / dockerfile), tag=tags[name],
+            buildargs={"BASE_IMAGE": base_image, "TF_VERSION": TF_VERSION_ENV}, network_mode="host", rm=True,
+        )  # fmt: skip
+    return tags

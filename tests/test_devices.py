@@ -5,6 +5,8 @@ import pytest
 from trainserve.errors import TrainserveError
 from trainserve.training.devices import resolve_mixed_precision
 
+pytestmark = pytest.mark.unit
+
 V100, T4, P100 = ({"compute_capability": [7, 0]}, {"compute_capability": [7, 5]}, {"compute_capability": [6, 0]})
 
 

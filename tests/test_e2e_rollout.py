@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -15,7 +16,7 @@ from conftest import ServeLocal, assert_one_line_error, install_version, run_cli
 from trainserve.rollout.config_file import history_path, new_config, write_config
 from trainserve.rollout.history import read_history
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 IMAGES = np.random.default_rng(7).integers(0, 256, (4, 8, 8, 1), dtype=np.uint8)
 SERVER_FLAGS = ("--model_config_file_poll_wait_seconds=1", "--allow_version_labels_for_unavailable_models")
 
@@ -32,34 +33,56 @@ def label_version(server: ServeLocal, label: str) -> int | None:
 
 
 class StableClients:
-    """Threads sending Predict for label `stable` in a loop; every answer's version and every failure kept."""
+    """Threads sending Predict for label `stable` in a loop. Each answer is kept with its thread and the time
+    its request was sent: the order in which threads finish appending says nothing about the server."""
 
     def __init__(self, server: ServeLocal, threads: int = 3):
-        import tensorflow as tf
-        from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+        from trainserve.protos import predict_pb2, prediction_service_pb2_grpc
+        from trainserve.tensors import to_tensor_proto
 
         self.request = predict_pb2.PredictRequest()
         self.request.model_spec.name, self.request.model_spec.version_label = "m", "stable"
-        self.request.inputs["images"].CopyFrom(tf.make_tensor_proto(IMAGES))
+        to_tensor_proto(IMAGES, into=self.request.inputs["images"])
         self.stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(server.target))
-        self.seen: list[int] = []
+        self.answers: list[tuple[int, float, int]] = []  # (thread, monotonic send time, version answered)
         self.failures: list[str] = []
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
+        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(threads)]
         for thread in self.threads:
             thread.start()
 
-    def _loop(self) -> None:
+    def _loop(self, thread: int) -> None:
         while not self.stop.is_set():
+            sent = time.monotonic()
             try:
-                self.seen.append(self.stub.Predict(self.request, timeout=30).model_spec.version.value)
+                version = self.stub.Predict(self.request, timeout=30).model_spec.version.value
+                self.answers.append((thread, sent, version))
             except grpc.RpcError as exc:
                 self.failures.append(f"{exc.code().name}: {exc.details()}")
+
+    def latest(self, n: int) -> list[int]:
+        """The versions that answered the last `n` requests sent."""
+        return [version for _, _, version in sorted(self.answers, key=lambda a: a[1])[-n:]]
 
     def finish(self) -> None:
         self.stop.set()
         for thread in self.threads:
             thread.join(timeout=60)
+
+    def assert_switched_once(self, old: int, new: int, move_began: float, move_done: float) -> None:
+        """Sent before the label began to move: `old`; sent after the move was confirmed: `new`; in between
+        either. Each thread, whose requests follow one another, sees `old` then only `new`."""
+        for thread, sent, version in self.answers:
+            if sent < move_began:
+                assert version == old, f"thread {thread}: a request sent before the move answered by v{version}"
+            elif sent > move_done:
+                assert version == new, f"thread {thread}: a request sent after the move answered by v{version}"
+            else:
+                assert version in (old, new), f"thread {thread}: v{version} answered during the move"
+        for thread in range(len(self.threads)):
+            mine = [version for t, _, version in sorted(self.answers, key=lambda a: a[1]) if t == thread]
+            switch = mine.index(new) if new in mine else len(mine)
+            assert set(mine[:switch]) <= {old} and set(mine[switch:]) <= {new}, f"thread {thread}: {mine}"
 
 
 def cli_ok(*args):
@@ -107,13 +130,15 @@ def test_gated_rollout_with_serve_local(model_versions, serve_local, tmp_path):
     try:
         cli_ok("candidate", *rollout, "--server", server.target, "--wait", "120")
         assert evaluate(server, tmp_path / "r3.json", 0.0) == 0
+        move_began = time.monotonic()
         cli_ok("promote", *rollout, "--report", tmp_path / "r3.json", "--server", server.target)
-        server.wait_for(lambda: clients.seen[-20:].count(3) == 20, "clients on version 3")
+        move_done = time.monotonic()  # promote returns once the server answers `stable` with v3
+        server.wait_for(lambda: clients.latest(20).count(3) == 20, "clients on version 3")
     finally:
         clients.finish()
     assert not clients.failures, clients.failures[:3]
-    first_three = clients.seen.index(3)
-    assert set(clients.seen[:first_three]) == {1} and set(clients.seen[first_three:]) == {3}, "v1, then only v3"
+    assert any(sent < move_began for _, sent, _ in clients.answers), "clients were asking before the move"
+    clients.assert_switched_once(old=1, new=3, move_began=move_began, move_done=move_done)
     server.wait_for(lambda: server.versions("m").get(2) == "END", "the failed candidate unloaded")
     assert {v for v, s in server.versions("m").items() if s == "AVAILABLE"} == {1, 3}, "previous stays loaded"
 

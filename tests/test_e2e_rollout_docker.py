@@ -15,11 +15,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_e2e_docker import compose, docker_client, env  # noqa: F401 (fixtures)
+from test_e2e_docker import compose, env  # noqa: F401 (a fixture)
 
 from conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("docker")]  # one worker drives the engine
 
 PROJECT = "trainserve-e2e-rollout"  # its own containers and volumes, removed at the end
 MODEL = "cats"  # not the images' default: the promote profile must take MODEL_NAME too

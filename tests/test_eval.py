@@ -19,7 +19,6 @@ from trainserve.evaluation.run import evaluate
 from trainserve.savedmodel import LoadedModel
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
 
-pytestmark = pytest.mark.slow
 LONG_RUN = {"data": "synthetic", "synthetic": SyntheticSpec((8, 8, 1), 10, 40000), "batch_size": 16, "concurrency": 2}
 
 
@@ -33,6 +32,7 @@ def served(model_versions, tmp_path_factory):
     assert server.stop() == 0
 
 
+@pytest.mark.integration
 def test_metrics_equal_in_process_computation(served, model_versions, tmp_path):
     config = EvalConfig(server=served.target, model="m", data="digits", batch_size=50, report=tmp_path / "r.json")
     report = evaluate(config).report
@@ -51,6 +51,7 @@ def test_metrics_equal_in_process_computation(served, model_versions, tmp_path):
     validate_report(report)
 
 
+@pytest.mark.integration
 def test_cli_writes_valid_report_and_plots_and_gates(served, model_versions, tmp_path, capsys):
     code = main([
         "eval", "--server", served.target, "--model", "m", "--data", "digits", "--report", str(tmp_path / "r.json"),
@@ -75,6 +76,7 @@ def test_cli_writes_valid_report_and_plots_and_gates(served, model_versions, tmp
         assert matplotlib.image.imread(path).shape[0] > 100
 
 
+@pytest.mark.integration
 def test_schema_rejects_a_broken_report(served):
     import jsonschema
 
@@ -85,6 +87,7 @@ def test_schema_rejects_a_broken_report(served):
         validate_report(report)
 
 
+@pytest.mark.unit
 def test_float_val_and_tensor_content_decode_to_the_same_numbers(model_versions):
     images = load_dataset("digits").x_test[:16]
     outputs = LoadedModel(model_versions[0]).run("serving_default", {"images": images})
@@ -95,6 +98,7 @@ def test_float_val_and_tensor_content_decode_to_the_same_numbers(model_versions)
         np.testing.assert_array_equal(from_tensor_proto(as_values), value)
 
 
+@pytest.mark.integration
 def test_server_killed_and_restarted_mid_run_loses_nothing(serve_local, model_versions, tmp_path):
     install_version(model_versions[0], tmp_path / "m", 1)
     flags = ("--model_name=m", f"--model_base_path={tmp_path / 'm'}")
@@ -126,6 +130,7 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(serve_local, model_ve
     assert report["performance"]["retries"] >= 1, "the outage was crossed by retrying"
 
 
+@pytest.mark.integration
 def test_version_published_mid_run_does_not_mix_versions(serve_local, model_versions, tmp_path):
     install_version(model_versions[0], tmp_path / "m", 1)
     config = tmp_path / "models.config"
@@ -155,6 +160,7 @@ def _npz(tmp_path, name, **arrays):
     return str(path)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -183,6 +189,7 @@ def test_bad_requests_fail_before_any_predict(served, tmp_path, capsys, args, fr
     assert predict_count(served) == before, "no Predict was sent"
 
 
+@pytest.mark.integration
 def test_unreachable_server_and_impossible_deadline(served, tmp_path):
     from conftest import free_port
 
@@ -195,6 +202,7 @@ def test_unreachable_server_and_impossible_deadline(served, tmp_path):
     assert_one_line_error(proc, "DEADLINE_EXCEEDED", "is --timeout 1e-05 s long enough?")
 
 
+@pytest.mark.unit
 def test_npz_is_streamed_not_loaded(tmp_path):
     x = np.random.default_rng(0).integers(0, 256, (1000, 8, 8), dtype=np.uint8)
     y = np.arange(1000) % 10
@@ -208,6 +216,7 @@ def test_npz_is_streamed_not_loaded(tmp_path):
     np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), y[:999])
 
 
+@pytest.mark.unit
 def test_backoff_grows_is_capped_and_jittered():
     import random
 

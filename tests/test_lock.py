@@ -12,6 +12,8 @@ import pytest
 
 from conftest import REPO, pinned_tf_version
 
+pytestmark = pytest.mark.unit
+
 BIN = Path(sys.executable).parent
 IMAGES_FROM_LOCK = {"eval": "requirements/eval.txt", "train-gpu": "requirements/train-gpu.txt"}
 

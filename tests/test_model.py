@@ -32,6 +32,7 @@ def _pair(micro_batches: int):
     return plain, accumulating
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("micro_batches, batch", [(2, 8), (4, 8), (3, 10)], ids=["2x4", "4x2", "uneven-3-of-10"])
 def test_accumulated_step_equals_one_full_batch_step(micro_batches, batch):
     plain, accumulating = _pair(micro_batches)
@@ -68,7 +69,7 @@ print(json.dumps({"losses": losses, "max_weight_diff": diff}))
 """
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_accumulated_step_equals_one_full_batch_step_under_mirrored_strategy():
     tests = str(Path(__file__).parent)
     proc = subprocess.run([sys.executable, "-c", MIRRORED_STEP, tests], capture_output=True, text=True, timeout=300)
@@ -78,6 +79,7 @@ def test_accumulated_step_equals_one_full_batch_step_under_mirrored_strategy():
     assert result["max_weight_diff"] < 1e-5
 
 
+@pytest.mark.unit
 def test_float32_copy_of_a_mixed_precision_model_keeps_weights():
     keras.config.set_dtype_policy("mixed_float16")
     try:
@@ -93,6 +95,7 @@ def test_float32_copy_of_a_mixed_precision_model_keeps_weights():
     np.testing.assert_allclose(mixed.predict(x, verbose=0), clone.predict(x, verbose=0), atol=1e-2)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(4), ids=lambda seed: f"seed{seed}")
 def test_the_default_model_learns_the_bundled_digits_in_five_epochs(seed):
     """`trainserve train`'s defaults (CNN, learning rate, batch, validation split) on the digits it ships:

@@ -27,6 +27,7 @@ INDEXED = {
 }
 
 
+@pytest.mark.unit
 def test_tf_config_from_an_indexed_job_pod():
     config = tf_config_from_env(INDEXED)
     assert config == {
@@ -38,6 +39,7 @@ def test_tf_config_from_an_indexed_job_pod():
     assert parse_tf_config(json.dumps(config)) == (config["cluster"]["worker"], "worker", 1)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -54,6 +56,7 @@ def test_tf_config_bad_environment(change, message):
     assert message in str(err.value)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "raw", ["not json", '{"cluster": {}}', '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 4}}']
 )
@@ -62,6 +65,7 @@ def test_malformed_tf_config_is_a_clear_error(raw):
         parse_tf_config(raw)
 
 
+@pytest.mark.unit
 def test_tf_config_command_prints_json(monkeypatch, capsys):
     from trainserve.cli import main
 
@@ -71,6 +75,7 @@ def test_tf_config_command_prints_json(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["task"]["index"] == 1
 
 
+@pytest.mark.unit
 def test_epoch_checkpoint_restores_model_optimizer_and_epoch_and_only_the_chief_keeps_it(tmp_path):
     import keras
     import numpy as np
@@ -107,7 +112,7 @@ def test_epoch_checkpoint_restores_model_optimizer_and_epoch_and_only_the_chief_
 class Worker:
     """One `trainserve train` worker process of a localhost cluster, logging to its own file."""
 
-    def __init__(self, tmp: Path, workers: list[str], index: int, *args: str, run: str = "a"):
+    def __init__(self, tmp: Path, workers: list[str], index: int, *args: str, run: str = "a", epochs: int):
         env = {
             **os.environ,
             "TF_CPP_MIN_LOG_LEVEL": "2",
@@ -116,7 +121,7 @@ class Worker:
         self.log_path = tmp / f"worker-{index}-{run}.log"
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "trainserve", "train", "--epochs", "4", "--batch-size", "32",
+                [sys.executable, "-m", "trainserve", "train", "--epochs", str(epochs), "--batch-size", "32",
                  "--export-base", str(tmp / "models"), "--data-dir", str(tmp / "data"),
                  "--logs-dir", str(tmp / "logs"), *args],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -135,9 +140,9 @@ class Worker:
             ) from None
 
 
-def start_workers(tmp: Path, *args: str, run: str = "a") -> list[Worker]:
+def start_workers(tmp: Path, *args: str, run: str = "a", epochs: int) -> list[Worker]:
     workers = [f"localhost:{free_port()}" for _ in range(2)]
-    return [Worker(tmp, workers, index, *args, run=run) for index in range(2)]
+    return [Worker(tmp, workers, index, *args, run=run, epochs=epochs) for index in range(2)]
 
 
 def finish(workers: list[Worker]) -> list[str]:
@@ -152,9 +157,9 @@ def summaries(tmp: Path) -> tuple[dict, dict]:
     return chief, json.loads((tmp / "logs" / "worker-1" / "run_summary.json").read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_workers_train_one_model_and_only_worker_zero_publishes(tmp_path):
-    logs = finish(start_workers(tmp_path))
+    logs = finish(start_workers(tmp_path, epochs=2))
     chief, other = summaries(tmp_path)
     for summary, index in ((chief, 0), (other, 1)):
         assert summary["devices"]["strategy"] == "multi-worker"
@@ -163,7 +168,7 @@ def test_two_workers_train_one_model_and_only_worker_zero_publishes(tmp_path):
     # Both took part: each processed half of every global batch (1437 training examples less the 10 %
     # validation split = 1293 -> 20 full batches of 64).
     steps = 1293 // 64
-    assert chief["examples_seen_by_this_worker"] == other["examples_seen_by_this_worker"] == 4 * steps * 32
+    assert chief["examples_seen_by_this_worker"] == other["examples_seen_by_this_worker"] == 2 * steps * 32
     assert chief["weights_sha256"] == other["weights_sha256"], "the workers end with identical weights"
     assert numeric_versions(tmp_path / "models" / "digits") == [1], "only worker 0 publishes"
     assert chief["version"] == 1 and other["version"] is None
@@ -171,16 +176,16 @@ def test_two_workers_train_one_model_and_only_worker_zero_publishes(tmp_path):
     assert chief["metrics"]["test_accuracy"] > 0.5
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("victim", [1, 0], ids=["kill-worker-1", "kill-the-chief"])
 def test_a_killed_worker_makes_the_group_restart_and_resume_at_its_epoch(tmp_path, victim):
     backup = ("--backup-dir", str(tmp_path / "backup"))
-    first = start_workers(tmp_path, *backup)
+    first = start_workers(tmp_path, *backup, epochs=3)
     killed, survivor = first[victim], first[1 - victim]
-    # A worker logs "epoch 1/4" once epoch 1 is checkpointed, then goes straight into epoch 2, which no
+    # A worker logs "epoch 1/3" once epoch 1 is checkpointed, then goes straight into epoch 2, which no
     # worker can finish without it: killed now, it dies in epoch 2 whatever the machine's speed.
     deadline = time.monotonic() + 240
-    while "epoch 1/4:" not in killed.log():
+    while "epoch 1/3:" not in killed.log():
         assert time.monotonic() < deadline and killed.proc.poll() is None, killed.log()[-3000:]
         time.sleep(0.02)
     killed.proc.send_signal(signal.SIGKILL)
@@ -189,19 +194,19 @@ def test_a_killed_worker_makes_the_group_restart_and_resume_at_its_epoch(tmp_pat
     # Kubernetes to restart the group without counting a failure (k8s/components/multi-worker).
     assert survivor.wait(timeout=120) == 75, survivor.log()[-3000:]
     assert "another worker was lost" in survivor.log().strip().splitlines()[-1]
-    assert "epoch 2/4:" not in survivor.log()
+    assert "epoch 2/3:" not in survivor.log()
     assert not (tmp_path / "models" / "digits").exists() or numeric_versions(tmp_path / "models" / "digits") == []
 
-    logs = finish(start_workers(tmp_path, *backup, run="b"))
+    logs = finish(start_workers(tmp_path, *backup, run="b", epochs=3))
     for log in logs:
-        assert "resuming from epoch 2 of 4" in log and "epoch 1/4:" not in log and "epoch 2/4:" in log
+        assert "resuming from epoch 2 of 3" in log and "epoch 1/3:" not in log and "epoch 2/3:" in log
     chief, other = summaries(tmp_path)
     assert chief["resumed_from_epoch"] == other["resumed_from_epoch"] == 2
-    steps = 1293 // 64  # as above: 3 epochs after the restart, half of every global batch each
-    assert chief["examples_seen_by_this_worker"] == other["examples_seen_by_this_worker"] == 3 * steps * 32
+    steps = 1293 // 64  # as above: 2 epochs after the restart, half of every global batch each
+    assert chief["examples_seen_by_this_worker"] == other["examples_seen_by_this_worker"] == 2 * steps * 32
     assert chief["weights_sha256"] == other["weights_sha256"], "the workers end with identical weights"
     assert numeric_versions(tmp_path / "models" / "digits") == [1], "only the chief publishes, once"
     assert chief["version"] == 1 and other["version"] is None
     with open(tmp_path / "logs" / "history.csv") as fh:
-        assert [row["epoch"] for row in csv.DictReader(fh)] == ["0", "1", "2", "3"]
+        assert [row["epoch"] for row in csv.DictReader(fh)] == ["0", "1", "2"]
     assert not (tmp_path / "backup" / "digits").exists(), "the checkpoint is deleted once the model is published"

@@ -46,6 +46,7 @@ def assert_complete(version_dir: Path, template: Path) -> None:
     assert meta["version"] == int(version_dir.name)
 
 
+@pytest.mark.unit
 def test_versions_count_up_and_ignore_non_numeric(tiny_savedmodel, tmp_path):
     base = tmp_path / "m"
     (base / ".tmp-other").mkdir(parents=True)
@@ -56,6 +57,7 @@ def test_versions_count_up_and_ignore_non_numeric(tiny_savedmodel, tmp_path):
         assert_complete(base / str(v), tiny_savedmodel)
 
 
+@pytest.mark.unit
 def test_keep_prunes_old_versions_never_the_new_one(tiny_savedmodel, tmp_path):
     base = tmp_path / "m"
     for _ in range(3):
@@ -65,6 +67,7 @@ def test_keep_prunes_old_versions_never_the_new_one(tiny_savedmodel, tmp_path):
     assert prune_versions(base, keep=1, protect=2) == [], "the protected version survives even when oldest"
 
 
+@pytest.mark.unit
 def test_failed_prepare_publishes_nothing(tiny_savedmodel, tmp_path):
     base = tmp_path / "m"
 
@@ -77,6 +80,7 @@ def test_failed_prepare_publishes_nothing(tiny_savedmodel, tmp_path):
     assert list(base.iterdir()) == []
 
 
+@pytest.mark.unit
 def test_unwritable_export_dir_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
@@ -84,7 +88,7 @@ def test_unwritable_export_dir_is_a_clear_error(tmp_path):
         staging_dir(blocker / "model")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_sigkill_during_publishing_never_leaves_an_incomplete_version(tiny_savedmodel, tmp_path):
     base = tmp_path / "m"
     rng = random.Random(7)
@@ -106,7 +110,7 @@ def test_sigkill_during_publishing_never_leaves_an_incomplete_version(tiny_saved
     assert not list(base.glob(f"{STAGING_PREFIX}*")), f"stale staging dirs not cleaned: {killed_mid_publish}"
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_racing_publishers_get_distinct_numbers(tiny_savedmodel, tmp_path):
     base = tmp_path / "m"
     procs = [

@@ -7,18 +7,22 @@ import json
 import pytest
 
 from conftest import assert_one_line_error, run_cli
+from trainserve.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")
-def cpu_run(tmp_path_factory):
-    """One real (tiny) training run: its logs directory."""
-    root = tmp_path_factory.mktemp("runs")
-    proc = run_cli("train", "--epochs", "1", "--logs-dir", root / "cpu", "--export-base", root / "models",
-                   "--data-dir", root / "data", cwd=root)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return root / "cpu"
+def cpu_run(trained_digits):
+    """One real training run on the CPU: its logs directory."""
+    return trained_digits / "logs"
+
+
+def runs(capsys, *paths) -> tuple[int, str, str]:
+    """`trainserve runs PATHS` in this process: exit code, stdout, stderr."""
+    code = main(["runs", *map(str, paths)])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def _as_gpu_run(cpu_run, path, fingerprint=None):
@@ -33,23 +37,23 @@ def _as_gpu_run(cpu_run, path, fingerprint=None):
     return path, summary
 
 
-def test_table_shows_both_runs_and_their_metrics(cpu_run, tmp_path):
+def test_table_shows_both_runs_and_their_metrics(cpu_run, tmp_path, capsys):
     gpu, summary = _as_gpu_run(cpu_run, tmp_path / "gpu")
-    proc = run_cli("runs", cpu_run, gpu)
-    assert proc.returncode == 0, proc.stderr
-    header, cpu_line, gpu_line = proc.stdout.strip().splitlines()
+    code, out, err = runs(capsys, cpu_run, gpu)
+    assert code == 0, err
+    header, cpu_line, gpu_line = out.strip().splitlines()
     assert header.split()[:3] == ["run", "device", "strategy"] and "test_accuracy" in header
     assert cpu_line.split()[1:3] == ["CPU", "default"]
     assert "H100 x2" in gpu_line and "mirrored" in gpu_line and "mixed_float16" in gpu_line and "123,456" in gpu_line
     assert f"{summary['metrics']['test_accuracy']:.4f}" in cpu_line
-    assert "different data" not in proc.stderr
+    assert "different data" not in err
 
 
-def test_different_data_is_warned(cpu_run, tmp_path):
+def test_different_data_is_warned(cpu_run, tmp_path, capsys):
     gpu, _ = _as_gpu_run(cpu_run, tmp_path / "gpu", fingerprint="f" * 64)
-    proc = run_cli("runs", cpu_run, gpu)
-    assert proc.returncode == 0
-    assert "different data" in proc.stderr and "ffffffffffff" in proc.stderr
+    code, _, err = runs(capsys, cpu_run, gpu)
+    assert code == 0
+    assert "different data" in err and "ffffffffffff" in err
 
 
 def test_not_a_run_is_a_one_line_error(tmp_path):

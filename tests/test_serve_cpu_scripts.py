@@ -18,6 +18,8 @@ import pytest
 from conftest import REPO, free_port
 from trainserve.serving.config import parse_model_config
 
+pytestmark = pytest.mark.unit
+
 SERVE_CPU = REPO / "images" / "serve-cpu"
 FAKE_SERVER = """#!/usr/bin/env bash
 printf '%s\\n' "$@" >"$FAKE_ARGS"

@@ -8,7 +8,7 @@
 #   trainserve-standin/tensorflow:<v>-gpu       ... + tensorflow-cpu==<v>      (for tensorflow/tensorflow:<v>-gpu)
 #   trainserve-standin/serving:<v>              ... + tensorflow_model_server = `trainserve serve-local`
 #                                                                               (for tensorflow/serving:<v>)
-# Images already present are reused (the serving stand-in is rebuilt from cache): a second run takes seconds.
+# An image is rebuilt only when the files it is made from change: a second run takes seconds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -26,12 +26,21 @@ debian_mirror() {
   echo "${uri:?no Debian mirror found in /etc/apt/sources*}"
 }
 
-build() {  # build TAG DOCKERFILE [BUILD ARGS...]: --network host so pip inside reaches the registry
-  local tag=$1 dockerfile=$2
-  shift 2
-  [[ -z "${FORCE:-}" ]] && have "$tag" && { echo "standins: $tag present"; return; }
-  echo "standins: building $tag"
-  docker build --quiet --network host -t "$tag" -f "$dockerfile" "$@" .  # context: the repo, per .dockerignore
+# A hash of the files an image is made from: an image labelled with the same hash is reused as it is.
+content_hash() {
+  find "$@" -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
+}
+
+build() {  # build TAG DOCKERFILE HASH [BUILD ARGS...]: --network host so pip inside reaches the registry
+  local tag=$1 dockerfile=$2 hash=$3
+  shift 3
+  if [[ "$(docker image inspect -f '{{index .Config.Labels "trainserve.content"}}' "$tag" 2>/dev/null)" == "$hash" ]]; then
+    echo "standins: $tag present (content $hash)"
+    return
+  fi
+  echo "standins: building $tag (content $hash)"
+  # context: the repo, per .dockerignore
+  docker build --quiet --network host --label "trainserve.content=$hash" -t "$tag" -f "$dockerfile" "$@" .
 }
 
 if ! have trainserve-standin/debian:bookworm; then
@@ -46,7 +55,10 @@ if ! have trainserve-standin/debian:bookworm; then
   tar -C "$rootfs" -c . | docker import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     - trainserve-standin/debian:bookworm
 fi
-build trainserve-standin/python:3.11-slim "$here/python.Dockerfile"
-build "trainserve-standin/tensorflow:${TF_VERSION}-gpu" "$here/tensorflow.Dockerfile" --build-arg "TF_VERSION=$TF_VERSION"
-# Always rebuilt (layer cache makes it quick): it carries serve-local, so it must carry today's source.
-FORCE=1 build "trainserve-standin/serving:${TF_VERSION}" "$here/serving.Dockerfile" --build-arg "TF_VERSION=$TF_VERSION"
+build trainserve-standin/python:3.11-slim "$here/python.Dockerfile" "$(content_hash "$here/python.Dockerfile")"
+build "trainserve-standin/tensorflow:${TF_VERSION}-gpu" "$here/tensorflow.Dockerfile" \
+  "$(content_hash "$here/tensorflow.Dockerfile")-$TF_VERSION" --build-arg "TF_VERSION=$TF_VERSION"
+# It carries serve-local, so it is rebuilt whenever the source changes.
+build "trainserve-standin/serving:${TF_VERSION}" "$here/serving.Dockerfile" \
+  "$(content_hash "$here/serving.Dockerfile" requirements/serve.txt pyproject.toml README.md src)-$TF_VERSION" \
+  --build-arg "TF_VERSION=$TF_VERSION"

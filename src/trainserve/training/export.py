@@ -4,28 +4,28 @@ Signature `serving_default`: the data's named inputs with the data's dtypes; out
 classification -> `probabilities` (float32 [None, K]; one sigmoid unit becomes [1 - p, p], K = 2) and
 `classes` (int64 [None]); regression -> `predictions` (float32 [None, T]).
 
-`export_on_cpu` traces the export in a child process that sees no GPU: it rebuilds the model with its
-`--model-fn` function under the float32 policy and loads the trained weights. Keras RNN layers pick cuDNN
+`export_and_gate` rebuilds the model with its `--model-fn` function under the float32 policy, loads the
+trained weights, exports and runs the CPU gate, all where no GPU is visible. Keras RNN layers pick cuDNN
 kernels whenever a GPU is visible, and such a SavedModel fails on a CPU server (tensorflow#77442,
-keras#18504); traced where no GPU exists, no GPU kernel or device can reach the graph.
-
-`python -m trainserve.training.export DIR` is that child: DIR holds spec.json, sample.npz, weights.npz.
+keras#18504); traced where no GPU exists, no GPU kernel or device can reach the graph. A training process
+with no GPU does it in process; one with GPUs starts one child that sees none:
+`python -m trainserve.training.export DIR OUT`, DIR holding job.json, sample.npz, weights.npz, golden.npz.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from trainserve.errors import TrainserveError
 from trainserve.layout import CLASSES, DEFAULT_SIGNATURE, PREDICTIONS, PROBABILITIES, Task
+from trainserve.training.gate import GateResult, GoldenBatch, check_on_cpu, result_from_output, run_without_gpu
 
 
 def serving_outputs(y, task: Task) -> dict:
@@ -69,47 +69,68 @@ def export_savedmodel(model, path: Path, inputs, task: Task | None = None) -> No
     archive.write_out(str(path), verbose=False)
 
 
-def export_on_cpu(reference: str, spec, weights: Sequence[np.ndarray], path: Path) -> None:
-    """Rebuild `reference`'s model for `spec` in a child process with no GPU, load `weights`, export to `path`."""
+@dataclass
+class ExportJob:
+    """What the export needs: the model's function and data spec, the trained weights, and what the CPU gate
+    compares the exported version with."""
+
+    reference: str
+    spec: Any  # model_fn.DataSpec
+    weights: list[np.ndarray]
+    golden: GoldenBatch
+    atol: float
+
+
+def export_and_gate(job: ExportJob, path: Path, *, in_process: bool) -> GateResult:
+    """Export a float32 rebuild of the trained model to `path` and run the CPU gate on it.
+
+    `in_process` only where this process sees no GPU (nothing could reach the graph); otherwise both steps
+    run in one child process that sees none.
+    """
+    if in_process:
+        return _export_and_check(job, path)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        inputs = [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in spec.inputs]
-        (work / "spec.json").write_text(
-            json.dumps({"reference": reference, "inputs": inputs, "task": spec.task.to_json()})
-        )
-        np.savez(work / "sample.npz", **spec.sample)
-        np.savez(work / "weights.npz", *weights)
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL="2")
-        command = [sys.executable, "-m", "trainserve.training.export", str(work), str(path)]
-        proc = subprocess.run(command, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()] or ["no output"]
-        raise TrainserveError(f"export on the CPU failed (exit {proc.returncode}): {lines[-1]}")
+        inputs = [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in job.spec.inputs]
+        described = {"reference": job.reference, "inputs": inputs, "task": job.spec.task.to_json(), "atol": job.atol}
+        (work / "job.json").write_text(json.dumps(described))
+        np.savez(work / "sample.npz", **job.spec.sample)
+        np.savez(work / "weights.npz", *job.weights)
+        job.golden.save(work / "golden.npz")
+        proc = run_without_gpu(["-m", "trainserve.training.export", str(work), str(path)])
+    return result_from_output(proc)
 
 
-def _export_child(work: Path, out: Path) -> None:
+def _export_and_check(job: ExportJob, path: Path) -> GateResult:
     from trainserve.training.model import rebuild_float32
+
+    try:
+        model = rebuild_float32(job.reference, job.spec, job.weights)
+        export_savedmodel(model, path, job.spec.inputs, job.spec.task)
+    except TrainserveError as exc:
+        return GateResult(False, f"the export failed: {exc}")
+    return check_on_cpu(path, job.golden, job.atol)
+
+
+def _job_from_files(work: Path) -> ExportJob:
     from trainserve.training.model_fn import DataSpec, InputSpec
 
-    raw = json.loads((work / "spec.json").read_text())
+    raw = json.loads((work / "job.json").read_text())
     with np.load(work / "sample.npz") as npz:
         sample = {k: npz[k] for k in npz.files}
     with np.load(work / "weights.npz") as npz:
         weights = [npz[f"arr_{i}"] for i in range(len(npz.files))]
     inputs = tuple(InputSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in raw["inputs"])
     spec = DataSpec(inputs, Task.from_json(raw["task"]), sample)
-    model = rebuild_float32(raw["reference"], spec, weights)
-    export_savedmodel(model, out, inputs, spec.task)
+    return ExportJob(raw["reference"], spec, weights, GoldenBatch.load(work / "golden.npz"), raw["atol"])
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The child: export, gate, and print the gate's result as one JSON line."""
     work, out = (Path(a) for a in (argv or sys.argv[1:]))
-    try:
-        _export_child(work, out)
-    except TrainserveError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    result = _export_and_check(_job_from_files(work), out)
+    print(json.dumps(asdict(result)), flush=True)
+    return 0 if result.ok else 1
 
 
 if __name__ == "__main__":

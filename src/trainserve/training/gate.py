@@ -1,7 +1,8 @@
 """The CPU gate: would TF Serving on a CPU load and answer this SavedModel, with the trained numbers?
 
-Runs in a separate process with no GPU visible (CUDA_VISIBLE_DEVICES=-1), because the training
-process has GPUs, soft placement habits and cached kernels that a CPU server will not have. It:
+It must run where no GPU is visible: a process with GPUs has kernels and placements a CPU server will
+not have. Training with no GPU calls `check_on_cpu` in process; otherwise the export's child process
+(CUDA_VISIBLE_DEVICES=-1) calls it, and `run_gate` starts such a process for any SavedModel. It:
 1. finds any node pinned to a GPU, function bodies included;
 2. loads tag `serve` into a session with soft placement off (as TF Serving does);
 3. runs a golden batch and compares with the training process's outputs, or, for a SavedModel made
@@ -17,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -37,14 +39,27 @@ class GateResult:
     signatures: list[str] = field(default_factory=list)
 
 
-def save_golden(path: Path, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> Path:
-    """Store a golden batch: `in:<name>` inputs and the `out:<name>` outputs training computed."""
-    arrays = {f"in:{k}": v for k, v in inputs.items()} | {f"out:{k}": v for k, v in outputs.items()}
-    np.savez(path, **arrays)
-    return path
+@dataclass
+class GoldenBatch:
+    """Held-out inputs and the trained model's outputs for them: what the exported version must reproduce."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+
+    def save(self, path: Path) -> Path:
+        """Store as `in:<name>` inputs and `out:<name>` outputs, for a gate in another process."""
+        arrays = {f"in:{k}": v for k, v in self.inputs.items()} | {f"out:{k}": v for k, v in self.outputs.items()}
+        np.savez(path, **arrays)
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> GoldenBatch:
+        with np.load(path) as npz:
+            inputs = {k[3:]: npz[k] for k in npz.files if k.startswith("in:")}
+            return cls(inputs, {k[4:]: npz[k] for k in npz.files if k.startswith("out:")})
 
 
-def check_on_cpu(version_dir: Path, golden: Path | None = None, atol: float = FLOAT32_ATOL) -> GateResult:
+def check_on_cpu(version_dir: Path, golden: GoldenBatch | None = None, atol: float = FLOAT32_ATOL) -> GateResult:
     """The gate itself; call it in a process that sees no GPU (see `run_gate`)."""
     from trainserve.layout import DEFAULT_SIGNATURE, read_warmup_inputs
     from trainserve.savedmodel import LoadedModel, gpu_pinned_nodes
@@ -57,11 +72,8 @@ def check_on_cpu(version_dir: Path, golden: Path | None = None, atol: float = FL
         model = LoadedModel(version_dir)
         signatures = sorted(model.signatures)
         if golden is not None:
-            with np.load(golden) as npz:
-                inputs = {k[3:]: npz[k] for k in npz.files if k.startswith("in:")}
-                expected = {k[4:]: npz[k] for k in npz.files if k.startswith("out:")}
-            got = model.run(DEFAULT_SIGNATURE, inputs, list(expected))
-            return _compare(expected, got, atol, signatures)
+            got = model.run(DEFAULT_SIGNATURE, golden.inputs, list(golden.outputs))
+            return _compare(golden.outputs, got, atol, signatures)
         requests = read_warmup_inputs(version_dir)
         checked = "warmup requests"
         if not requests:
@@ -100,13 +112,24 @@ def _compare(expected: dict, got: dict, atol: float, signatures: list[str]) -> G
     return GateResult(True, "", f"golden batch of {len(next(iter(expected.values())))}", worst, signatures)
 
 
-def run_gate(version_dir: Path, golden: Path | None = None, atol: float = FLOAT32_ATOL) -> GateResult:
+def run_gate(version_dir: Path, golden: GoldenBatch | None = None, atol: float = FLOAT32_ATOL) -> GateResult:
     """Run `check_on_cpu` in a fresh Python process that cannot see any GPU."""
+    with tempfile.TemporaryDirectory() as tmp:
+        command = ["-m", "trainserve.training.gate", str(version_dir), "--atol", str(atol)]
+        if golden is not None:
+            command += ["--golden", str(golden.save(Path(tmp) / "golden.npz"))]
+        proc = run_without_gpu(command)
+    return result_from_output(proc)
+
+
+def run_without_gpu(args: list[str]) -> subprocess.CompletedProcess:
+    """`python ARGS` in a child process that sees no GPU (and says little on stderr)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL="2")
-    command = [sys.executable, "-m", "trainserve.training.gate", str(version_dir), "--atol", str(atol)]
-    if golden is not None:
-        command += ["--golden", str(golden)]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True)
+
+
+def result_from_output(proc: subprocess.CompletedProcess) -> GateResult:
+    """The GateResult a child printed as its last JSON line; a failure naming stderr's last line if none."""
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -120,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--golden", type=Path)
     parser.add_argument("--atol", type=float, default=FLOAT32_ATOL)
     args = parser.parse_args(argv)
-    result = check_on_cpu(args.version_dir, args.golden, args.atol)
+    golden = GoldenBatch.load(args.golden) if args.golden else None
+    result = check_on_cpu(args.version_dir, golden, args.atol)
     print(json.dumps(asdict(result)), flush=True)
     return 0 if result.ok else 1
 

@@ -1,7 +1,7 @@
 """Train a Keras model on whatever accelerators are there, then publish a CPU-verified version.
 
 data -> strategy/precision -> fit (tf.data, grad accumulation, backup/restore) -> float32 export ->
-warmup + metadata -> CPU gate in a separate process -> atomic numbered version -> run summary.
+CPU gate (where no GPU is visible) -> warmup + metadata -> atomic numbered version -> run summary.
 `train` reads as that sequence; each step is a function below or in a sibling module.
 """
 
@@ -11,7 +11,6 @@ import functools
 import json
 import logging
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,8 +26,8 @@ from trainserve.plots import plot_training_curves
 from trainserve.training.callbacks import FitCallbacks, backup_dir_for, make_callbacks
 from trainserve.training.config import TrainConfig
 from trainserve.training.devices import DevicePlan, make_strategy
-from trainserve.training.export import export_on_cpu, serving_outputs
-from trainserve.training.gate import FLOAT32_ATOL, MIXED_PRECISION_ATOL, run_gate, save_golden
+from trainserve.training.export import ExportJob, export_and_gate, serving_outputs
+from trainserve.training.gate import FLOAT32_ATOL, MIXED_PRECISION_ATOL, GoldenBatch
 from trainserve.training.model import build_for_training
 from trainserve.training.model_fn import DataSpec, data_spec, input_structure
 from trainserve.training.multi_worker import (
@@ -72,14 +71,6 @@ class TrainingOutcome:
     examples_seen: int | None  # by this worker; counted only by the multi-worker loop
     weights_sha256: str
     checkpoint: EpochCheckpoint | None = None  # the multi-worker loop's, deleted once the model is published
-
-
-@dataclass
-class GoldenBatch:
-    """Held-out inputs and the trained model's outputs for them: what the exported version must reproduce."""
-
-    inputs: dict[str, np.ndarray]
-    outputs: dict[str, np.ndarray]
 
 
 def train(config: TrainConfig) -> TrainResult:
@@ -242,15 +233,13 @@ def _export_and_publish(
     atol = MIXED_PRECISION_ATOL if plan.mixed_precision else FLOAT32_ATOL
     gate = {"atol": atol, "golden_batch": len(next(iter(golden.inputs.values())))}
     metadata = _version_metadata(config, dataset, data_info, plan, metrics, gate)
-    # Always a fresh float32 rebuild, traced in a process that sees no GPU: no fp16 compute, no distributed
-    # variables, no cuDNN kernel and no device placement from training in the served graph.
+    # Always a fresh float32 rebuild, traced where no GPU is visible: no fp16 compute, no distributed
+    # variables, no cuDNN kernel and no device placement from training in the served graph. In this process
+    # when it has no GPU; a multi-worker process also has its cluster's devices, which a server will not.
+    job = ExportJob(config.model_reference, spec, model.get_weights(), golden, atol)
+    in_process = not plan.gpus and not plan.multi_worker
     prepare = functools.partial(
-        _export_and_gate,
-        export=functools.partial(export_on_cpu, config.model_reference, spec, model.get_weights()),
-        dataset=dataset,
-        model_name=config.model_name,
-        golden=golden,
-        atol=atol,
+        _export_and_gate, job=job, in_process=in_process, dataset=dataset, model_name=config.model_name
     )
     return publish_or_discard(staging_dir(config.export_base / config.model_name), prepare, metadata, config.keep)
 
@@ -262,18 +251,18 @@ def _golden_batch(model: keras.Model, inputs: dict[str, np.ndarray], spec: DataS
     return GoldenBatch(inputs, {k: np.asarray(v) for k, v in outputs.items()})
 
 
-def _export_and_gate(
-    path: Path, *, export, dataset: Dataset, model_name: str, golden: GoldenBatch, atol: float
-) -> None:
-    """Fill the staged version directory and run the CPU gate on it; raises when the gate fails."""
-    export(path)
-    write_warmup_requests(path, model_name, dataset.test)
-    with tempfile.TemporaryDirectory() as tmp:
-        golden_file = save_golden(Path(tmp) / "golden.npz", golden.inputs, golden.outputs)
-        gate = run_gate(path, golden_file, atol)
+def _export_and_gate(path: Path, *, job: ExportJob, in_process: bool, dataset: Dataset, model_name: str) -> None:
+    """Fill the staged version directory and run the CPU gate on it; raises when either fails."""
+    started = time.monotonic()
+    gate = export_and_gate(job, path, in_process=in_process)
     if not gate.ok:
-        raise TrainserveError(f"CPU gate failed, nothing published: {gate.reason}")
-    log.info("CPU gate passed: %s, max abs diff %.2e (<= %g)", gate.checked, gate.max_abs_diff, atol)
+        raise TrainserveError(f"nothing published: {gate.reason}")
+    write_warmup_requests(path, model_name, dataset.test)
+    log.info(
+        "CPU gate passed (export and gate %s, %.1f s): %s, max abs diff %.2e (<= %g)",
+        "in this process: no GPU here" if in_process else "in a child process that sees no GPU",
+        time.monotonic() - started, gate.checked, gate.max_abs_diff, job.atol,
+    )  # fmt: skip
 
 
 def _version_metadata(
