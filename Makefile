@@ -171,7 +171,7 @@ lock: ## Re-resolve uv.lock after editing pyproject.toml, and re-export requirem
 		--custom-compile-command "make lock" requirements/tools.in -o requirements/tools.txt
 
 .PHONY: protos
-protos: venv ## Regenerate src/trainserve/protos/ (the eval client's TF Serving messages) from the pinned tensorflow-serving-api
+protos: venv ## Regenerate src/trainserve/protos/ (every TF Serving message trainserve uses) from the pinned tensorflow-serving-api
 	$(BIN)/python scripts/generate_protos.py src/trainserve/protos
 
 .PHONY: upgrade-deps

@@ -72,8 +72,8 @@ def plain_loop_rps(stub, request: predict_pb2.PredictRequest, seconds: float) ->
 def load_vs_plain(target: str, x: np.ndarray, batch: int, repeats: int) -> tuple[list[float], list[float]]:
     """(e): `trainserve load`'s closed loop at concurrency 1 against the plain loop, alternated `repeats` times
     so that drift on a shared machine hits both alike: (load-mode requests/s, plain requests/s), pair by pair."""
-    from trainserve.evaluation.load import run_sweep
-    from trainserve.evaluation.load_config import LoadConfig
+    from trainserve.evaluation.load.config import LoadConfig
+    from trainserve.evaluation.load.sweep import run_sweep
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "bench"

@@ -1,4 +1,5 @@
-"""The package mirrors the deployment: three stages in three images, none importing another."""
+"""The package mirrors the deployment: stages in their images, none importing another; TF Serving's protocol
+from one source (trainserve.protos, never the serving wheel); no import cycle between modules."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "trainserve"
 STAGES = ("training", "serving", "evaluation", "rollout")
 
@@ -90,3 +92,125 @@ def test_modules_and_functions_stay_small():
                 if length > MAX_FUNCTION_LINES:
                     too_long.append(f"{name}:{node.lineno} {node.name}(): {length} lines")
     assert not too_long, f"modules >= {MAX_MODULE_LINES} or functions > {MAX_FUNCTION_LINES} lines: {too_long}"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> dict[str, str]:
+    """trainserve's module names -> their source (generated protos included: they import each other too)."""
+    return {module_name(path): path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Module -> the trainserve modules it imports, at any depth (lazy and TYPE_CHECKING imports count: a cycle
+    hidden in a function is still two modules that cannot be understood, or moved, one without the other).
+    `from pkg import name` is an edge to `pkg.name` when that is a module, else to `pkg`."""
+    graph = {}
+    for module, source in sources.items():
+        targets = set()
+        for name in imported_modules(source):
+            while name and name not in sources:
+                name = name.rpartition(".")[0]
+            if name.startswith("trainserve") and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected group of two or more modules (Tarjan), as a sorted list."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(cycles)
+
+
+# Cycles known and being removed elsewhere: an entry here must still be a cycle (so it is deleted the day
+# the cycle goes). data <-> data_files: issue 22 splits file reading from building the Dataset.
+KNOWN_CYCLES = [["trainserve.data", "trainserve.data_files"]]
+
+
+def test_no_import_cycle_between_modules():
+    cycles = import_cycles(import_graph(package_modules()))
+    new = [c for c in cycles if c not in KNOWN_CYCLES]
+    assert not new, f"modules that import each other, directly or through a loop (split out what they share): {new}"
+    gone = [c for c in KNOWN_CYCLES if c not in cycles]
+    assert not gone, f"these cycles are gone: remove them from KNOWN_CYCLES: {gone}"
+
+
+@pytest.mark.parametrize(
+    "sources, cycle",
+    [
+        pytest.param({"trainserve.a": "from trainserve import b", "trainserve.b": "import trainserve.a"},
+                     ["trainserve.a", "trainserve.b"], id="two-modules"),
+        pytest.param({"trainserve.a": "from trainserve.b import f", "trainserve.b": "from trainserve.c import g",
+                      "trainserve.c": "def h():\n    from trainserve.a import x\n"},
+                     ["trainserve.a", "trainserve.b", "trainserve.c"], id="loop-of-three-lazy"),
+        pytest.param({"trainserve.p": "", "trainserve.p.a": "from trainserve.p.b import X",
+                      "trainserve.p.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                      "    from trainserve.p import a\n"}, ["trainserve.p.a", "trainserve.p.b"], id="type-checking"),
+    ],
+)  # fmt: skip
+def test_checker_catches_a_cycle(sources, cycle):
+    assert import_cycles(import_graph(sources)) == [cycle]
+
+
+def test_checker_allows_a_chain_and_a_package_importing_its_parent():
+    sources = {"trainserve": "", "trainserve.p": "", "trainserve.p.a": "from trainserve.p import b\nimport trainserve",
+               "trainserve.p.b": "from trainserve import errors", "trainserve.errors": ""}  # fmt: skip
+    assert import_cycles(import_graph(sources)) == []
+
+
+SERVING_WHEEL = "tensorflow_serving"
+
+
+def wheel_imports(source: str) -> list[str]:
+    return sorted(m for m in imported_modules(source) if m == SERVING_WHEEL or m.startswith(SERVING_WHEEL + "."))
+
+
+# Modules that still import the wheel until issue 24 switches them to trainserve.protos (an entry must still
+# import it, so the list empties as they move).
+KNOWN_WHEEL_IMPORTS = {"trainserve.serving.grpc_api", "trainserve.serving.rest_api", "trainserve.serving.servables"}
+
+
+def test_no_module_imports_the_serving_wheel():
+    """tensorflow_serving.apis imports all of TensorFlow: trainserve.protos is the one source of its messages."""
+    offenders = {m for m, source in package_modules().items() if wheel_imports(source)}
+    assert not offenders - KNOWN_WHEEL_IMPORTS, f"import trainserve.protos instead: {offenders - KNOWN_WHEEL_IMPORTS}"
+    assert not KNOWN_WHEEL_IMPORTS - offenders, f"remove from KNOWN_WHEEL_IMPORTS: {KNOWN_WHEEL_IMPORTS - offenders}"
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["from tensorflow_serving.apis import predict_pb2", "import tensorflow_serving.config.model_server_config_pb2",
+     "def f():\n    from tensorflow_serving import apis\n"],
+    ids=["from-import", "plain-import", "lazy-import"],
+)  # fmt: skip
+def test_checker_catches_a_wheel_import(source):
+    assert wheel_imports(source)

@@ -8,9 +8,18 @@ import pytest
 from conftest import assert_one_line_error, run_cli
 from trainserve.cli import build_parser, main
 
-COMMANDS = ["train", "verify", "serve-local", "eval", "tf-config"]
+COMMANDS = ["train", "verify", "runs", "tf-config", "serve-local", "eval", "load", "report", "candidate", "promote",
+            "rollback"]  # fmt: skip
+# Each stage owns its commands: trainserve.<stage>.commands builds their parsers; cli.py only dispatches.
+STAGE_COMMANDS = {
+    "training": {"train", "verify", "runs", "tf-config"},
+    "serving": {"serve-local"},
+    "evaluation": {"eval", "load", "report"},
+    "rollout": {"candidate", "promote", "rollback"},
+}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("command", [None, *COMMANDS])
 def test_help(command, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -22,6 +31,7 @@ def test_help(command, capsys):
         assert all(c in out for c in COMMANDS)
 
 
+@pytest.mark.unit
 def test_flags_come_from_environment(monkeypatch):
     monkeypatch.setenv("TRAINSERVE_EPOCHS", "7")
     monkeypatch.setenv("TRAINSERVE_MODEL_NAME", "fromenv")
@@ -30,6 +40,7 @@ def test_flags_come_from_environment(monkeypatch):
     assert build_parser().parse_args(["train", "--epochs", "2"]).epochs == 2, "the flag wins over the variable"
 
 
+@pytest.mark.unit
 def test_bad_environment_value_names_the_variable(monkeypatch, capsys):
     monkeypatch.setenv("TRAINSERVE_EPOCHS", "zero")
     with pytest.raises(SystemExit) as exit_:
@@ -54,6 +65,7 @@ def _bad_npz(tmp_path):
         pytest.param(["verify", "{tmp}/nope"], "is not a directory", id="verify-missing"),
     ],
 )
+@pytest.mark.unit
 def test_bad_input_is_one_line_and_nonzero(args, fragment, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "file").write_text("x")
@@ -65,24 +77,28 @@ def test_bad_input_is_one_line_and_nonzero(args, fragment, tmp_path, capsys, mon
     assert not (tmp_path / "models").exists(), "nothing half-written"
 
 
+@pytest.mark.integration  # `trainserve train` in a fresh process imports TensorFlow
 def test_cli_process_error_has_no_traceback(tmp_path):
     proc = run_cli("train", "--data", tmp_path / "missing.npz", cwd=tmp_path)
     assert_one_line_error(proc, "missing.npz not found")
     assert proc.returncode == 2
 
 
+@pytest.mark.unit
 def test_unknown_flag_is_rejected(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["train", "--epoch", "3x"])
     assert exit_.value.code == 2
 
 
+@pytest.mark.unit
 def test_a_variable_meant_for_one_command_does_not_break_another(monkeypatch):
     monkeypatch.setenv("TRAINSERVE_MODEL", "digits")  # eval's --model is a name; train's is cnn|mlp
     assert build_parser().parse_args(["eval"]).model == "digits"
     assert build_parser().parse_args(["train"]).architecture == "cnn"
 
 
+@pytest.mark.unit
 def test_train_model_flag_still_works_with_a_deprecation_warning(capsys):
     assert build_parser().parse_args(["train", "--model", "mlp"]).architecture == "mlp"
     assert "--model is deprecated" in capsys.readouterr().err
@@ -90,6 +106,7 @@ def test_train_model_flag_still_works_with_a_deprecation_warning(capsys):
     assert "deprecated" not in capsys.readouterr().err
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("command", ["train", "eval"])
 def test_cli_defaults_and_choices_come_from_the_config_dataclass(command):
     from trainserve.evaluation.config import EvalConfig
@@ -103,3 +120,26 @@ def test_cli_defaults_and_choices_come_from_the_config_dataclass(command):
         sub = parser._subparsers._group_actions[0].choices["train"]
         strategy = next(a for a in sub._actions if a.dest == "strategy")
         assert tuple(strategy.choices) == STRATEGIES
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("stage", STAGE_COMMANDS)
+def test_each_stage_registers_its_own_commands(stage):
+    import argparse
+    import importlib
+
+    module = importlib.import_module(f"trainserve.{stage}.commands")
+    commands = argparse.ArgumentParser().add_subparsers()
+    module.add_parsers(commands)
+    assert set(commands.choices) == STAGE_COMMANDS[stage]
+    assert set(commands.choices) <= set(build_parser()._subparsers._group_actions[0].choices)
+
+
+@pytest.mark.unit
+def test_cli_only_dispatches():
+    """No parser is built in cli.py: an `add_parser` call there means a command that left its stage."""
+    import inspect
+
+    import trainserve.cli
+
+    assert "add_parser(" not in inspect.getsource(trainserve.cli)

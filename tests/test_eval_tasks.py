@@ -22,7 +22,7 @@ from trainserve.evaluation.metrics import (
     roc_auc,
 )
 from trainserve.evaluation.report import validate_report
-from trainserve.layout import Task
+from trainserve.task import Task
 
 
 def _in_batches(tally, labels, scores, sizes=(7, 1, 50, 300)):

@@ -108,7 +108,7 @@ def export_job():
     """A trained-looking CNN's export job: its function, data spec, weights and golden batch."""
     import keras
 
-    from trainserve.layout import Task
+    from trainserve.task import Task
     from trainserve.training.export import ExportJob, serving_outputs
     from trainserve.training.model import build_for_training
     from trainserve.training.model_fn import data_spec, input_structure

@@ -16,6 +16,7 @@ import yaml
 from conftest import REPO, pinned_tf_version, require
 from trainserve.serving.config import parse_batching, parse_monitoring
 
+pytestmark = pytest.mark.unit  # kubectl and the validators run as subprocesses; nothing imports TensorFlow
 SERVE_CPU = REPO / "images" / "serve-cpu"
 KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/local", "k8s/overlays/gpu", "k8s/overlays/multi-worker"]
 TOOLS = Path(sys.executable).parent.parent / "tools" / "bin"  # .venv/tools: see the Makefile
@@ -255,6 +256,23 @@ def test_the_model_name_is_set_once_per_overlay(overlay):
     assert_one_model(docs, "digits")
 
 
+def test_the_model_name_is_declared_once_in_the_sources():
+    """One kustomization declares MODEL_NAME; the overlays inherit it (a user's overlay merges its own)."""
+    declaring = [
+        str(path.relative_to(REPO))
+        for path in sorted((REPO / "k8s").rglob("kustomization.yaml"))
+        if re.search(r"^\s*literals: \[MODEL_NAME=", path.read_text(), re.M)
+    ]
+    assert declaring == ["k8s/base/kustomization.yaml"]
+
+
+def test_every_component_has_a_readme_saying_how_to_use_it():
+    for component in sorted(p for p in (REPO / "k8s" / "components").iterdir() if p.is_dir()):
+        readme = component / "README.md"
+        assert readme.is_file(), f"{component.relative_to(REPO)}: no README.md"
+        assert f"components/{component.name}" in readme.read_text(), f"{readme}: say how an overlay includes it"
+
+
 @pytest.mark.parametrize("overlay", KUSTOMIZATIONS[1:])
 def test_another_model_name_reaches_training_serving_and_eval(overlay, tmp_path):
     """A user's overlay on top of ours sets MODEL_NAME once: no `digits` is left anywhere."""
@@ -310,6 +328,8 @@ def test_promote_job_gates_a_rollout_with_least_privilege(rendered):
         account = by_kind[("ServiceAccount", spec["serviceAccountName"])]
         assert account["automountServiceAccountToken"] is False
         containers = {c["name"]: c for c in all_containers(spec)}
+        # TensorFlow-free steps: the eval image, never the multi-GB training image.
+        assert {c["image"].rpartition(":")[0] for c in containers.values()} == {"trainserve/eval"}
         for step in set(steps) - {"eval"}:
             container = containers[step]
             assert container["command"] == ["trainserve"] and container["args"][0] == step

@@ -1,4 +1,6 @@
-"""The eval client without TensorFlow: a whole `trainserve eval` against a real serve-local, in a fresh process."""
+"""The clients of a served model without TensorFlow: a whole `trainserve eval`, and a whole gated rollout
+(`candidate`, `promote`, `rollback`), against a real serve-local, each in a fresh process, with and without
+TensorFlow, Keras and the serving wheel importable."""
 
 from __future__ import annotations
 
@@ -10,11 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import assert_one_line_error, install_version
+from conftest import ServeLocal, assert_one_line_error, install_version
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 HEAVY = ("tensorflow", "tensorflow_serving", "keras", "sklearn", "tensorboard")
-# Runs `trainserve eval ARGS` in this interpreter, then prints the heavy packages it imported. With
+# Runs `trainserve ARGS` in this interpreter, then prints the heavy packages it imported. With
 # CORE_INSTALL set, those packages cannot be imported at all, as in `pip install trainserve`.
 EVAL = f"""
 import json, os, sys
@@ -27,17 +29,23 @@ sys.exit(code)
 """
 
 
-def run_eval(*args: str, core_install: bool = False) -> subprocess.CompletedProcess:
+def run_light(*args: str, core_install: bool = False) -> subprocess.CompletedProcess:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CORE_INSTALL": "1" if core_install else ""}
     return subprocess.run(
-        [sys.executable, "-c", EVAL, "eval", *map(str, args)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", EVAL, *map(str, args)], env=env, capture_output=True, text=True, timeout=300
     )
+
+
+def run_eval(*args: str, core_install: bool = False) -> subprocess.CompletedProcess:
+    return run_light("eval", *args, core_install=core_install)
+
+
+def heavy_imports(proc: subprocess.CompletedProcess) -> list[str]:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def served(model_versions, tmp_path_factory):
-    from conftest import ServeLocal
-
     root = tmp_path_factory.mktemp("light")
     install_version(model_versions[0], root / "m", 1)
     server = ServeLocal("--model_name=m", f"--model_base_path={root / 'm'}", log_path=root / "server.log")
@@ -57,7 +65,7 @@ def test_eval_imports_no_tensorflow(served, tmp_path, core_install):
         "--report", tmp_path / "eval.json", "--plots", tmp_path / "plots", core_install=core_install,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [], "eval imported a TensorFlow-side package"
+    assert heavy_imports(proc) == [], "eval imported a TensorFlow-side package"
     assert json.loads((tmp_path / "eval.json").read_text())["data"]["examples"] == 300
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()), "plots drawn without TensorFlow"
 
@@ -75,3 +83,45 @@ def test_bundled_digits_without_scikit_learn_says_what_to_install(served):
     server, _ = served
     proc = run_eval("--server", server.target, "--model", "m", "--data", "digits", core_install=True)
     assert_one_line_error(proc, "'sklearn'", "pip install 'trainserve[train]'")
+
+
+def light_ok(*args) -> str:
+    """Run a command with TensorFlow, Keras and tensorflow_serving unimportable; it must succeed importing none."""
+    proc = run_light(*args, core_install=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert heavy_imports(proc) == [], f"{args[0]} imported a TensorFlow-side package"
+    return proc.stdout
+
+
+def test_a_whole_rollout_runs_on_the_core_install(model_versions, tmp_path):
+    """candidate -> eval of the candidate -> promote, twice, then rollback: what the eval image runs."""
+    base, config = tmp_path / "models" / "m", tmp_path / "rollout" / "models.config"
+    install_version(model_versions[0], base, 1)
+    data = tmp_path / "test.npz"
+    rng = np.random.default_rng(1)
+    np.savez(data, x_test=rng.integers(0, 256, (64, 8, 8, 1), dtype=np.uint8), y_test=rng.integers(0, 10, 64))
+    config.parent.mkdir()
+    config.write_text(
+        f'model_config_list {{ config {{ name: "m" base_path: "{base}" model_platform: "tensorflow" }} }}\n'
+    )
+    server = ServeLocal(
+        f"--model_config_file={config}", "--model_config_file_poll_wait_seconds=1",
+        "--allow_version_labels_for_unavailable_models", log_path=tmp_path / "server.log",
+    )  # fmt: skip
+    try:
+        server.wait_available("m", 1)
+        rollout = ("--config", config, "--server", server.target)
+        for version in (1, 2):
+            if version == 2:
+                install_version(model_versions[1], base, 2)
+            assert f"candidate -> {version}" in light_ok("candidate", *rollout, "--wait", "120")
+            report = tmp_path / f"r{version}.json"
+            light_ok("eval", "--server", server.target, "--model", "m", "--label", "candidate", "--data", data,
+                     "--report", report)  # fmt: skip
+            assert f"stable -> {version}" in light_ok("promote", *rollout, "--report", report)
+        assert "stable -> 1" in light_ok("rollback", *rollout, "--reason", "light-client test")
+        server.wait_for(lambda: server.get("/v1/models/m/labels/stable")[0] == 200, "the stable label")
+        (status,) = server.get("/v1/models/m/labels/stable")[1]["model_version_status"]
+        assert int(status["version"]) == 1
+    finally:
+        assert server.stop() == 0

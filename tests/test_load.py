@@ -23,10 +23,10 @@ from conftest import (
 )
 from trainserve.cli import main
 from trainserve.evaluation.client import Signature
-from trainserve.evaluation.load import run_sweep, synthetic_inputs
-from trainserve.evaluation.load_config import LoadConfig
-from trainserve.evaluation.load_measure import Window, is_stable
-from trainserve.evaluation.load_report import best_point, validate_load_report
+from trainserve.evaluation.load.config import LoadConfig
+from trainserve.evaluation.load.measure import Window, is_stable
+from trainserve.evaluation.load.report import best_point, validate_load_report
+from trainserve.evaluation.load.sweep import run_sweep, synthetic_inputs
 from trainserve.protos import predict_pb2, prediction_service_pb2_grpc
 from trainserve.savedmodel import TensorSpecInfo
 from trainserve.tensors import to_tensor_proto
@@ -78,7 +78,7 @@ def _request(model: str, signature: str = "serving_default", **inputs) -> predic
     return request
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_closed_loop_counts_like_a_plain_timed_loop(served_m, model_versions):
     from trainserve.data import load_dataset
     from trainserve.savedmodel import LoadedModel
@@ -112,7 +112,7 @@ def test_closed_loop_counts_like_a_plain_timed_loop(served_m, model_versions):
     validate_load_report(report)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_open_loop_keeps_a_rate_the_server_sustains(served_m):
     # 3 windows of 1.5 s at 250/s: ~1100 Poisson arrivals, so the schedule itself is within ~3 % of the rate.
     config = LoadConfig(server=served_m.target, model="m", batch_sizes=(1,), rate=(250.0,), window_s=1.5,
@@ -127,7 +127,7 @@ def test_open_loop_keeps_a_rate_the_server_sustains(served_m):
     assert point["error_count"] == 0 and point["quality"] is None  # synthetic inputs: nothing to check
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_open_loop_beyond_capacity_shows_the_queue_a_closed_loop_hides(served_f):
     """Coordinated omission: one closed-loop worker sees the service time; Poisson arrivals faster than the
     server answers queue up, and latency counted from the scheduled send time grows window after window."""
@@ -147,7 +147,7 @@ def test_open_loop_beyond_capacity_shows_the_queue_a_closed_loop_hides(served_f)
     assert opened["latency_ms"]["p99"] > 5 * service_s * 1000 > 5 * closed["latency_ms"]["p50"] / 3
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_synthetic_inputs_cli_report_and_plot(served_f, tmp_path, capsys):
     code = main(["load", "--server", served_f.target, "--model", "f", "--batch-sizes", "1,4", "--concurrency", "2",
                  "--window-s", "0.3", "--max-windows", "3", "--latency-budget-ms", "1000",
@@ -160,11 +160,14 @@ def test_synthetic_inputs_cli_report_and_plot(served_f, tmp_path, capsys):
     one, four = report["points"]
     assert (one["batch_size"], four["batch_size"]) == (1, 4) and one["error_count"] == four["error_count"] == 0
     assert four["examples_per_s"] == pytest.approx(4 * four["throughput_rps"])
-    assert report["best"]["examples_per_s"] == max(one["examples_per_s"], four["examples_per_s"])
+    # The fastest point, among the stable ones when any is (on a busy machine a 0.3 s window may not settle).
+    ranked = [p for p in (one, four) if p["stable"]] or [one, four]
+    assert report["best"]["examples_per_s"] == max(p["examples_per_s"] for p in ranked)
     assert "best with p99 <= 1000 ms" in out and "C=2" in out
     assert (tmp_path / "plots" / "throughput_vs_p99.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.unit
 def test_synthetic_inputs_follow_the_signature():
     spec = lambda key, dtype, shape: TensorSpecInfo(key, f"{key}:0", np.dtype(dtype), shape)  # noqa: E731
     signature = Signature({"x": spec("x", "float32", (None, 3)), "ids": spec("ids", "int64", (None, None)),
@@ -185,6 +188,7 @@ def _window(rps: float, latency_ms: float, sent: float | None = None) -> Window:
     return Window(1.0, np.full(n, latency_ms / 1000), n, {}, int(sent if sent is not None else n))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "windows, rate_mode, stable",
     [
@@ -200,6 +204,7 @@ def test_stability_rule(windows, rate_mode, stable):
     assert is_stable([_window(*w) for w in windows], "avg", rate_mode) is stable
 
 
+@pytest.mark.unit
 def test_best_point_is_the_fastest_stable_point_within_the_budget():
     def point(ex, p99, stable=True):
         return {"examples_per_s": ex, "latency_ms": {"p99": p99}, "stable": stable}
@@ -211,7 +216,7 @@ def test_best_point_is_the_fastest_stable_point_within_the_budget():
     assert best_point(points, 1) is None
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -236,13 +241,14 @@ def test_bad_flags_fail_in_one_line_before_any_predict(served_f, capsys, args, f
     assert predict_count(served_f) == before, "no Predict was sent"
 
 
+@pytest.mark.unit
 def test_bad_flag_in_a_fresh_process_is_one_line(tmp_path):
     proc = run_cli("load", "--rate", "-5", cwd=tmp_path)
     assert_one_line_error(proc, "--rate", "expected numbers > 0")
     assert proc.returncode == 2
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_failed_requests_are_counted_by_code_and_the_sweep_goes_on(served_f):
     # The slow signature (tens of ms) with a 5 ms deadline: every request fails; both points are still measured.
     config = LoadConfig(server=served_f.target, model="f", signature="slow", fill={"steps": 10.0},

@@ -1,27 +1,43 @@
 """trainserve.protos against the real TF Serving protos: the same bytes both ways, side by side in one process.
 
-The eval client builds its messages from trainserve.protos (no TensorFlow); serve-local and TF Serving parse
-them with TensorFlow's. Every message the client sends or reads is checked here both ways, byte for byte,
-for every dtype trainserve sends or decodes, in both tensor encodings.
+trainserve builds every TF Serving message from trainserve.protos (no TensorFlow, no serving wheel); TF
+Serving and its clients use the wheel's. Every message trainserve sends, reads or writes is checked here
+both ways, byte for byte (tensors for every dtype, in both encodings), config files as text too, and the
+generated servicers answer the wheel's own client stubs over a real socket.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent import futures
 
+import grpc
 import numpy as np
 import pytest
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, text_format
 from tensorflow.core.framework import tensor_pb2 as real_tensor_pb2
 from tensorflow.core.framework import types_pb2 as real_types_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2 as real_metadata_pb2
 from tensorflow_serving.apis import get_model_status_pb2 as real_status_pb2
 from tensorflow_serving.apis import predict_pb2 as real_predict_pb2
+from tensorflow_serving.apis import prediction_log_pb2 as real_log_pb2
+from tensorflow_serving.apis import prediction_service_pb2_grpc as real_prediction_grpc
+from tensorflow_serving.config import model_server_config_pb2 as real_config_pb2
 
 from conftest import REPO
 from trainserve.evaluation.client import Target
-from trainserve.protos import get_model_metadata_pb2, get_model_status_pb2, predict_pb2, tensor_pb2, types_pb2
+from trainserve.protos import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_server_config_pb2,
+    predict_pb2,
+    prediction_log_pb2,
+    prediction_service_pb2_grpc,
+    tensor_pb2,
+    types_pb2,
+)
 from trainserve.tensors import _TO_DTYPE, from_tensor_proto, to_tensor_proto
 
 # One array per dtype trainserve sends or decodes (tensors._TO_DTYPE), plus strings, with awkward values.
@@ -45,10 +61,12 @@ def crossed(message, other_class):
     return other
 
 
+@pytest.mark.unit
 def test_the_dtype_enum_is_tensorflows():
     assert dict(types_pb2.DataType.items()) == dict(real_types_pb2.DataType.items())
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("as_values", [False, True], ids=["tensor_content", "val-fields"])
 @pytest.mark.parametrize("name", ARRAYS)
 def test_tensors_cross_byte_for_byte(name, as_values):
@@ -64,6 +82,7 @@ def test_tensors_cross_byte_for_byte(name, as_values):
         np.testing.assert_array_equal(decoded, array)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("version", [None, 0, 7], ids=["newest", "version-0", "version-7"])
 def test_predict_request_crosses_with_model_spec_and_filter(version):
     request = predict_pb2.PredictRequest()
@@ -77,6 +96,7 @@ def test_predict_request_crosses_with_model_spec_and_filter(version):
     np.testing.assert_array_equal(from_tensor_proto(theirs.inputs["images"]), ARRAYS["uint8"])
 
 
+@pytest.mark.unit
 def test_predict_response_from_the_server_parses():
     real = real_predict_pb2.PredictResponse()
     real.model_spec.name, real.model_spec.signature_name = "digits", "serving_default"
@@ -89,6 +109,7 @@ def test_predict_response_from_the_server_parses():
         np.testing.assert_array_equal(from_tensor_proto(ours.outputs[key]), ARRAYS[name])
 
 
+@pytest.mark.unit
 def test_model_metadata_signature_map_unpacks_from_its_any():
     """TF Serving packs a SignatureDefMap in an Any: the type URL names tensorflow.serving.SignatureDefMap."""
     signatures = real_metadata_pb2.SignatureDefMap()
@@ -114,6 +135,7 @@ def test_model_metadata_signature_map_unpacks_from_its_any():
     crossed(request, real_metadata_pb2.GetModelMetadataRequest)
 
 
+@pytest.mark.unit
 def test_model_status_crosses():
     request = get_model_status_pb2.GetModelStatusRequest()
     Target("digits", label="canary").fill(request.model_spec)
@@ -130,22 +152,26 @@ def test_model_status_crosses():
     ]
 
 
+@pytest.mark.unit
 def test_same_names_as_tensorflow_in_a_pool_of_their_own():
     assert predict_pb2.PredictRequest.DESCRIPTOR.full_name == real_predict_pb2.PredictRequest.DESCRIPTOR.full_name
     assert predict_pb2.PredictRequest is not real_predict_pb2.PredictRequest
     assert predict_pb2.DESCRIPTOR.pool is not real_predict_pb2.DESCRIPTOR.pool
 
 
+@pytest.mark.unit
 def test_importing_them_imports_no_tensorflow():
     code = (
         "import sys\n"
-        "from trainserve.protos import model_service_pb2_grpc, prediction_service_pb2_grpc\n"
+        "from trainserve.protos import model_service_pb2_grpc, prediction_service_pb2_grpc, prediction_log_pb2\n"
+        "from trainserve.protos import model_server_config_pb2, session_bundle_config_pb2, monitoring_config_pb2\n"
         "import trainserve.tensors, trainserve.savedmodel\n"
         "assert not [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_serving')], sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+@pytest.mark.integration  # the generator imports the serving wheel, hence TensorFlow
 def test_checked_in_modules_are_what_make_protos_generates(tmp_path):
     """Hand-edit a generated module, or bump tensorflow-serving-api without `make protos`, and this fails."""
     proc = subprocess.run(
@@ -157,3 +183,70 @@ def test_checked_in_modules_are_what_make_protos_generates(tmp_path):
     assert generated == sorted(p.name for p in package.glob("*_pb2*.py")), "run `make protos`"
     for name in generated:
         assert (tmp_path / name).read_text() == (package / name).read_text(), f"{name} is stale: run `make protos`"
+
+
+MODEL_CONFIG = """
+model_config_list {
+  config {
+    name: "digits"
+    base_path: "/models/digits"
+    model_platform: "tensorflow"
+    model_version_policy { specific { versions: 3 versions: 4 } }
+    version_labels { key: "stable" value: 3 }
+    version_labels { key: "candidate" value: 4 }
+  }
+}
+"""
+
+
+@pytest.mark.unit
+def test_model_server_config_reads_and_writes_as_tf_serving_does():
+    """The config file serve-local reads and rollout rewrites: same bytes, same text as the wheel's message."""
+    real = text_format.Parse(MODEL_CONFIG, real_config_pb2.ModelServerConfig())
+    ours = text_format.Parse(MODEL_CONFIG, model_server_config_pb2.ModelServerConfig())
+    assert ours.SerializeToString(deterministic=True) == real.SerializeToString(deterministic=True)
+    assert text_format.MessageToString(ours) == text_format.MessageToString(real)
+    crossed(ours, real_config_pb2.ModelServerConfig)
+    assert list(ours.model_config_list.config[0].model_version_policy.specific.versions) == [3, 4]
+
+
+@pytest.mark.unit
+def test_warmup_prediction_log_crosses():
+    ours = prediction_log_pb2.PredictionLog()
+    ours.predict_log.request.model_spec.name = "digits"
+    to_tensor_proto(ARRAYS["uint8"], into=ours.predict_log.request.inputs["images"])
+    theirs = crossed(ours, real_log_pb2.PredictionLog)
+    assert theirs.WhichOneof("log_type") == "predict_log"
+    np.testing.assert_array_equal(from_tensor_proto(theirs.predict_log.request.inputs["images"]), ARRAYS["uint8"])
+
+
+class EchoPredictions(prediction_service_pb2_grpc.PredictionServiceServicer):
+    def Predict(self, request, context):
+        response = predict_pb2.PredictResponse()
+        response.model_spec.CopyFrom(request.model_spec)
+        response.outputs["echo"].CopyFrom(request.inputs["x"])
+        return response
+
+
+@pytest.mark.unit
+def test_generated_servicer_answers_the_wheels_client_over_a_socket():
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(EchoPredictions(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = real_prediction_grpc.PredictionServiceStub(channel)
+            request = real_predict_pb2.PredictRequest()
+            request.model_spec.name = "m"
+            to_tensor_proto(ARRAYS["float32"], into=request.inputs["x"])
+            response = stub.Predict(request, timeout=10)
+            assert response.model_spec.name == "m"
+            np.testing.assert_array_equal(from_tensor_proto(response.outputs["echo"]), ARRAYS["float32"])
+            with pytest.raises(grpc.RpcError) as err:  # not overridden: UNIMPLEMENTED, as grpcio-tools' servicers
+                prediction_service_pb2_grpc.PredictionServiceStub(channel).Classify(
+                    classification_pb2.ClassificationRequest(), timeout=10
+                )
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        server.stop(None)

@@ -13,12 +13,14 @@ from conftest import assert_one_line_error, run_cli
 from trainserve.cli import main
 from trainserve.errors import TrainserveError
 from trainserve.model_server_config import parse_model_config
+from trainserve.protos import model_server_config_pb2
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
 from trainserve.rollout.config_file import history_path
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout, apply_rollout
 from trainserve.rollout.steps import promote, rollback, stage_candidate
 
+pytestmark = pytest.mark.unit  # the CLI subprocesses here are rollout's, which import no TensorFlow
 serving_image_box = serve_cpu_scripts.box  # a fixture: the serving image's paths under tmp_path
 
 
@@ -94,8 +96,6 @@ def test_label_moves_refused(start, step, fragment):
 
 
 def test_policy_is_exactly_the_labelled_versions():
-    from tensorflow_serving.config import model_server_config_pb2
-
     model = model_server_config_pb2.ModelConfig(name="m", base_path="/m")
     model.model_version_policy.latest.num_versions = 3
     model.version_labels["canary"] = 4
@@ -241,8 +241,6 @@ def test_cli_help_and_one_line_errors(tmp_path):
 
 def test_serving_refuses_labels_on_versions_not_available():
     """TF Serving's rule (ServerCore::UpdateModelVersionLabelMap), which serve-local follows."""
-    from tensorflow_serving.config import model_server_config_pb2
-
     from trainserve.serving.manager import ModelManager, State, VersionState
 
     def config(**labels):

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from trainserve.cli import build_parser
 from trainserve.errors import TrainserveError
-from trainserve.serving.config import Batching, parse_batching, parse_model_config, parse_monitoring
+from trainserve.options import config_from_args
+from trainserve.serving.config import Batching, ServerOptions, parse_batching, parse_model_config, parse_monitoring
+
+pytestmark = pytest.mark.unit
+IMAGE = Path(__file__).resolve().parents[1] / "images" / "serve-cpu"
 
 
 def _write(tmp_path, text, name="f.config"):
@@ -67,3 +74,33 @@ def test_bad_model_config(tmp_path, text, message):
     with pytest.raises(TrainserveError) as err:
         parse_model_config(_write(tmp_path, text))
     assert message in str(err.value)
+
+
+def serve_local_options(*flags: str) -> ServerOptions:
+    return config_from_args(ServerOptions, build_parser().parse_args(["serve-local", *flags]))
+
+
+def test_server_options_take_tensorflow_model_servers_flag_spellings():
+    options = serve_local_options(
+        "--model_name=digits", "--model_base_path", "/models/digits", "--rest_api_port=8501",
+        "--enable_batching", "--enable_model_warmup=false", "--file_system_poll_wait_seconds=0",
+    )  # fmt: skip
+    assert options == ServerOptions(
+        model_name="digits", model_base_path="/models/digits", rest_api_port=8501, enable_batching=True,
+        enable_model_warmup=False, file_system_poll_wait_seconds=0,
+    )  # fmt: skip
+    assert serve_local_options() == ServerOptions(), "no flag: tensorflow_model_server's defaults"
+
+
+def test_a_bad_bool_flag_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        serve_local_options("--enable_batching=maybe")
+    assert exit_.value.code == 2
+    assert "'maybe': expected true or false" in capsys.readouterr().err
+
+
+def test_the_images_config_files_parse():
+    """What the serve-cpu image bakes in is read with the same messages as tensorflow_model_server reads it."""
+    batching = parse_batching(IMAGE / "batching.config")
+    assert batching.max_batch_size >= 1 and batching.allowed_batch_sizes[-1:] in ((), (batching.max_batch_size,))
+    assert parse_monitoring(IMAGE / "monitoring.config") == "/monitoring/prometheus/metrics"

@@ -14,6 +14,7 @@ import yaml
 from conftest import REPO, pinned_tf_version
 from trainserve.serving.config import TF_SERVING_FLAGS, parse_batching, parse_model_config, parse_monitoring
 
+pytestmark = pytest.mark.unit  # docker-compose config, hadolint: subprocesses without TensorFlow or a Docker engine
 SERVE_CPU = REPO / "images" / "serve-cpu"
 BIN = Path(sys.executable).parent
 
@@ -82,7 +83,9 @@ def test_one_tensorflow_version_everywhere():
 
 
 @pytest.mark.parametrize(
-    "profiles", [[], ["train"], ["eval"], ["train", "eval"]], ids=["default", "train", "eval", "all"]
+    "profiles",
+    [[], ["train"], ["eval"], ["promote"], ["train", "eval", "promote"]],
+    ids=["default", "train", "eval", "promote", "all"],
 )
 def test_compose_config_is_valid_for_every_profile(profiles):
     compose = shutil.which("docker-compose", path=str(BIN)) or shutil.which("docker-compose")
@@ -101,6 +104,10 @@ def test_compose_config_is_valid_for_every_profile(profiles):
         assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
     if "eval" in profiles:
         assert services["eval"]["depends_on"]["serve-cpu"]["condition"] == "service_healthy"
+    if "promote" in profiles:  # the rollout steps need no TensorFlow: the eval image, as the k8s Jobs
+        for step in ("candidate", "promote", "rollback"):
+            assert services[step]["image"].rpartition(":")[0] == "trainserve/eval", step
+            assert services[step]["entrypoint"] == ["trainserve"] and services[step]["command"][0] == step
 
 
 def test_dockerfiles_pass_hadolint():

@@ -17,8 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.layout import Task, split_arrays, write_file_atomic
+from trainserve.files import write_file_atomic
+from trainserve.layout import split_arrays
 from trainserve.options import image_shape, option, positive_int
+from trainserve.task import Task
 
 KERAS_DATASETS = ("mnist", "fashion_mnist", "cifar10")
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")

@@ -1,4 +1,5 @@
-"""The model directory contract: what training writes and serving and evaluation read.
+"""Where the stages meet on disk: the model directory (what training writes and serving and evaluation
+read) and the held-out split training shares with the eval client.
 
     <base>/<model>/<version>/saved_model.pb, variables/, assets/
     <base>/<model>/<version>/assets.extra/tf_serving_warmup_requests   PredictionLog records (TF Serving's)
@@ -13,14 +14,12 @@ what makes staging in `.tmp-*` and one rename an atomic publish. Nothing else de
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
-from trainserve.errors import TrainserveError
+from trainserve.protos import prediction_log_pb2
+from trainserve.task import Task
 
 DEFAULT_SIGNATURE = "serving_default"
 ASSETS_EXTRA = "assets.extra"
@@ -36,34 +35,6 @@ PROBABILITIES, CLASSES, PREDICTIONS = "probabilities", "classes", "predictions"
 # too, as JSON in a 0-d string array under this key: the client sees only gRPC and that file, never the
 # server's disk.
 SPLIT_TASK_KEY = "task"
-
-TaskKind = Literal["classification", "regression"]
-
-
-@dataclass(frozen=True)
-class Task:
-    """What a model predicts, as `trainserve.json` records it under "task": training writes it, the eval
-    client reads it to pick its metrics. Classification: `classes` (K) and optional `label_names`;
-    regression: `targets` (T, the width of `predictions` [N, T])."""
-
-    kind: TaskKind
-    classes: int = 0
-    targets: int = 0
-    label_names: tuple[str, ...] = field(default_factory=tuple)
-
-    def to_json(self) -> dict:
-        return {
-            "kind": self.kind,
-            "classes": self.classes,
-            "targets": self.targets,
-            "label_names": list(self.label_names),
-        }
-
-    @classmethod
-    def from_json(cls, raw: dict) -> Task:
-        return cls(
-            raw["kind"], int(raw.get("classes", 0)), int(raw.get("targets", 0)), tuple(raw.get("label_names", ()))
-        )
 
 
 def is_version_dir(path: Path) -> bool:
@@ -112,19 +83,19 @@ def write_warmup_requests(
     are not the slow ones (tensorflow/serving#385).
     """
     import tensorflow as tf
-    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
     path = warmup_path(version_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     count = 0
     with tf.io.TFRecordWriter(str(path)) as writer:
         for size in batch_sizes[:MAX_WARMUP_RECORDS]:
-            request = predict_pb2.PredictRequest(
-                model_spec=model_pb2.ModelSpec(name=model_name, signature_name=DEFAULT_SIGNATURE)
-            )
+            log = prediction_log_pb2.PredictionLog()
+            request = log.predict_log.request
+            request.model_spec.name, request.model_spec.signature_name = model_name, DEFAULT_SIGNATURE
             for key, array in inputs.items():
-                request.inputs[key].CopyFrom(tf.make_tensor_proto(array[: min(size, len(array))]))
-            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+                # TensorFlow's TensorProto and ours are different classes of one message: cross as bytes.
+                tensor = tf.make_tensor_proto(array[: min(size, len(array))])
+                request.inputs[key].ParseFromString(tensor.SerializeToString())
             writer.write(log.SerializeToString())
             count += 1
     return count
@@ -133,7 +104,7 @@ def write_warmup_requests(
 def read_warmup_inputs(version_dir: Path) -> list[tuple[str, dict[str, np.ndarray]]]:
     """The (signature, inputs) of each warmup PredictionLog record, as TF Serving replays them."""
     import tensorflow as tf
-    from tensorflow_serving.apis import prediction_log_pb2
+    from tensorflow.core.framework.tensor_pb2 import TensorProto  # TensorFlow's class, for make_ndarray
 
     path = warmup_path(version_dir)
     if not path.is_file():
@@ -142,48 +113,9 @@ def read_warmup_inputs(version_dir: Path) -> list[tuple[str, dict[str, np.ndarra
     for raw in tf.data.TFRecordDataset(str(path)).take(MAX_WARMUP_RECORDS):
         log = prediction_log_pb2.PredictionLog.FromString(raw.numpy())
         request = log.predict_log.request
-        inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+        inputs = {k: tf.make_ndarray(TensorProto.FromString(v.SerializeToString())) for k, v in request.inputs.items()}
         requests.append((request.model_spec.signature_name or DEFAULT_SIGNATURE, inputs))
     return requests
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def ensure_writable_dir(directory: Path, what: str) -> None:
-    """Create `directory` and prove it takes files, so that a run fails before its work, not after it."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f"{STAGING_PREFIX}probe-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise TrainserveError(
-            f"{what} {directory}: cannot write there ({exc.strerror}): expected a writable directory"
-        ) from None
-
-
-def write_file_atomic(path: Path, data: bytes) -> Path:
-    """Write via a temp file, fsync and one rename: readers in other processes see all of it or none."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    return path
 
 
 # The shared held-out split (`<data_dir>/<model>/test.npz`): one input as `x_test`, several as

@@ -1,5 +1,5 @@
-"""TF Serving's `--model_config_file`: a `ModelServerConfig` text proto, read and written with the real
-proto (tensorflow_serving.config.model_server_config_pb2, TensorFlow-free to import).
+"""TF Serving's `--model_config_file`: a `ModelServerConfig` text proto, read and written with TF Serving's
+own message (trainserve.protos.model_server_config_pb2: no TensorFlow, no serving wheel).
 
 Serving (serve-local) reads it; rollout rewrites its version policy and labels. Both accept and reject
 exactly what tensorflow_model_server would, with one-line errors naming the file and the line.
@@ -12,6 +12,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from trainserve.errors import TrainserveError
+from trainserve.protos import model_server_config_pb2
 
 
 def parse_text_proto(path: Path, message, what: str):
@@ -29,8 +30,6 @@ def parse_text_proto(path: Path, message, what: str):
 
 def parse_model_config(path: Path):
     """`--model_config_file`: a ModelServerConfig with a model_config_list of tensorflow models."""
-    from tensorflow_serving.config import model_server_config_pb2
-
     config = parse_text_proto(path, model_server_config_pb2.ModelServerConfig(), "model config file")
     if config.WhichOneof("config") != "model_config_list":
         raise TrainserveError(f"model config file {path}: expected a model_config_list (custom configs unsupported)")
@@ -54,8 +53,6 @@ def parse_model_config(path: Path):
 
 def single_model_config(name: str, base_path: str):
     """What `--model_name/--model_base_path` mean: one model, latest version."""
-    from tensorflow_serving.config import model_server_config_pb2
-
     config = model_server_config_pb2.ModelServerConfig()
     config.model_config_list.config.add(name=name, base_path=base_path, model_platform="tensorflow")
     return config

@@ -1,12 +1,15 @@
 """Options declared once: a config dataclass field carries its type, default and help text, and the
 command line is derived from it (flag `--field-name`, env `TRAINSERVE_FIELD_NAME`, choices from a
 `Literal`). A nested dataclass field becomes a group of prefixed flags (`synthetic.size` ->
-`--synthetic-size`)."""
+`--synthetic-size`). `EnvDefaults` is the parser every command uses: one-line errors, defaults from the
+environment."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -56,6 +59,15 @@ def number_list(text: str, convert: Callable[[str], T], valid: Callable[[T], boo
     return values
 
 
+def parse_bool(text: str) -> bool:
+    """`true/false` as tensorflow_model_server's flags take them (also 1/0, yes/no)."""
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r}: expected true or false")
+
+
 def image_shape(text: str) -> tuple[int, int, int]:
     try:
         dims = tuple(int(d) for d in text.lower().replace("x", ",").split(","))
@@ -84,19 +96,25 @@ def _is_group(kind, f: dataclasses.Field) -> bool:
     return dataclasses.is_dataclass(kind) and not f.metadata.get("parse")
 
 
-def add_options(parser: argparse.ArgumentParser, cls, prefix: str = "") -> None:
-    """One flag per field of the dataclass `cls` (recursing into nested dataclasses)."""
+def add_options(parser: argparse.ArgumentParser, cls, prefix: str = "", *, word_separator: str = "-") -> None:
+    """One flag per field of the dataclass `cls` (recursing into nested dataclasses).
+
+    `word_separator="_"` keeps a field's name as its flag (`--model_base_path`, as tensorflow_model_server
+    spells its flags). A bool field is a switch (`--flag`), or with `parse=` a value (`--flag=false`).
+    """
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = _unwrap_optional(hints[f.name])
         dest = f"{prefix}{f.name}"
         if _is_group(kind, f):
-            add_options(parser, kind, prefix=f"{dest}_")
+            add_options(parser, kind, prefix=f"{dest}_", word_separator=word_separator)
             continue
-        flag = f.metadata.get("flag") or "--" + dest.replace("_", "-")
+        flag = f.metadata.get("flag") or "--" + dest.replace("_", word_separator)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         kwargs: dict[str, Any] = {"dest": dest, "default": default, "help": f.metadata.get("help", "")}
-        if kind is bool:
+        if kind is bool and f.metadata.get("parse"):
+            kwargs.update(type=f.metadata["parse"], nargs="?", const=True, metavar="BOOL")
+        elif kind is bool:
             kwargs["action"] = "store_true"
         elif typing.get_origin(kind) is Literal:
             kwargs["choices"] = choices_of(kind)
@@ -114,3 +132,54 @@ def config_from_args(cls, args: argparse.Namespace, prefix: str = ""):
         dest = f"{prefix}{f.name}"
         values[f.name] = config_from_args(kind, args, f"{dest}_") if _is_group(kind, f) else getattr(args, dest)
     return cls(**values)
+
+
+class EnvDefaults(argparse.ArgumentParser):
+    """An ArgumentParser whose defaults come from TRAINSERVE_* environment variables when set.
+
+    The variables are read when this parser parses, so only the invoked command's flags consult
+    them: TRAINSERVE_MODEL means eval's --model to `trainserve eval` and does not trouble `train`.
+    """
+
+    def error(self, message: str):
+        """One line, naming the problem (argparse's default adds the whole usage block)."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def add_argument(self, *names, **kwargs):
+        action = super().add_argument(*names, **kwargs)
+        if action.help and action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            action.help += " (default: %(default)s)"
+        return action
+
+    def parse_known_args(self, args=None, namespace=None):
+        for action in self._actions:
+            env = f"TRAINSERVE_{action.dest.upper()}"
+            if not action.option_strings or env not in os.environ:
+                continue
+            raw = os.environ[env]
+            if isinstance(action, argparse._StoreTrueAction):
+                action.default = raw.lower() in ("1", "true", "yes", "on")
+                continue
+            try:
+                action.default = action.type(raw) if action.type else raw
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                self.error(f"environment variable {env}={raw!r}: {exc}")
+            if action.choices and action.default not in action.choices:
+                self.error(f"environment variable {env}={raw!r}: expected one of {', '.join(action.choices)}")
+        return super().parse_known_args(args, namespace)
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old flag name that still works for one release, with a warning naming the new one."""
+
+    def __init__(self, *args, new_flag: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.new_flag = new_flag
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(
+            f"{parser.prog}: warning: {option_string} is deprecated and will be removed in the next release: "
+            f"use {self.new_flag}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)

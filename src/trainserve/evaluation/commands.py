@@ -10,6 +10,13 @@ from trainserve.errors import TrainserveError, first_line
 from trainserve.options import add_options, config_from_args
 
 
+def add_parsers(commands) -> None:
+    """The evaluation stage's commands."""
+    add_eval_parser(commands)
+    add_load_parser(commands)
+    add_report_parser(commands)
+
+
 def add_eval_parser(commands) -> None:
     from trainserve.evaluation.config import EvalConfig
 
@@ -81,7 +88,7 @@ def run_report_merge(args: argparse.Namespace) -> int:
 
 
 def add_load_parser(commands) -> None:
-    from trainserve.evaluation.load_config import LoadConfig
+    from trainserve.evaluation.load.config import LoadConfig
 
     p = commands.add_parser(
         "load",
@@ -96,8 +103,8 @@ def add_load_parser(commands) -> None:
 
 
 def run_load(args: argparse.Namespace) -> int:
-    from trainserve.evaluation.load import LoadConfig, run_sweep
-    from trainserve.evaluation.load_report import load_table, write_load_plot, write_load_report
+    from trainserve.evaluation.load.report import load_table, write_load_plot, write_load_report
+    from trainserve.evaluation.load.sweep import LoadConfig, run_sweep
 
     config = config_from_args(LoadConfig, args)
     result = run_sweep(config)

@@ -14,8 +14,10 @@ from typing import Literal
 
 from trainserve.data import SyntheticSpec
 from trainserve.errors import TrainserveError
-from trainserve.layout import DEFAULT_SIGNATURE, Task, ensure_writable_dir
+from trainserve.files import ensure_writable_dir
+from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.options import key_values, option, positive_int
+from trainserve.task import Task
 
 TaskChoice = Literal["auto", "classification", "regression"]
 # The metrics a gate may name, by task (evaluation/metrics.py computes them).
@@ -113,6 +115,9 @@ class ClientOptions:
     output: str | None = option(None, "the output to judge (default: probabilities / predictions / the only float)")
     wait: float = option(60.0, "seconds to wait for the model to be AVAILABLE")
     tls_ca: Path | None = option(None, "PEM root certificate for a TLS server")
+    timeout: float = option(10.0, "seconds per request attempt")
+    report: Path | None = option(None, "write the JSON report here")
+    plots: Path | None = option(None, "write the plots here (a directory)")
 
     def check_client(self) -> None:
         """The shared flags judged before the first request."""
@@ -120,6 +125,13 @@ class ClientOptions:
             raise TrainserveError("--version and --label both given: expected at most one")
         if self.wait < 0:
             raise TrainserveError(f"--wait {self.wait:g}: expected seconds >= 0")
+        if self.timeout <= 0:
+            raise TrainserveError(f"--timeout {self.timeout:g}: expected seconds > 0")
+        # Before any request: an unwritable destination must not cost a whole run.
+        if self.report is not None:
+            ensure_writable_dir(self.report.parent, "--report")
+        if self.plots is not None:
+            ensure_writable_dir(self.plots, "--plots")
 
 
 @dataclass
@@ -129,14 +141,11 @@ class EvalConfig(ClientOptions):
     data: str = option("digits", "digits | synthetic | FILE.npz (x_test or x_test/<input>, y_test) | FILE.csv")
     batch_size: int = option(256, "examples per request", parse=positive_int)
     concurrency: int = option(4, "requests in flight", parse=positive_int)
-    timeout: float = option(10.0, "seconds per request attempt")
     retries: int = option(5, "retries of UNAVAILABLE/DEADLINE_EXCEEDED/RESOURCE_EXHAUSTED")
     limit: int | None = option(None, "evaluate only the first N examples", parse=positive_int)
     shard: Shard | None = option(None, "I/N: evaluate every N-th batch from batch I (merge: trainserve report merge)",
                                  parse=parse_shard)  # fmt: skip
     top_k: int = option(5, "k of the top-k accuracy", parse=positive_int)
-    report: Path | None = option(None, "write the JSON report here")
-    plots: Path | None = option(None, "write the task's plots (confusion matrix, PR curve, residuals...) here")
     min_accuracy: float | None = option(None, "exit 1 when accuracy is below this (the same as --require accuracy>=X)")
     require: tuple[Gate, ...] = option((), "METRIC>=X or METRIC<=X[,...]: exit 1 unless all hold", parse=parse_gates)
     compare_local: Path | None = option(None, "also run this SavedModel version dir in-process on CPU")
@@ -147,19 +156,14 @@ class EvalConfig(ClientOptions):
         for name in ("batch_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise TrainserveError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
-        if self.timeout <= 0 or self.retries < 0:
-            raise TrainserveError("--timeout must be > 0 and --retries >= 0")
+        if self.retries < 0:
+            raise TrainserveError(f"--retries {self.retries}: expected >= 0")
         if self.compare_local is not None:
             from trainserve.savedmodel import require_tensorflow
 
             require_tensorflow("--compare-local")  # before waiting on the server, not after
             if not (self.compare_local / "saved_model.pb").is_file():
                 raise TrainserveError(f"--compare-local {self.compare_local}: expected a SavedModel version directory")
-        # Before any request: an unwritable destination must not cost a whole evaluation.
-        if self.report is not None:
-            ensure_writable_dir(self.report.parent, "--report")
-        if self.plots is not None:
-            ensure_writable_dir(self.plots, "--plots")
 
     @property
     def gates(self) -> tuple[Gate, ...]:

@@ -19,7 +19,8 @@ import numpy as np
 
 from trainserve.data import IMAGES, SyntheticSpec, load_dataset, single_input_name, synthetic_examples
 from trainserve.errors import TrainserveError
-from trainserve.layout import SPLIT_INPUTS, SPLIT_LABEL_NAMES, SPLIT_LABELS, Task, split_task
+from trainserve.layout import SPLIT_INPUTS, SPLIT_LABEL_NAMES, SPLIT_LABELS, split_task
+from trainserve.task import Task
 
 Batch = tuple[dict[str, np.ndarray], np.ndarray]
 

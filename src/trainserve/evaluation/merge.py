@@ -23,7 +23,7 @@ from trainserve.evaluation.metrics import (
     per_class,
     percentiles_from_histogram,
 )
-from trainserve.layout import Task
+from trainserve.task import Task
 
 # What must be equal across the shards of one evaluation.
 SAME = ("schema", "server", "model", "version", "signature", "task", "output")

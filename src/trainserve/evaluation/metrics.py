@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.layout import Task
+from trainserve.task import Task
 
 OutputKind = Literal["probabilities", "logits"]
 SUM_TOLERANCE = 1e-3  # float32 softmax rows sum to 1 within ~1e-6; a logit row misses by far more

@@ -17,7 +17,8 @@ from trainserve.errors import TrainserveError
 from trainserve.evaluation.client import Signature, Target
 from trainserve.evaluation.config import TaskChoice
 from trainserve.evaluation.data import Column, EvalData
-from trainserve.layout import CLASSES, PREDICTIONS, PROBABILITIES, Task
+from trainserve.layout import CLASSES, PREDICTIONS, PROBABILITIES
+from trainserve.task import Task
 
 
 @dataclass(frozen=True)

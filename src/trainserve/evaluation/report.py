@@ -7,17 +7,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trainserve import __version__
+from trainserve.evaluation.config import ClientOptions
 from trainserve.evaluation.metrics import latency_histogram, precision_recall_curve
-from trainserve.layout import write_file_atomic
-
-if TYPE_CHECKING:
-    from trainserve.evaluation.config import ClientOptions
-    from trainserve.evaluation.run import EvalResult, FinishedRun
+from trainserve.evaluation.records import EvalResult, FinishedRun
+from trainserve.files import write_file_atomic
 
 SCHEMA_ID = "trainserve.eval/2"  # /1 plus task, output, inputs, regression metrics and gates (fields only added)
 SCHEMA_PATH = Path(__file__).with_name("eval_report.schema.json")
@@ -44,8 +41,10 @@ def report_header(schema: str, config: ClientOptions, version: int) -> dict:
 
 
 def build_report(run: FinishedRun) -> dict:
-    """The report's JSON document (passed and gates are the caller's to fill)."""
+    """The report's JSON document, its gates judged on its own metrics."""
     config, totals, task = run.config, run.totals, run.plan.task
+    metrics = totals.tally.quality.summary()
+    gates = [gate.judge(metrics) for gate in config.gates]
     report = {
         **report_header(SCHEMA_ID, config, totals.version),
         "task": task.to_json(),
@@ -59,12 +58,12 @@ def build_report(run: FinishedRun) -> dict:
             "limit": config.limit,
             "shard": config.shard.describe() if config.shard else None,
         },
-        "metrics": totals.tally.quality.summary(),
+        "metrics": metrics,
         "performance": _performance_section(run),
         "compare_local": None,
         "min_accuracy": config.min_accuracy,
-        "gates": [],
-        "passed": True,
+        "gates": gates,
+        "passed": all(g["passed"] for g in gates),
     }
     if config.compare_local is not None:
         agree = totals.tally.local_agree

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,88 +22,12 @@ from trainserve.errors import TrainserveError
 from trainserve.evaluation.client import ServingClient, Target
 from trainserve.evaluation.config import EvalConfig, check_gates
 from trainserve.evaluation.data import Batch, EvalData, open_eval_data
-from trainserve.evaluation.metrics import ClassificationMetrics, RegressionMetrics, predicted_classes, task_metrics
+from trainserve.evaluation.metrics import predicted_classes, task_metrics
 from trainserve.evaluation.plan import Plan, plan_requests
+from trainserve.evaluation.records import BatchAnswer, EvalResult, FinishedRun, LocalComparison, RunTotals, Tally
 from trainserve.evaluation.report import build_report
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LocalComparison:
-    """One batch's served answer against the same SavedModel run in-process (--compare-local)."""
-
-    max_abs_diff: float  # largest |served - local| in the evaluated output
-    agreeing: int | None  # examples whose served and local classes match (classification)
-
-
-@dataclass(frozen=True)
-class BatchAnswer:
-    """The server's answer to one batch, with the batch's true labels."""
-
-    version: int
-    labels: np.ndarray
-    output: np.ndarray  # the evaluated output, as served
-    classes: np.ndarray | None  # the served `classes` output, where the plan uses it
-    latency_s: float
-    retries: int
-    local: LocalComparison | None  # None without --compare-local
-
-
-@dataclass
-class Tally:
-    """Running totals; each batch is added once, whatever order the answers come in."""
-
-    plan: Plan
-    quality: ClassificationMetrics | RegressionMetrics
-    requests: int = 0
-    retries: int = 0
-    latencies: list[float] = field(default_factory=list)
-    local_max_abs_diff: float = 0.0
-    local_agree: int | None = None
-
-    @property
-    def examples(self) -> int:
-        return self.quality.examples
-
-    def add(self, answer: BatchAnswer) -> None:
-        self.quality.add(answer.labels, answer.output, self.plan.output, answer.classes)
-        self.requests += 1
-        self.retries += answer.retries
-        self.latencies.append(answer.latency_s)
-        if answer.local is not None:
-            self.local_max_abs_diff = max(self.local_max_abs_diff, answer.local.max_abs_diff)
-            if answer.local.agreeing is not None:
-                self.local_agree = (self.local_agree or 0) + answer.local.agreeing
-
-
-@dataclass(frozen=True)
-class RunTotals:
-    """What the batch loop leaves behind."""
-
-    tally: Tally
-    version: int | None  # the version every answer came from; None when the data had no examples
-    wall_s: float
-
-
-@dataclass(frozen=True)
-class FinishedRun:
-    """Everything the report is built from."""
-
-    config: EvalConfig
-    data: EvalData
-    plan: Plan
-    totals: RunTotals
-    start_rss_mb: float
-    peak_rss_mb: float
-
-
-@dataclass
-class EvalResult:
-    report: dict
-    passed: bool
-    latencies_ms: list[float]
-    tally: Tally  # what the plots are drawn from
 
 
 def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
@@ -131,8 +55,6 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     report = build_report(FinishedRun(config, data, plan, totals, start_rss, _peak_rss_mb()))
     if report["metrics"].get("output_kind") == "logits":
         log.warning("output %r holds logits, not probabilities: loss and curves use their softmax", plan.output)
-    report["gates"] = [gate.judge(report["metrics"]) for gate in config.gates]
-    report["passed"] = all(g["passed"] for g in report["gates"])
     return EvalResult(report, report["passed"], [t * 1000 for t in totals.tally.latencies], totals.tally)
 
 

@@ -7,7 +7,8 @@ import argparse
 from trainserve.options import add_options, config_from_args
 
 
-def add_rollout_parsers(commands) -> None:
+def add_parsers(commands) -> None:
+    """The rollout stage's commands."""
     from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
 
     steps = (

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
-from trainserve.layout import write_file_atomic
+from trainserve.files import write_file_atomic
 from trainserve.model_server_config import parse_model_config, render_model_config, single_model_config
 
 HEADER = (

@@ -27,7 +27,7 @@ class Rollout:
 
     @classmethod
     def of(cls, model_config) -> Rollout:
-        """The labels of a ModelConfig (tensorflow_serving.config.model_server_config_pb2)."""
+        """The labels of a ModelConfig (trainserve.protos.model_server_config_pb2)."""
         labels = model_config.version_labels
         return cls(*(labels.get(name) for name in ROLLOUT_LABELS))
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Protocol
 
 from trainserve.errors import TrainserveError
-from trainserve.layout import numeric_versions, write_file_atomic
+from trainserve.files import write_file_atomic
+from trainserve.layout import numeric_versions
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
 from trainserve.rollout.config_file import find_model, history_path, locked, new_config, read_config, write_config
 from trainserve.rollout.history import append_history

@@ -1,27 +1,18 @@
 """TF Serving's configuration files, parsed with their real schemas.
 
-- `--model_config_file`: `ModelServerConfig` text proto, from the tensorflow-serving-api wheel
-  (trainserve.model_server_config: rollout rewrites the same file, so its parser sits below both stages;
-  re-exported here for serving's callers).
+- `--model_config_file`: `ModelServerConfig` text proto (trainserve.model_server_config: rollout rewrites
+  the same file, so its parser sits below both stages; re-exported here for serving's callers).
 - `--batching_parameters_file`: `BatchingParameters` (servables/tensorflow/session_bundle_config.proto)
 - `--monitoring_config_file`: `MonitoringConfig` (config/monitoring_config.proto)
-The wheel ships no Python module for the last two, so their schemas (package, message and field
-names, numbers and types as TF Serving declares them) are built here as descriptors; text_format then
-accepts and rejects exactly what tensorflow_model_server would.
+All three are TF Serving's own messages from trainserve.protos, so text_format accepts and rejects
+exactly what tensorflow_model_server would. `ServerOptions` are its flags, declared with options.py
+(flag names as the real server spells them: `--model_base_path`).
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
-
-from google.protobuf import (
-    descriptor_pb2,
-    descriptor_pool,
-    wrappers_pb2,  # noqa: F401  (registers wrappers.proto in the default pool)
-)
-from google.protobuf import message_factory as _factory
 
 from trainserve.errors import TrainserveError
 from trainserve.model_server_config import (  # noqa: F401  (parse_model_config, single_model_config: re-exported)
@@ -29,6 +20,8 @@ from trainserve.model_server_config import (  # noqa: F401  (parse_model_config,
     parse_text_proto,
     single_model_config,
 )
+from trainserve.options import option, parse_bool
+from trainserve.protos import monitoring_config_pb2, session_bundle_config_pb2
 
 # tensorflow_model_server's flags (model_servers/main.cc). The stand-in and the static checks of
 # compose and k8s manifests use this list: the real server silently ignores a misspelt flag.
@@ -84,53 +77,6 @@ TF_SERVING_FLAGS = frozenset(
 )
 
 
-def _schema_pool() -> descriptor_pool.DescriptorPool:
-    pool = descriptor_pool.DescriptorPool()
-    wrappers = descriptor_pb2.FileDescriptorProto()
-    wrappers_pb2.DESCRIPTOR.CopyToProto(wrappers)
-    pool.Add(wrappers)
-    f = descriptor_pb2.FieldDescriptorProto
-    schema = descriptor_pb2.FileDescriptorProto(
-        name="trainserve/tf_serving_schemas.proto",
-        package="tensorflow.serving",
-        syntax="proto3",
-        dependency=["google/protobuf/wrappers.proto"],
-    )
-
-    def message(name: str, fields: list[tuple[str, int, int, str, bool]]) -> None:
-        msg = schema.message_type.add(name=name)
-        for field_name, number, kind, type_name, repeated in fields:
-            field = msg.field.add(
-                name=field_name, number=number, type=kind, label=f.LABEL_REPEATED if repeated else f.LABEL_OPTIONAL
-            )
-            if type_name:
-                field.type_name = type_name
-
-    i64, s = ".google.protobuf.Int64Value", ".google.protobuf.StringValue"
-    message(
-        "BatchingParameters",
-        [
-            ("max_batch_size", 1, f.TYPE_MESSAGE, i64, False),
-            ("batch_timeout_micros", 2, f.TYPE_MESSAGE, i64, False),
-            ("max_enqueued_batches", 3, f.TYPE_MESSAGE, i64, False),
-            ("num_batch_threads", 4, f.TYPE_MESSAGE, i64, False),
-            ("thread_pool_name", 5, f.TYPE_MESSAGE, s, False),
-            ("allowed_batch_sizes", 6, f.TYPE_INT64, "", True),
-            ("pad_variable_length_inputs", 7, f.TYPE_BOOL, "", False),
-        ],
-    )
-    message("PrometheusConfig", [("enable", 1, f.TYPE_BOOL, "", False), ("path", 2, f.TYPE_STRING, "", False)])
-    message(
-        "MonitoringConfig",
-        [("prometheus_config", 1, f.TYPE_MESSAGE, ".tensorflow.serving.PrometheusConfig", False)],
-    )
-    pool.Add(schema)
-    return pool
-
-
-_POOL = _schema_pool()
-BatchingParametersProto = _factory.GetMessageClass(_POOL.FindMessageTypeByName("tensorflow.serving.BatchingParameters"))
-MonitoringConfigProto = _factory.GetMessageClass(_POOL.FindMessageTypeByName("tensorflow.serving.MonitoringConfig"))
 DEFAULT_PROMETHEUS_PATH = "/monitoring/prometheus/metrics"
 
 
@@ -150,7 +96,7 @@ def parse_batching(path: Path | None) -> Batching:
     """`--batching_parameters_file`, checked as TF Serving checks it."""
     if path is None:
         return Batching()
-    params = parse_text_proto(path, BatchingParametersProto(), "batching parameters file")
+    params = parse_text_proto(path, session_bundle_config_pb2.BatchingParameters(), "batching parameters file")
 
     def value(name: str, default: int) -> int:
         return getattr(params, name).value if params.HasField(name) else default
@@ -188,7 +134,7 @@ def parse_monitoring(path: Path | None) -> str | None:
     """The Prometheus path from `--monitoring_config_file`, or None when metrics are off."""
     if path is None:
         return None
-    config = parse_text_proto(path, MonitoringConfigProto(), "monitoring config file")
+    config = parse_text_proto(path, monitoring_config_pb2.MonitoringConfig(), "monitoring config file")
     prometheus = config.prometheus_config
     if not prometheus.enable:
         return None
@@ -199,69 +145,30 @@ def parse_monitoring(path: Path | None) -> str | None:
 class ServerOptions:
     """tensorflow_model_server's flags that serve-local implements (same names, same defaults)."""
 
-    port: int = 8500
-    rest_api_port: int = 0
-    rest_api_timeout_in_ms: int = 30000
-    rest_api_num_threads: int = 0
-    grpc_max_threads: int = 0
-    model_name: str = "default"
-    model_base_path: str = ""
-    model_config_file: str = ""
-    model_config_file_poll_wait_seconds: int = 0
-    file_system_poll_wait_seconds: int = 1
-    enable_batching: bool = False
-    batching_parameters_file: str = ""
-    enable_model_warmup: bool = True
-    monitoring_config_file: str = ""
-    tensorflow_intra_op_parallelism: int = 0
-    tensorflow_inter_op_parallelism: int = 0
-    enable_grpc_healthcheck_service: bool = False
-    allow_version_labels_for_unavailable_models: bool = False
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r}: expected true or false")
-
-
-FLAG_HELP = {
-    "port": "gRPC port; 0 turns gRPC off",
-    "rest_api_port": "REST port; 0 (default) turns REST off",
-    "rest_api_timeout_in_ms": "grace for in-flight requests at shutdown",
-    "rest_api_num_threads": "accepted for compatibility (REST uses a thread per connection)",
-    "grpc_max_threads": "gRPC worker threads; 0 = 4 x CPUs",
-    "model_name": "name of the single served model",
-    "model_base_path": "its base path (WITHOUT the version directory)",
-    "model_config_file": "ModelServerConfig text proto (overrides --model_name/--model_base_path)",
-    "model_config_file_poll_wait_seconds": "re-read the config file this often; 0 = once",
-    "file_system_poll_wait_seconds": "re-scan version directories this often",
-    "enable_batching": "merge concurrent Predict requests into batches (BatchingParameters)",
-    "batching_parameters_file": "BatchingParameters text proto; needs --enable_batching",
-    "enable_model_warmup": "replay assets.extra/tf_serving_warmup_requests on load",
-    "monitoring_config_file": "MonitoringConfig text proto: Prometheus metrics on the REST port",
-    "tensorflow_intra_op_parallelism": "threads per op; 0 = all CPUs (set it from the CPU limit)",
-    "tensorflow_inter_op_parallelism": "ops in parallel; 0 = all CPUs (set it from the CPU limit)",
-    "enable_grpc_healthcheck_service": "grpc.health.v1 on --port: SERVING while every model has a version AVAILABLE",
-    "allow_version_labels_for_unavailable_models": "a NEW label (or an unchanged one) may name a version not yet "
-    "AVAILABLE; needed to start with labels in the config, since nothing is loaded when labels are first checked",
-}
-
-
-def add_serve_local_arguments(parser: argparse.ArgumentParser) -> None:
-    """tensorflow_model_server's flag names; `--flag=value` and `--flag value` both work."""
-    defaults = ServerOptions()
-    for name, kind in ServerOptions.__annotations__.items():
-        default = getattr(defaults, name)
-        if kind == "bool":
-            parser.add_argument(
-                f"--{name}", type=_bool, nargs="?", const=True, default=default, metavar="BOOL", help=FLAG_HELP[name]
-            )
-        else:
-            parser.add_argument(f"--{name}", type=int if kind == "int" else str, default=default, help=FLAG_HELP[name])
-
-
-def options_from_args(args: argparse.Namespace) -> ServerOptions:
-    return ServerOptions(**{k: getattr(args, k) for k in ServerOptions.__annotations__})
+    port: int = option(8500, "gRPC port; 0 turns gRPC off")
+    rest_api_port: int = option(0, "REST port; 0 (default) turns REST off")
+    rest_api_timeout_in_ms: int = option(30000, "grace for in-flight requests at shutdown")
+    rest_api_num_threads: int = option(0, "accepted for compatibility (REST uses a thread per connection)")
+    grpc_max_threads: int = option(0, "gRPC worker threads; 0 = 4 x CPUs")
+    model_name: str = option("default", "name of the single served model")
+    model_base_path: str = option("", "its base path (WITHOUT the version directory)")
+    model_config_file: str = option("", "ModelServerConfig text proto (overrides --model_name/--model_base_path)")
+    model_config_file_poll_wait_seconds: int = option(0, "re-read the config file this often; 0 = once")
+    file_system_poll_wait_seconds: int = option(1, "re-scan version directories this often")
+    enable_batching: bool = option(
+        False, "merge concurrent Predict requests into batches (BatchingParameters)", parse=parse_bool
+    )
+    batching_parameters_file: str = option("", "BatchingParameters text proto; needs --enable_batching")
+    enable_model_warmup: bool = option(True, "replay assets.extra/tf_serving_warmup_requests on load", parse=parse_bool)
+    monitoring_config_file: str = option("", "MonitoringConfig text proto: Prometheus metrics on the REST port")
+    tensorflow_intra_op_parallelism: int = option(0, "threads per op; 0 = all CPUs (set it from the CPU limit)")
+    tensorflow_inter_op_parallelism: int = option(0, "ops in parallel; 0 = all CPUs (set it from the CPU limit)")
+    enable_grpc_healthcheck_service: bool = option(
+        False, "grpc.health.v1 on --port: SERVING while every model has a version AVAILABLE", parse=parse_bool
+    )
+    allow_version_labels_for_unavailable_models: bool = option(
+        False,
+        "a NEW label (or an unchanged one) may name a version not yet AVAILABLE; needed to start with labels in "
+        "the config, since nothing is loaded when labels are first checked",
+        parse=parse_bool,
+    )

@@ -14,10 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tensorflow_serving.apis.get_model_status_pb2 import ModelVersionStatus
-
 from trainserve.errors import TrainserveError, first_line
 from trainserve.layout import read_warmup_inputs
+from trainserve.protos.get_model_status_pb2 import ModelVersionStatus
 from trainserve.savedmodel import LoadedModel
 
 log = logging.getLogger(__name__)

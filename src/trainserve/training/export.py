@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.layout import CLASSES, DEFAULT_SIGNATURE, PREDICTIONS, PROBABILITIES, Task
+from trainserve.layout import CLASSES, DEFAULT_SIGNATURE, PREDICTIONS, PROBABILITIES
+from trainserve.task import Task
 from trainserve.training.gate import GateResult, GoldenBatch, check_on_cpu, result_from_output, run_without_gpu
 
 

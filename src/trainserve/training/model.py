@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.layout import Task
+from trainserve.task import Task
 from trainserve.training import model_fn
 from trainserve.training.config import ARCHITECTURES, Architecture
 from trainserve.training.model_fn import DataSpec, InputSpec

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.layout import Task
+from trainserve.task import Task
 
 BUILTIN = {"cnn": "trainserve.training.builtin_models:cnn", "mlp": "trainserve.training.builtin_models:mlp"}
 

@@ -29,7 +29,8 @@ import keras
 import numpy as np
 
 from trainserve.errors import TrainserveError, first_line
-from trainserve.layout import CLASSES, PREDICTIONS, PROBABILITIES, Task
+from trainserve.layout import CLASSES, PREDICTIONS, PROBABILITIES
+from trainserve.task import Task
 from trainserve.training.cluster import WorkerLost
 from trainserve.training.pipeline import Batches
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from trainserve.errors import TrainserveError
-from trainserve.layout import STAGING_PREFIX, fsync_dir, numeric_versions, write_metadata
+from trainserve.files import fsync_dir
+from trainserve.layout import STAGING_PREFIX, numeric_versions, write_metadata
 
 log = logging.getLogger(__name__)
 

@@ -231,3 +231,15 @@ def measure(load: Load, keep_answers: bool, window_s: float, max_windows: int, l
     stable = is_stable(windows, latency, load.rate is not None)
     lag = load.max_send_lag_s if load.rate is not None else None
     return Measured(windows, stable, lag, load.unfinished, recorder.answers)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured point of the sweep."""
+
+    mode: str  # "concurrency" (closed loop) or "rate" (open loop)
+    value: float  # workers, or requests/s
+    batch_size: int
+    window_s: float
+    measured: Measured
+    quality: object  # ClassificationMetrics / RegressionMetrics of the checked answers, or None

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.config import ClientOptions
-from trainserve.layout import ensure_writable_dir
 from trainserve.options import key_values, number_list, option, positive_int
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8)  # the sweep when neither --concurrency nor --rate is given
@@ -63,9 +61,6 @@ class LoadConfig(ClientOptions):
         parse=parse_fill,
     )  # fmt: skip
     seed: int = option(0, "seed of the Poisson arrivals and the synthetic inputs")
-    timeout: float = option(10.0, "seconds per request (DEADLINE_EXCEEDED counts as an error)")
-    report: Path | None = option(None, "write the JSON report here")
-    plots: Path | None = option(None, "write the throughput-vs-p99 plot here")
 
     def check(self) -> None:
         """Every flag judged before the first request."""
@@ -76,14 +71,8 @@ class LoadConfig(ClientOptions):
             raise TrainserveError(f"--max-windows {self.max_windows}: expected >= 3 (stability compares 3 windows)")
         if self.latency_budget_ms is not None and self.latency_budget_ms <= 0:
             raise TrainserveError(f"--latency-budget-ms {self.latency_budget_ms:g}: expected milliseconds > 0")
-        if self.timeout <= 0:
-            raise TrainserveError(f"--timeout {self.timeout:g}: expected seconds > 0")
         if self.fill and self.data is not None:
             raise TrainserveError("--fill and --data both given: --fill shapes synthetic inputs, used without --data")
-        if self.report is not None:
-            ensure_writable_dir(self.report.parent, "--report")
-        if self.plots is not None:
-            ensure_writable_dir(self.plots, "--plots")
 
     @property
     def concurrencies(self) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""The load report: one JSON document (schema in load_report.schema.json, id trainserve.load/1), a
+"""The load report: one JSON document (schema in report.schema.json, id trainserve.load/1), a
 one-screen table, and the throughput-vs-p99 plot.
 
 A point reports its last 3 windows (the stable ones, when it is stable): throughput in requests/s and
@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainserve.evaluation.load_measure import STABILITY_TOLERANCE, STABILITY_WINDOWS
+from trainserve.evaluation.load.config import LoadConfig
+from trainserve.evaluation.load.measure import STABILITY_TOLERANCE, STABILITY_WINDOWS, Point
 from trainserve.evaluation.report import report_header
-from trainserve.layout import write_file_atomic
-
-if TYPE_CHECKING:
-    from trainserve.evaluation.load import Point
-    from trainserve.evaluation.load_config import LoadConfig
+from trainserve.files import write_file_atomic
 
 SCHEMA_ID = "trainserve.load/1"
-SCHEMA_PATH = Path(__file__).with_name("load_report.schema.json")
+SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 
 
 def point_summary(point: Point) -> dict:

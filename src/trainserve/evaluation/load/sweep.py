@@ -1,10 +1,10 @@
 """`trainserve load`: the served model's capacity, swept over concurrency (closed loop) and request rate
-(open loop, Poisson arrivals) for each batch size, each point measured until stable (load_measure.py).
+(open loop, Poisson arrivals) for each batch size, each point measured until stable (measure.py).
 
 Wait for the model -> read its signature -> build the requests (held-out data through the eval's plan,
 so that answers are checked against labels as they arrive; or synthetic inputs from the signature's
 dtypes and shapes) before any Predict -> one point after another, all pinned to the version that was
-AVAILABLE -> the report (load_report.py): the best throughput within the latency budget.
+AVAILABLE -> the report (report.py): the best throughput within the latency budget.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import numpy as np
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.client import ServingClient, Signature, Target
 from trainserve.evaluation.data import open_eval_data
-from trainserve.evaluation.load_config import LoadConfig
-from trainserve.evaluation.load_measure import Load, Measured, Request, measure
-from trainserve.evaluation.load_report import build_load_report, point_line
+from trainserve.evaluation.load.config import LoadConfig
+from trainserve.evaluation.load.measure import Load, Point, Request, measure
+from trainserve.evaluation.load.report import build_load_report, point_line
 from trainserve.evaluation.metrics import task_metrics
 from trainserve.evaluation.plan import Plan, plan_requests
 from trainserve.protos import predict_pb2
@@ -55,18 +55,6 @@ class Inputs:
         joined_classes = np.concatenate(classes) if classes else None
         quality.add(np.concatenate(labels), np.concatenate(scores), plan.output, joined_classes)
         return quality
-
-
-@dataclass(frozen=True)
-class Point:
-    """One measured point of the sweep."""
-
-    mode: str  # "concurrency" (closed loop) or "rate" (open loop)
-    value: float  # workers, or requests/s
-    batch_size: int
-    window_s: float
-    measured: Measured
-    quality: object  # ClassificationMetrics / RegressionMetrics of the checked answers, or None
 
 
 @dataclass
