@@ -19,9 +19,10 @@ from conftest import DIRECT, free_port
 def server_options(*flags: str):
     """ServerOptions from serve-local's own command line, as `trainserve serve-local FLAGS` builds them."""
     from trainserve.cli import build_parser
-    from trainserve.serving.config import options_from_args
+    from trainserve.options import config_from_args
+    from trainserve.serving.config import ServerOptions
 
-    return options_from_args(build_parser().parse_args(["serve-local", *flags]))
+    return config_from_args(ServerOptions, build_parser().parse_args(["serve-local", *flags]))
 
 
 class LogLines(logging.Handler):
