@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from serving_fixtures import serve_in_process_fixture  # noqa: F401  (the fixture serve_in_process)
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from conftest import DIRECT, install_version, save_foreign_model

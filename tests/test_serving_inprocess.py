@@ -14,7 +14,6 @@ import grpc
 import numpy as np
 import pytest
 from google.protobuf import wrappers_pb2
-from serving_fixtures import InProcessServer, serve_in_process_fixture  # noqa: F401  (the fixture serve_in_process)
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -25,6 +24,7 @@ from tensorflow_serving.apis import (
 )
 
 from conftest import install_version, save_foreign_model
+from serving_fixtures import InProcessServer
 from trainserve.savedmodel import LoadedModel, serve_meta_graph
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
 from trainserve.training.publish import publish_or_discard, staging_dir
