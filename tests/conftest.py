@@ -18,6 +18,7 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ("serving_fixtures",)  # serve_in_process: serve-local on a thread of the test process
 
 
 def pinned_tf_version() -> str:
@@ -73,13 +74,16 @@ DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 MONITORING = "prometheus_config { enable: true }\n"
 
 
-def serve_counted(root: Path, model: str) -> ServeLocal:
-    """serve-local serving `root/<model>` (v1 installed), with Prometheus request counters (predict_count)."""
+def serve_counted(root: Path, model: str, own_process: bool = False):
+    """serve-local serving `root/<model>` (v1 installed), with Prometheus request counters (predict_count): on a
+    thread of this process (`serving_fixtures.InProcessServer`), or in its own process where timing must not share
+    this process's interpreter with the test's own clients."""
+    from serving_fixtures import InProcessServer
+
     (root / "monitoring.config").write_text(MONITORING)
-    server = ServeLocal(
-        f"--model_name={model}", f"--model_base_path={root / model}",
-        f"--monitoring_config_file={root / 'monitoring.config'}", log_path=root / "server.log",
-    )  # fmt: skip
+    flags = (f"--model_name={model}", f"--model_base_path={root / model}",
+             f"--monitoring_config_file={root / 'monitoring.config'}")  # fmt: skip
+    server = ServeLocal(*flags, log_path=root / "server.log") if own_process else InProcessServer(*flags)
     server.wait_available(model, 1)
     return server
 

@@ -194,9 +194,8 @@ def wheel_imports(source: str) -> list[str]:
     return sorted(m for m in imported_modules(source) if m == SERVING_WHEEL or m.startswith(SERVING_WHEEL + "."))
 
 
-# Modules that still import the wheel until issue 24 switches them to trainserve.protos (an entry must still
-# import it, so the list empties as they move).
-KNOWN_WHEEL_IMPORTS = {"trainserve.serving.grpc_api", "trainserve.serving.rest_api", "trainserve.serving.servables"}
+# Modules allowed to import the wheel: none (issue 24 moved serving onto trainserve.protos).
+KNOWN_WHEEL_IMPORTS: set[str] = set()
 
 
 def test_no_module_imports_the_serving_wheel():

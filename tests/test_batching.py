@@ -1,5 +1,5 @@
-"""Request batching: the scheduler in-process (fast, no TensorFlow), then serve-local with
-`--enable_batching` as clients see it (real subprocess, real gRPC)."""
+"""Request batching: the scheduler alone (a fake model), then serve-local with `--enable_batching` as clients
+see it: in process (serve() on a thread, real gRPC), and as a process for what needs SIGTERM."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ def doubling_run(calls: list, gate: threading.Event | None = None):
     return run
 
 
+@pytest.mark.unit
 def test_task_size_and_padding_rules():
     assert task_size({"a": np.zeros((3, 2)), "b": np.zeros(3)}) == 3
     assert task_size({"a": np.zeros((3, 2)), "b": np.zeros(2)}) is None, "first dimensions differ: runs alone"
@@ -42,6 +43,7 @@ def test_task_size_and_padding_rules():
     assert split({"scalar": np.float32(1)}, [1, 1], 2) is None
 
 
+@pytest.mark.unit
 def test_concurrent_tasks_are_merged_and_each_gets_its_own_rows():
     calls, gate = [], threading.Event()
     scheduler = BatchScheduler(Batching(max_batch_size=64, num_batch_threads=1), None)
@@ -58,6 +60,7 @@ def test_concurrent_tasks_are_merged_and_each_gets_its_own_rows():
     assert len(calls) < len(rows) and max(calls) > 3, f"batches run: {calls}"
 
 
+@pytest.mark.unit
 def test_padding_is_stripped_and_unsplittable_outputs_run_alone():
     calls, recorded = [], []
     options = Batching(max_batch_size=8, allowed_batch_sizes=(4, 8), num_batch_threads=1)
@@ -75,6 +78,7 @@ def test_padding_is_stripped_and_unsplittable_outputs_run_alone():
     scheduler.close()
 
 
+@pytest.mark.unit
 def test_a_full_queue_refuses_and_close_drains_what_is_queued():
     calls = []
     options = Batching(max_batch_size=2, batch_timeout_micros=60_000_000, max_enqueued_batches=1, num_batch_threads=1)
@@ -108,10 +112,11 @@ def predict_request(model: str = "m", signature: str = "", **inputs: np.ndarray)
     return request
 
 
-def start_batching(serve_local, tmp_path, base, params: str, *flags: str):
+def start_batching(start, tmp_path, base, params: str, *flags: str):
+    """serve-local with these batching parameters and metrics on, by `start` (in process or a process)."""
     (tmp_path / "batching.config").write_text(params)
     (tmp_path / "monitoring.config").write_text(MONITORING)
-    server = serve_local(
+    server = start(
         f"--model_name={base.name}", f"--model_base_path={base}", "--enable_batching",
         f"--batching_parameters_file={tmp_path / 'batching.config'}",
         f"--monitoring_config_file={tmp_path / 'monitoring.config'}", "--grpc_max_threads=64", *flags,
@@ -128,14 +133,14 @@ def scrape(server) -> str:
     return DIRECT.open(server.rest + "/monitoring/prometheus/metrics", timeout=10).read().decode()
 
 
-@pytest.mark.slow
-def test_concurrent_clients_get_unbatched_answers_without_padding(serve_local, model_versions, tmp_path):
+@pytest.mark.unit
+def test_concurrent_clients_get_unbatched_answers_without_padding(serve_in_process, model_versions, tmp_path):
     install_version(model_versions[0], tmp_path / "m", 1)
     params = (
         "max_batch_size { value: 16 }\nbatch_timeout_micros { value: 2000 }\nnum_batch_threads { value: 1 }\n"
         "max_enqueued_batches { value: 100 }\nallowed_batch_sizes: 4\nallowed_batch_sizes: 16\n"
     )
-    server = start_batching(serve_local, tmp_path, tmp_path / "m", params)
+    server = start_batching(serve_in_process, tmp_path, tmp_path / "m", params)
     predict = stub(server)
     rng = np.random.default_rng(7)
     requests = [rng.integers(0, 256, (1 + i % 3, 8, 8, 1), dtype=np.uint8) for i in range(192)]
@@ -159,7 +164,7 @@ def test_concurrent_clients_get_unbatched_answers_without_padding(serve_local, m
     assert re.search(r'request_latency_bucket\{model_name="m",API="Predict",entrypoint="GRPC",le="\+Inf"\}', text)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_full_queue_is_unavailable_and_sigterm_drains_queued_requests(serve_local, model_versions, tmp_path):
     install_version(model_versions[0], tmp_path / "m", 1)
     params = (
@@ -185,11 +190,11 @@ def test_full_queue_is_unavailable_and_sigterm_drains_queued_requests(serve_loca
     assert "finishing 2 in-flight request(s)" in server.log() and "stopped cleanly" in server.log()
 
 
-@pytest.mark.slow
-def test_multi_input_model_is_batched_and_odd_requests_run_alone(serve_local, tmp_path):
+@pytest.mark.unit
+def test_multi_input_model_is_batched_and_odd_requests_run_alone(serve_in_process, tmp_path):
     save_foreign_model(tmp_path / "f" / "1")
     params = "max_batch_size { value: 32 }\nbatch_timeout_micros { value: 5000 }\nnum_batch_threads { value: 1 }\n"
-    server = start_batching(serve_local, tmp_path, tmp_path / "f", params)
+    server = start_batching(serve_in_process, tmp_path, tmp_path / "f", params)
     predict = stub(server)
     rng = np.random.default_rng(11)
     cases = [(rng.normal(size=(1 + i % 4, 3)).astype(np.float32), rng.integers(0, 99, 1 + i % 4)) for i in range(64)]

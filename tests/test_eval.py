@@ -1,4 +1,5 @@
-"""`trainserve eval` against a real serve-local subprocess over real gRPC."""
+"""`trainserve eval` against serve-local over real gRPC: on a thread of this process, or a subprocess where only a
+process shows it (killed and restarted)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def served(model_versions, tmp_path_factory):
     assert server.stop() == 0
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 def test_metrics_equal_in_process_computation(served, model_versions, tmp_path):
     config = EvalConfig(server=served.target, model="m", data="digits", batch_size=50, report=tmp_path / "r.json")
     report = evaluate(config).report
@@ -51,7 +52,7 @@ def test_metrics_equal_in_process_computation(served, model_versions, tmp_path):
     validate_report(report)
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 def test_cli_writes_valid_report_and_plots_and_gates(served, model_versions, tmp_path, capsys):
     code = main([
         "eval", "--server", served.target, "--model", "m", "--data", "digits", "--report", str(tmp_path / "r.json"),
@@ -76,7 +77,7 @@ def test_cli_writes_valid_report_and_plots_and_gates(served, model_versions, tmp
         assert matplotlib.image.imread(path).shape[0] > 100
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 def test_schema_rejects_a_broken_report(served):
     import jsonschema
 
@@ -130,15 +131,15 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(serve_local, model_ve
     assert report["performance"]["retries"] >= 1, "the outage was crossed by retrying"
 
 
-@pytest.mark.integration
-def test_version_published_mid_run_does_not_mix_versions(serve_local, model_versions, tmp_path):
+@pytest.mark.unit
+def test_version_published_mid_run_does_not_mix_versions(serve_in_process, model_versions, tmp_path):
     install_version(model_versions[0], tmp_path / "m", 1)
     config = tmp_path / "models.config"
     config.write_text(
         f'model_config_list {{ config {{ name: "m" base_path: "{tmp_path / "m"}" model_platform: "tensorflow" '
         "model_version_policy { latest { num_versions: 2 } } } }"
     )
-    server = serve_local(f"--model_config_file={config}")
+    server = serve_in_process(f"--model_config_file={config}")
     server.wait_available("m", 1)
     result = {}
     worker = threading.Thread(
@@ -160,7 +161,7 @@ def _npz(tmp_path, name, **arrays):
     return str(path)
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -189,7 +190,7 @@ def test_bad_requests_fail_before_any_predict(served, tmp_path, capsys, args, fr
     assert predict_count(served) == before, "no Predict was sent"
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 def test_unreachable_server_and_impossible_deadline(served, tmp_path):
     from conftest import free_port
 

@@ -1,5 +1,5 @@
 """The clients of a served model without TensorFlow: a whole `trainserve eval`, and a whole gated rollout
-(`candidate`, `promote`, `rollback`), against a real serve-local, each in a fresh process, with and without
+(`candidate`, `promote`, `rollback`), against a real serve-local, each client in a fresh process, with and without
 TensorFlow, Keras and the serving wheel importable."""
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ServeLocal, assert_one_line_error, install_version
+from conftest import assert_one_line_error, install_version
+from serving_fixtures import InProcessServer
 
-pytestmark = pytest.mark.integration
+# The server runs on a thread of this process; the clients are fresh processes that import no TensorFlow.
+pytestmark = pytest.mark.unit
 HEAVY = ("tensorflow", "tensorflow_serving", "keras", "sklearn", "tensorboard")
 # Runs `trainserve ARGS` in this interpreter, then prints the heavy packages it imported. With
 # CORE_INSTALL set, those packages cannot be imported at all, as in `pip install trainserve`.
@@ -48,7 +50,7 @@ def heavy_imports(proc: subprocess.CompletedProcess) -> list[str]:
 def served(model_versions, tmp_path_factory):
     root = tmp_path_factory.mktemp("light")
     install_version(model_versions[0], root / "m", 1)
-    server = ServeLocal("--model_name=m", f"--model_base_path={root / 'm'}", log_path=root / "server.log")
+    server = InProcessServer("--model_name=m", f"--model_base_path={root / 'm'}")
     server.wait_available("m", 1)
     rng = np.random.default_rng(0)
     data = root / "test.npz"
@@ -104,9 +106,9 @@ def test_a_whole_rollout_runs_on_the_core_install(model_versions, tmp_path):
     config.write_text(
         f'model_config_list {{ config {{ name: "m" base_path: "{base}" model_platform: "tensorflow" }} }}\n'
     )
-    server = ServeLocal(
+    server = InProcessServer(
         f"--model_config_file={config}", "--model_config_file_poll_wait_seconds=1",
-        "--allow_version_labels_for_unavailable_models", log_path=tmp_path / "server.log",
+        "--allow_version_labels_for_unavailable_models",
     )  # fmt: skip
     try:
         server.wait_available("m", 1)

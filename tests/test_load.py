@@ -36,7 +36,7 @@ QUICK = {"window_s": 0.5, "max_windows": 6, "wait": 60}
 
 def _serve(root, model: str, version_dir) -> ServeLocal:
     install_version(version_dir, root / model, 1)
-    return serve_counted(root, model)
+    return serve_counted(root, model, own_process=True)  # load timing: not on the test's own interpreter
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ import tensorflow as tf
 from trainserve.errors import TrainserveError
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
 
+pytestmark = pytest.mark.unit
+
 ARRAYS = {
     "uint8": np.arange(24, dtype=np.uint8).reshape(2, 3, 4),
     "float32": np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3),

@@ -5,12 +5,16 @@ with repeated `*_val` fields unless started with --enable_serialization_as_tenso
 (tensorflow/serving#1276), so decoding handles both, and serve-local answers in `*_val` form as the
 real server does.
 
-Both kinds of message work: trainserve.protos' (the eval client) and TensorFlow's own (serve-local). They
+Both kinds of message work: trainserve.protos' (the eval client, serve-local) and TensorFlow's own. They
 are different classes with the same fields, so decoding reads either, and encoding fills the message it is
-given (`into=request.inputs[key]`, which also saves a copy) or makes a trainserve.protos one.
+given (`into=request.inputs[key]`, which also saves a copy) or makes a trainserve.protos one. Decoding
+builds numpy arrays straight from the bytes (`np.frombuffer`, no copy), never TensorFlow objects: serve-local
+does it once per request.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -94,7 +98,7 @@ def from_tensor_proto(proto) -> np.ndarray:
     """Decode either encoding; a single `*_val` value fills the whole shape, as TensorFlow does."""
     shape = tuple(d.size for d in proto.tensor_shape.dim)
     dtype = numpy_dtype(proto.dtype)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if proto.tensor_content:
         array = np.frombuffer(proto.tensor_content, dtype.newbyteorder("<"))
         if array.size != count:

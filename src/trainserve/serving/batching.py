@@ -8,10 +8,15 @@ else it opens a new batch; a queue already holding `max_enqueued_batches` refuse
 `batch_timeout_micros` old; with a timeout of 0 a batch grows only while every thread is busy, which is
 what makes batching pay on CPUs. A batch is concatenated along dim 0, padded to the next
 `allowed_batch_sizes` entry with copies of its first row, run once, and split back to each caller.
+
+Callers either block (`submit`, the REST threads) or await (`enqueue` with their event loop, the gRPC
+front end): a waiting request then holds no thread, so nothing but `max_batch_size` caps a batch, and a
+batch's answers reach the loop in one wake-up, not one per request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -56,7 +61,41 @@ def shape_key(inputs: Arrays) -> tuple:
 class Task:
     inputs: Arrays
     size: int
-    future: Future = field(default_factory=Future)
+    loop: asyncio.AbstractEventLoop | None = None  # the caller's loop when it awaits; None when it blocks
+    future: Future | asyncio.Future = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.future = Future() if self.loop is None else self.loop.create_future()
+
+
+def settle(answers: list[tuple[Task, Arrays | BaseException]]) -> None:
+    """Hand each task its outputs or its error: blocking callers directly, awaiting ones in one call on
+    their loop per batch (each call_soon_threadsafe wakes the loop)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for task, answer in answers:
+        if task.loop is None:
+            _set(task.future, answer)
+        else:
+            by_loop.setdefault(task.loop, []).append((task.future, answer))
+    for loop, pairs in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_set_all, pairs)
+        except RuntimeError:  # the loop is closed: its callers are gone
+            log.debug("dropped %d answer(s) for a closed event loop", len(pairs))
+
+
+def _set(future, answer) -> None:
+    if future.done():  # an awaiting caller that was cancelled (the client left)
+        return
+    if isinstance(answer, BaseException):
+        future.set_exception(answer)
+    else:
+        future.set_result(answer)
+
+
+def _set_all(pairs) -> None:
+    for future, answer in pairs:
+        _set(future, answer)
 
 
 @dataclass
@@ -121,16 +160,24 @@ class BatchScheduler:
 
     def submit(self, key: Hashable, run: RunFn, inputs: Arrays, size: int) -> Arrays:
         """Queue the request and block until its batch ran; returns its rows of every output."""
-        task = Task(inputs, size)
-        with self._cond:
-            closing = self._closing
-            if not closing:
-                queue = self._queues.setdefault(key, TaskQueue(run))
-                queue.add(task, self.options.max_batch_size, self.options.max_enqueued_batches)
-                self._cond.notify()
-        if closing:  # after the drain began no batch thread may be left to take it
-            self._run_alone(run, task)
+        task = self.enqueue(key, run, inputs, size)
+        if task is None:  # after the drain began no batch thread may be left to take it
+            return run(inputs)
         return task.future.result()
+
+    def enqueue(
+        self, key: Hashable, run: RunFn, inputs: Arrays, size: int, loop: asyncio.AbstractEventLoop | None = None
+    ) -> Task | None:
+        """Queue the request without waiting; its `future` (an asyncio one on `loop` when given) gets its
+        rows of every output. None once the drain began: the caller runs it alone."""
+        task = Task(inputs, size, loop)
+        with self._cond:
+            if self._closing:
+                return None
+            queue = self._queues.setdefault(key, TaskQueue(run))
+            queue.add(task, self.options.max_batch_size, self.options.max_enqueued_batches)
+            self._cond.notify()
+        return task
 
     def close(self) -> None:
         """Drain: every queued batch runs now (timeouts no longer wait), then the threads end."""
@@ -181,31 +228,29 @@ class BatchScheduler:
         return max(0.0, oldest + timeout - time.monotonic())
 
     def _process(self, queue: TaskQueue, batch: Batch) -> None:
+        settle(list(zip(batch.tasks, self._answers(queue.run, batch))))
+
+    def _answers(self, run: RunFn, batch: Batch) -> list[Arrays | BaseException]:
+        """Each task's rows of the batch's outputs, or the error that answers it."""
         padded = padded_size(batch.size, self.options.allowed_batch_sizes)
         try:
-            outputs = queue.run(merge(batch.tasks, padded))
+            outputs = run(merge(batch.tasks, padded))
         except Exception as exc:  # the run's own error (a ServingError) goes to every caller
-            for task in batch.tasks:
-                task.future.set_exception(exc)
-            return
+            return [exc] * len(batch.tasks)
         sizes = [t.size for t in batch.tasks]
         self._record(sizes, padded)
         parts = split(outputs, sizes, padded)
-        if parts is None:
-            if len(batch.tasks) == 1 and padded == batch.size:
-                batch.tasks[0].future.set_result(outputs)
-                return
-            # An output without a batch dimension (a sum over the batch, say) cannot be split: answer
-            # each caller from its own run, so batching never changes an answer.
-            for task in batch.tasks:
-                self._run_alone(queue.run, task)
-            return
-        for task, part in zip(batch.tasks, parts):
-            task.future.set_result(part)
+        if parts is not None:
+            return parts
+        if len(batch.tasks) == 1 and padded == batch.size:
+            return [outputs]
+        # An output without a batch dimension (a sum over the batch, say) cannot be split: answer each
+        # caller from its own run, so batching never changes an answer.
+        return [_run_alone(run, task.inputs) for task in batch.tasks]
 
-    @staticmethod
-    def _run_alone(run: RunFn, task: Task) -> None:
-        try:
-            task.future.set_result(run(task.inputs))
-        except Exception as exc:
-            task.future.set_exception(exc)
+
+def _run_alone(run: RunFn, inputs: Arrays) -> Arrays | BaseException:
+    try:
+        return run(inputs)
+    except Exception as exc:
+        return exc

@@ -1,32 +1,30 @@
-"""TF Serving's gRPC API: PredictionService (Predict, GetModelMetadata) and ModelService
-(GetModelStatus), with the request and response messages of the tensorflow-serving-api wheel.
+"""TF Serving's gRPC API on grpc.aio: PredictionService (Predict, GetModelMetadata) and ModelService
+(GetModelStatus), with TF Serving's messages from trainserve.protos.
 
-Classify, Regress, MultiInference and HandleReloadConfigRequest answer UNIMPLEMENTED with a message
-that says what to use instead.
+One event loop, on a thread of its own, answers every RPC: a request costs a coroutine, not a thread
+hand-off, and waits for its batch without holding a thread (servables.predict_async). Classify, Regress,
+MultiInference and HandleReloadConfigRequest answer UNIMPLEMENTED with a message that says what to use
+instead.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from concurrent import futures
 
 import grpc
-from google.protobuf import wrappers_pb2
-from tensorflow_serving.apis import (
-    get_model_metadata_pb2,
-    get_model_status_pb2,
-    model_pb2,
-    model_service_pb2_grpc,
-    predict_pb2,
-    prediction_service_pb2_grpc,
-)
 
 from trainserve.errors import TrainserveError
+from trainserve.protos import get_model_metadata_pb2, get_model_status_pb2, predict_pb2
 from trainserve.serving.health import health_handler
 from trainserve.serving.servables import Servables, ServingError
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
 
 MAX_MESSAGE = 2**31 - 1  # TF Serving's gRPC message limit, both ways (INT32_MAX, model_servers/server.cc)
 ERROR_CODE_UNKNOWN = 2  # tensorflow.error.Code UNKNOWN: what a failed load reports in its status
+PREDICTION_SERVICE = "tensorflow.serving.PredictionService"  # apis/prediction_service.proto
+MODEL_SERVICE = "tensorflow.serving.ModelService"  # apis/model_service.proto
 
 
 def parse_model_spec(model_spec) -> tuple[str, int | None, str | None]:
@@ -37,102 +35,179 @@ def parse_model_spec(model_spec) -> tuple[str, int | None, str | None]:
     return model_spec.name, version, label
 
 
-def abort(context, exc: ServingError):
-    """End the RPC with the error's status; context.abort raises, so nothing after a call runs."""
-    context.abort(exc.code, str(exc))
+def decode_inputs(request) -> dict:
+    """The request's tensors as numpy arrays; one that cannot be decoded is INVALID_ARGUMENT."""
+    try:
+        return {k: from_tensor_proto(v) for k, v in request.inputs.items()}
+    except TrainserveError as exc:
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
 
 
-class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, servables: Servables):
-        self.servables = servables
+def fill_model_spec(model_spec, name: str, version: int, signature: str = "") -> None:
+    model_spec.name, model_spec.signature_name = name, signature
+    model_spec.version.SetInParent()  # present even for version 0
+    model_spec.version.value = version
 
-    def Predict(self, request, context):
+
+def predict_response(name: str, version: int, signature: str, outputs: dict) -> predict_pb2.PredictResponse:
+    response = predict_pb2.PredictResponse()
+    fill_model_spec(response.model_spec, name, version, signature)
+    for key, value in outputs.items():
+        # *_val fields, not tensor_content: what TF Serving sends by default (tensorflow/serving#1276).
+        to_tensor_proto(value, as_values=True, into=response.outputs[key])
+    return response
+
+
+def metadata_fields_error(fields) -> ServingError | None:
+    """GetModelMetadata answers signature_def only, as TF Serving does."""
+    unsupported = [f for f in fields if f != "signature_def"]
+    if not unsupported and fields:
+        return None
+    return ServingError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"Metadata field {unsupported[0] if unsupported else '(none)'} is not supported: expected signature_def",
+    )
+
+
+def status_response(states) -> get_model_status_pb2.GetModelStatusResponse:
+    response = get_model_status_pb2.GetModelStatusResponse()
+    for state in states:
+        status = response.model_version_status.add(version=state.version, state=state.state)
+        status.status.error_code = 0 if state.error_code == "OK" else ERROR_CODE_UNKNOWN
+        status.status.error_message = state.error_message
+    return response
+
+
+class Api:
+    """Every RPC of both services; a ServingError ends the call with its status and message."""
+
+    def __init__(self, servables: Servables, executor: futures.Executor):
+        self.servables, self.executor = servables, executor
+
+    async def Predict(self, request, context):
         name, version, label = parse_model_spec(request.model_spec)
         try:
-            inputs = {k: from_tensor_proto(v) for k, v in request.inputs.items()}
-            version, signature, outputs = self.servables.predict(
-                name, version, label, request.model_spec.signature_name, inputs, request.output_filter
-            )
-        except TrainserveError as exc:  # an input tensor that cannot be decoded
-            abort(context, ServingError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
+            version, signature, outputs = await self.servables.predict_async(
+                name, version, label, request.model_spec.signature_name, decode_inputs(request),
+                request.output_filter, self.executor,
+            )  # fmt: skip
         except ServingError as exc:
-            abort(context, exc)
-        response = predict_pb2.PredictResponse(
-            model_spec=model_pb2.ModelSpec(
-                name=name, version=wrappers_pb2.Int64Value(value=version), signature_name=signature
-            )
-        )
-        for key, value in outputs.items():
-            # *_val fields, not tensor_content: what TF Serving sends by default (tensorflow/serving#1276).
-            to_tensor_proto(value, as_values=True, into=response.outputs[key])
-        return response
+            await context.abort(exc.code, str(exc))
+        return predict_response(name, version, signature, outputs)
 
-    def GetModelMetadata(self, request, context):
+    async def GetModelMetadata(self, request, context):
         name, version, label = parse_model_spec(request.model_spec)
-        unsupported = [f for f in request.metadata_field if f != "signature_def"]
-        if unsupported or not request.metadata_field:
-            abort(
-                context,
-                ServingError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"Metadata field {unsupported[0] if unsupported else '(none)'} is not supported: "
-                    "expected signature_def",
-                ),
-            )
         try:
+            error = metadata_fields_error(request.metadata_field)
+            if error:
+                raise error
             version, signature_map = self.servables.metadata(name, version, label)
         except ServingError as exc:
-            abort(context, exc)
-        response = get_model_metadata_pb2.GetModelMetadataResponse(
-            model_spec=model_pb2.ModelSpec(name=name, version=wrappers_pb2.Int64Value(value=version))
-        )
+            await context.abort(exc.code, str(exc))
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        fill_model_spec(response.model_spec, name, version)
         response.metadata["signature_def"].Pack(signature_map)
         return response
 
-    def _unimplemented(self, request, context):
-        abort(
-            context,
-            ServingError(
-                grpc.StatusCode.UNIMPLEMENTED,
-                "serve-local implements Predict and GetModelMetadata only; use tensorflow_model_server for "
-                "Classify, Regress and MultiInference",
-            ),
+    async def GetModelStatus(self, request, context):
+        try:
+            return status_response(self.servables.status(*parse_model_spec(request.model_spec)))
+        except ServingError as exc:
+            await context.abort(exc.code, str(exc))
+
+    async def unimplemented(self, request, context):
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "serve-local implements Predict and GetModelMetadata only; use tensorflow_model_server for "
+            "Classify, Regress and MultiInference",
         )
 
-    Classify = Regress = MultiInference = _unimplemented
+    async def reload_config(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "serve-local reloads by polling its config file")
 
 
-class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, servables: Servables):
-        self.servables = servables
-
-    def GetModelStatus(self, request, context):
-        try:
-            states = self.servables.status(*parse_model_spec(request.model_spec))
-        except ServingError as exc:
-            abort(context, exc)
-        response = get_model_status_pb2.GetModelStatusResponse()
-        for state in states:
-            status = response.model_version_status.add(version=state.version, state=state.state)
-            status.status.error_code = 0 if state.error_code == "OK" else ERROR_CODE_UNKNOWN
-            status.status.error_message = state.error_message
-        return response
-
-    def HandleReloadConfigRequest(self, request, context):
-        abort(context, ServingError(grpc.StatusCode.UNIMPLEMENTED, "serve-local reloads by polling its config file"))
-
-
-def start_grpc_server(servables: Servables, port: int, max_workers: int, health: bool = False) -> grpc.Server:
-    """Both services (and grpc.health.v1 when `health`) on 0.0.0.0:`port`, started."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers),
-        options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)],
+def _unary(method, request_type=None, response_type=None) -> grpc.RpcMethodHandler:
+    """A unary handler; without message types the bytes pass as they are (the UNIMPLEMENTED methods)."""
+    return grpc.unary_unary_rpc_method_handler(
+        method,
+        request_deserializer=request_type.FromString if request_type else None,
+        response_serializer=response_type.SerializeToString if response_type else None,
     )
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(servables), server)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(servables), server)
-    if health:
-        server.add_generic_rpc_handlers((health_handler(servables),))
-    if server.add_insecure_port(f"0.0.0.0:{port}") == 0:
-        raise TrainserveError(f"--port {port} could not be bound: expected a free port")
-    server.start()
-    return server
+
+
+def service_handlers(api: Api) -> tuple[grpc.GenericRpcHandler, ...]:
+    """Both services by their proto names (trainserve.protos has client stubs only)."""
+    prediction = {
+        "Predict": _unary(api.Predict, predict_pb2.PredictRequest, predict_pb2.PredictResponse),
+        "GetModelMetadata": _unary(
+            api.GetModelMetadata,
+            get_model_metadata_pb2.GetModelMetadataRequest,
+            get_model_metadata_pb2.GetModelMetadataResponse,
+        ),
+        **{m: _unary(api.unimplemented) for m in ("Classify", "Regress", "MultiInference")},
+    }
+    model = {
+        "GetModelStatus": _unary(
+            api.GetModelStatus, get_model_status_pb2.GetModelStatusRequest, get_model_status_pb2.GetModelStatusResponse
+        ),
+        "HandleReloadConfigRequest": _unary(api.reload_config),
+    }
+    return (
+        grpc.method_handlers_generic_handler(PREDICTION_SERVICE, prediction),
+        grpc.method_handlers_generic_handler(MODEL_SERVICE, model),
+    )
+
+
+class GrpcServer:
+    """A grpc.aio server on its own event loop thread, driven from synchronous code (server.py, tests).
+
+    `run_threads` threads run the requests that do not join a batch (every request when batching is
+    off), so that a model call never blocks the loop.
+    """
+
+    def __init__(self, servables: Servables, port: int, run_threads: int, health: bool = False):
+        self.servables = servables
+        self.executor = futures.ThreadPoolExecutor(max_workers=run_threads, thread_name_prefix="predict")
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-aio", daemon=True)
+        self._thread.start()
+        try:
+            self.port = self._call(self._start(port, health))
+        except BaseException:
+            self._close_loop()
+            raise
+
+    def _call(self, coroutine, timeout: float | None = 30):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    async def _start(self, port: int, health: bool) -> int:
+        self.server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)],
+        )
+        self.server.add_generic_rpc_handlers(service_handlers(Api(self.servables, self.executor)))
+        if health:
+            self.server.add_generic_rpc_handlers((health_handler(self.servables),))
+        bound = self.server.add_insecure_port(f"0.0.0.0:{port}")
+        if bound == 0:
+            raise TrainserveError(f"--port {port} could not be bound: expected a free port")
+        await self.server.start()
+        return bound
+
+    def stop(self, grace: float | None) -> futures.Future:
+        """Stop accepting now; calls in flight get `grace` seconds. The future is done when all ended."""
+        return asyncio.run_coroutine_threadsafe(self.server.stop(grace), self.loop)
+
+    def close(self) -> None:
+        """After stop(): end the loop's thread and the run threads."""
+        self._close_loop()
+        self.executor.shutdown(wait=True)
+
+    def _close_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+def start_grpc_server(servables: Servables, port: int, run_threads: int, health: bool = False) -> GrpcServer:
+    """Both services (and grpc.health.v1 when `health`) on 0.0.0.0:`port` (0: any free port, see .port), started."""
+    return GrpcServer(servables, port, run_threads, health)

@@ -15,6 +15,8 @@ ours is computed on each call from the version states. Its two messages are buil
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf import message_factory as _factory
@@ -70,26 +72,30 @@ def serving_status(servables: Servables, service: str) -> int | None:
 
 
 class Health:
+    """Coroutines for the gRPC event loop (grpc_api.GrpcServer)."""
+
     def __init__(self, servables: Servables):
         self.servables = servables
 
-    def Check(self, request, context):
+    async def Check(self, request, context):
         status = serving_status(self.servables, request.service)
         if status is None:  # the protocol's answer for an unknown service
-            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
         return HealthCheckResponse(status=status)
 
-    def Watch(self, request, context):
-        """Send the status now and on every change, until the client leaves or the server drains."""
+    async def Watch(self, request, context):
+        """Send the status now and on every change, until the client leaves (the call is then
+        cancelled) or the server drains."""
         last = None
-        while context.is_active():
+        while True:
             status = serving_status(self.servables, request.service)
             status = SERVICE_UNKNOWN if status is None else status
             if status != last:
                 yield HealthCheckResponse(status=status)
                 last = status
-            if self.servables.stopping.wait(WATCH_POLL_SECONDS) and last == NOT_SERVING:
+            if self.servables.stopping.is_set() and last == NOT_SERVING:
                 return
+            await asyncio.sleep(WATCH_POLL_SECONDS)
 
 
 def health_handler(servables: Servables) -> grpc.GenericRpcHandler:

@@ -17,9 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import grpc
 import numpy as np
 from google.protobuf import json_format
-from tensorflow_serving.apis.get_model_status_pb2 import ModelVersionStatus
 
 from trainserve.layout import DEFAULT_SIGNATURE
+from trainserve.protos.get_model_status_pb2 import ModelVersionStatus
 from trainserve.serving.manager import VersionState
 from trainserve.serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from trainserve.serving.metrics import prometheus_text
@@ -213,7 +213,7 @@ def make_rest_handler(servables: Servables, metrics_path: str | None) -> type[Re
 
 
 def start_rest_server(servables: Servables, port: int, metrics_path: str | None) -> ThreadingHTTPServer:
-    """The REST API on 0.0.0.0:`port`, serving from a background thread."""
+    """The REST API on 0.0.0.0:`port` (0: any free port, see .server_address), serving from a background thread."""
     server = ThreadingHTTPServer(("0.0.0.0", port), make_rest_handler(servables, metrics_path))
     server.daemon_threads = False  # server_close() then waits for in-flight requests
     threading.Thread(target=server.serve_forever, name="rest", daemon=True).start()

@@ -3,22 +3,31 @@ request against it, run it, and count it.
 
 Failures are raised as ServingError carrying the gRPC status TF Serving gives them; the gRPC API sends
 that code and the REST API maps it to an HTTP status.
+
+Predict has two faces on one path: `predict` blocks (REST's threads) and `predict_async` awaits (the
+gRPC event loop), where a request waits for its batch without holding a thread, and a request that
+runs alone runs on the executor the front end gives, never on the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import threading
 import time
+import weakref
+from collections.abc import Callable, Hashable
+from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import grpc
-from tensorflow_serving.apis import get_model_metadata_pb2
 
 from trainserve.errors import TrainserveError, first_line
 from trainserve.layout import DEFAULT_SIGNATURE
+from trainserve.protos import get_model_metadata_pb2
 from trainserve.savedmodel import LoadedModel, UnknownSignature
-from trainserve.serving.batching import BatchScheduler, QueueFull, shape_key, task_size
+from trainserve.serving.batching import Arrays, BatchScheduler, QueueFull, shape_key, task_size
 from trainserve.serving.config import Batching
 from trainserve.serving.manager import ModelManager, NotFound, VersionState
 from trainserve.serving.metrics import ServingMetrics
@@ -62,6 +71,27 @@ def check_output_filter(model: LoadedModel, signature: str, output_filter: tuple
         raise TrainserveError(f"output_filter {unknown} not in signature {signature!r}: expected {sorted(outputs)}")
 
 
+@dataclass
+class PredictCall:
+    """A checked Predict, ready to run: alone (`key` None) or in the batch queue `key`."""
+
+    version: int
+    signature: str
+    run: Callable[[Arrays], Arrays]
+    inputs: Arrays
+    key: Hashable | None = None
+    size: int = 0
+
+
+def signature_def_map(model: LoadedModel) -> get_model_metadata_pb2.SignatureDefMap:
+    """The model's SignatureDefs as trainserve.protos' message (the loader gives TensorFlow's: same
+    fields, another class, so they cross as bytes)."""
+    signature_map = get_model_metadata_pb2.SignatureDefMap()
+    for name, signature in model.signature_defs.items():
+        signature_map.signature_def[name].ParseFromString(signature.SerializeToString())
+    return signature_map
+
+
 class Servables:
     """The served models as requests see them, plus the request bookkeeping (in flight, counts)."""
 
@@ -72,6 +102,7 @@ class Servables:
         self.stopping = threading.Event()  # set when the drain begins (health answers NOT_SERVING)
         self._inflight = 0
         self._lock = threading.Lock()
+        self._signature_maps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per loaded version
 
     def resolve(self, name: str, version: int | None, label: str | None) -> VersionState:
         try:
@@ -88,25 +119,45 @@ class Servables:
         return inputs_spec
 
     def predict(self, name, version, label, signature, inputs, output_filter=(), entrypoint="GRPC"):
-        """Returns (version, signature name, outputs)."""
-        signature = signature or DEFAULT_SIGNATURE
+        """Returns (version, signature name, outputs); blocks until they are computed."""
         with self._track(name, "predict", entrypoint):
-            state = self.resolve(name, version, label)
-            model, output_filter = state.model, tuple(output_filter)
-            self._check_batch_size(inputs)
-            run = functools.partial(self._run, model, signature, output_filter=output_filter)
-            size = task_size(inputs) if self.scheduler else None
-            if size is None:  # batching off, or a request that cannot be concatenated: it runs alone
-                return state.version, signature, run(inputs)
-            # Checked before queueing: one malformed request must not fail the batch it would join.
-            with tf_errors(signature):
-                model.check_inputs(signature, inputs)
-                check_output_filter(model, signature, output_filter)
-            key = (model, signature, frozenset(output_filter), shape_key(inputs))
-            try:
-                return state.version, signature, self.scheduler.submit(key, run, inputs, size)
-            except QueueFull as exc:
-                raise ServingError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+            call = self._prepare(name, version, label, signature, inputs, output_filter)
+            task = None if call.key is None else self._enqueue(call, None)
+            return call.version, call.signature, call.run(inputs) if task is None else task.future.result()
+
+    async def predict_async(self, name, version, label, signature, inputs, output_filter, executor: Executor):
+        """`predict` for an event loop: waits for its batch, or runs alone on `executor`."""
+        with self._track(name, "predict", "GRPC"):
+            call = self._prepare(name, version, label, signature, inputs, output_filter)
+            loop = asyncio.get_running_loop()
+            task = None if call.key is None else self._enqueue(call, loop)
+            if task is None:
+                return call.version, call.signature, await loop.run_in_executor(executor, call.run, inputs)
+            return call.version, call.signature, await task.future
+
+    def _enqueue(self, call: PredictCall, loop):
+        """The queued task (None once the drain began: the call runs alone); a full queue is UNAVAILABLE."""
+        try:
+            return self.scheduler.enqueue(call.key, call.run, call.inputs, call.size, loop)
+        except QueueFull as exc:
+            raise ServingError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+
+    def _prepare(self, name, version, label, signature, inputs, output_filter) -> PredictCall:
+        """Resolve the version and check the request; with batching, pick the queue it joins."""
+        signature = signature or DEFAULT_SIGNATURE
+        state = self.resolve(name, version, label)
+        model, output_filter = state.model, tuple(output_filter)
+        self._check_batch_size(inputs)
+        run = functools.partial(self._run, model, signature, output_filter=output_filter)
+        size = task_size(inputs) if self.scheduler else None
+        if size is None:  # batching off, or a request that cannot be concatenated: it runs alone
+            return PredictCall(state.version, signature, run, inputs)
+        # Checked before queueing: one malformed request must not fail the batch it would join.
+        with tf_errors(signature):
+            model.check_inputs(signature, inputs)
+            check_output_filter(model, signature, output_filter)
+        key = (model, signature, frozenset(output_filter), shape_key(inputs))
+        return PredictCall(state.version, signature, run, inputs, key, size)
 
     def _check_batch_size(self, inputs) -> None:
         """With batching on, a request larger than max_batch_size fails, as in the batch scheduler TF
@@ -128,7 +179,10 @@ class Servables:
     def metadata(self, name, version, label, entrypoint="GRPC") -> tuple[int, get_model_metadata_pb2.SignatureDefMap]:
         with self._track(name, "metadata", entrypoint):
             state = self.resolve(name, version, label)
-            return state.version, get_model_metadata_pb2.SignatureDefMap(signature_def=state.model.signature_defs)
+            model = state.model
+            if model not in self._signature_maps:
+                self._signature_maps[model] = signature_def_map(model)
+            return state.version, self._signature_maps[model]
 
     def status(self, name, version, label, entrypoint="GRPC") -> list[VersionState]:
         """Every version's state (all states, not only AVAILABLE), or only the one named."""
@@ -157,6 +211,9 @@ class Servables:
             yield
         except ServingError as exc:
             status = exc.code.name
+            raise
+        except asyncio.CancelledError:  # the client left (or its deadline passed) while it waited
+            status = "CANCELLED"
             raise
         except BaseException:
             status = "UNKNOWN"

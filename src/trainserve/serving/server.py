@@ -18,8 +18,6 @@ import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-import grpc
-
 from trainserve.errors import TrainserveError
 from trainserve.serving.config import (
     Batching,
@@ -29,7 +27,7 @@ from trainserve.serving.config import (
     parse_monitoring,
     single_model_config,
 )
-from trainserve.serving.grpc_api import start_grpc_server
+from trainserve.serving.grpc_api import GrpcServer, start_grpc_server
 from trainserve.serving.manager import ModelManager
 from trainserve.serving.rest_api import start_rest_server
 from trainserve.serving.servables import Servables
@@ -141,12 +139,13 @@ def _restore_signal_handlers(previous: dict) -> None:
 
 def _open_ports(
     options: ServerOptions, servables: Servables, metrics_path: str | None
-) -> tuple[grpc.Server | None, ThreadingHTTPServer | None]:
+) -> tuple[GrpcServer | None, ThreadingHTTPServer | None]:
     """Start the APIs whose port is set (0 turns one off); the log lines are TF Serving's."""
     grpc_server = http_server = None
     if options.port:
-        # Each request waiting for its batch holds one of these threads, so this also caps how many
-        # requests can be merged (TF Serving's default, 4 x CPUs, caps it likewise).
+        # The threads that run requests which join no batch (all of them with batching off): how many
+        # model calls run at once. A request waiting for its batch holds none, so this does not cap
+        # batches. TF Serving's default, 4 x CPUs.
         workers = options.grpc_max_threads or 4 * max(1, len(_affinity()))
         grpc_server = start_grpc_server(servables, options.port, workers, options.enable_grpc_healthcheck_service)
         log.info("Running gRPC ModelServer at 0.0.0.0:%d ...", options.port)
@@ -162,7 +161,7 @@ def _affinity() -> set[int]:
 
 
 def _stop_serving(
-    servables: Servables, grpc_server: grpc.Server | None, http_server: ThreadingHTTPServer | None, grace_seconds: float
+    servables: Servables, grpc_server: GrpcServer | None, http_server: ThreadingHTTPServer | None, grace_seconds: float
 ) -> None:
     """Stop accepting on both ports first, then let in-flight requests finish (gRPC within the grace),
     queued batches included."""
@@ -172,7 +171,8 @@ def _stop_serving(
     stopped = grpc_server.stop(grace=grace_seconds) if grpc_server is not None else None
     servables.drain()  # queued batches run now rather than at their timeout
     if stopped is not None:
-        stopped.wait()
+        stopped.result()
+        grpc_server.close()
     if http_server is not None:
         http_server.server_close()  # joins the request threads (daemon_threads is off)
 
