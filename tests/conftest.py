@@ -60,6 +60,17 @@ def assert_one_line_error(proc, *fragments: str) -> str:
     return line
 
 
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test names exactly one tier (what it needs), so `-m unit` is a complete fast tier."""
+    wrong = [f"{item.nodeid}: {tiers or 'none'}" for item in items
+             if len(tiers := [m.name for m in item.iter_markers() if m.name in TIERS]) != 1]  # fmt: skip
+    if wrong:
+        raise pytest.UsageError(f"tests need exactly one tier marker of {', '.join(TIERS)}:\n  " + "\n  ".join(wrong))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, ServeLocal, run_cli
+from conftest import REPO, run_cli
+from serving_fixtures import InProcessServer
 from trainserve.cli import main
 from trainserve.evaluation.report import validate_report
 from trainserve.layout import read_metadata, read_task, split_input_names, split_task
@@ -82,7 +83,7 @@ def split_y(tmp_path: Path) -> np.ndarray:
 
 def _served_report(tmp_path: Path, split: Path) -> dict:
     """`trainserve eval` of the published model over real gRPC (serve-local), on the shared split."""
-    server = ServeLocal("--model_name=m", f"--model_base_path={tmp_path / 'models' / 'm'}", log_path=tmp_path / "s.log")
+    server = InProcessServer("--model_name=m", f"--model_base_path={tmp_path / 'models' / 'm'}")
     try:
         server.wait_available("m", 1)
         code = main(["eval", "--server", server.target, "--model", "m", "--data", str(split), "--batch-size", "32",

@@ -100,8 +100,8 @@ N = 300
 
 @pytest.fixture(scope="module")
 def foreign(tmp_path_factory):
-    """serve-local serving `f`: inputs x float32 [N, 3] and offset int64 [N]; outputs scaled (2x) float32
-    [N, 3], shifted int64 [N], total (sum of x) float32 [N]. Data with both inputs and noisy labels."""
+    """serve-local (in this process) serving `f`: inputs x float32 [N, 3] and offset int64 [N]; outputs scaled
+    (2x) float32 [N, 3], shifted int64 [N], total (sum of x) float32 [N]. Data with both inputs and noisy labels."""
     root = tmp_path_factory.mktemp("foreign")
     install_version(save_foreign_model(root / "saved"), root / "f", 1)
     server = serve_counted(root, "f")
@@ -125,7 +125,7 @@ def _eval(server, data_path, *args, report=None):
                  *(["--report", str(report)] if report else []), *args])  # fmt: skip
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 def test_foreign_regression_output_chosen_by_name(foreign, tmp_path, capsys):
     server, d = foreign
     path = _npz(tmp_path, "reg", **{"x_test/x": d["x"], "x_test/offset": d["offset"], "y_test": d["total_y"]})
@@ -144,7 +144,7 @@ def test_foreign_regression_output_chosen_by_name(foreign, tmp_path, capsys):
         assert (tmp_path / "p" / name).read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 def test_foreign_logits_as_classification_with_an_input_map(foreign, tmp_path, capsys):
     server, d = foreign
     path = _npz(tmp_path, "cls", **{"x_test/features": d["x"], "x_test/offset": d["offset"], "y_test": d["class_y"]})
@@ -164,7 +164,7 @@ def test_foreign_logits_as_classification_with_an_input_map(foreign, tmp_path, c
 GOOD = {"x_test/x": "x", "x_test/offset": "offset", "y_test": "total_y"}  # names of the fixture's arrays
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "arrays, args, fragment",
     [
@@ -222,7 +222,7 @@ def test_latency_percentiles_from_the_histogram_are_within_two_percent_above():
     assert all(e <= a <= e * 1.02 for e, a in zip(exact, approximate)), (exact, approximate)
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 @pytest.mark.parametrize("task", ["regression", "binary-logits"])
 def test_shard_reports_merge_into_the_unsharded_report(foreign, tmp_path, capsys, task):
     server, d = foreign
@@ -252,7 +252,7 @@ def test_shard_reports_merge_into_the_unsharded_report(foreign, tmp_path, capsys
             assert merged["metrics"][name] == pytest.approx(full["metrics"][name], abs=2e-3), name
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 def test_merge_refuses_an_incomplete_or_mixed_set(foreign, tmp_path, capsys):
     server, d = foreign
     path = _npz(tmp_path, "data", **{"x_test/x": d["x"], "x_test/offset": d["offset"], "y_test": d["total_y"]})

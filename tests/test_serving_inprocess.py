@@ -362,3 +362,13 @@ def test_failing_warmup_record_fails_the_load(serve_in_process, model_versions, 
     server = serve_in_process("--model_name=m", f"--model_base_path={tmp_path / 'm'}")
     server.wait_for(lambda: "warmup record 0 failed" in server.log(), "the warmup failure")
     assert server.alive(), "a failed load is reported, not fatal"
+
+
+def test_rest_string_outputs_keep_their_shape():
+    """A [N, K] DT_STRING output (class names per row) is N rows of K strings in JSON, not N x K flat."""
+    from trainserve.serving.rest_api import json_value
+
+    names = np.array([[b"setosa", b"versicolor"], [b"setosa", b"virginica"]], dtype=object)
+    assert json_value(names) == [["setosa", "versicolor"], ["setosa", "virginica"]]
+    assert json_value(np.array([b"a", b"b"], dtype=object)) == ["a", "b"]
+    assert json_value(np.array([[1.5, 2.0]], np.float32)) == [[1.5, 2.0]]

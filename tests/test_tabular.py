@@ -12,7 +12,8 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import REPO, ServeLocal, run_cli
+from conftest import REPO, run_cli
+from serving_fixtures import InProcessServer
 from trainserve.cli import main
 from trainserve.evaluation.report import validate_report
 from trainserve.layout import read_metadata, split_input_names
@@ -35,13 +36,13 @@ def iris(tmp_path_factory):
         "--logs-dir", root / "logs", cwd=root,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    server = ServeLocal("--model_name=iris", f"--model_base_path={root / 'models' / 'iris'}", log_path=root / "s.log")
+    server = InProcessServer("--model_name=iris", f"--model_base_path={root / 'models' / 'iris'}")
     server.wait_available("iris", 1)
     yield root, server
     assert server.stop() == 0
 
 
-def _eval(server: ServeLocal, root, *args: str) -> dict:
+def _eval(server: InProcessServer, root, *args: str) -> dict:
     report = root / f"report-{abs(hash(args))}.json"
     code = main(["eval", "--server", server.target, "--model", "iris", "--report", str(report), *args])
     assert code == 0
@@ -62,6 +63,8 @@ def test_metadata_and_signature_name_the_raw_columns_and_the_classes(iris):
         "sepal_width": ("float32", (None,)), "petal_size": ("object", (None,)),
     }  # fmt: skip
     assert sorted(outputs) == ["class_names", "classes", "label_names", "probabilities", "unknown_categories"]
+    assert meta["signature"]["outputs"] == sorted(outputs), "trainserve.json names what the signature answers"
+    assert {i["name"]: i["dtype"] for i in meta["inputs"]}["petal_size"] == "string"
     with np.load(root / "shared" / "iris" / "test.npz") as split:  # strings kept, no pickle
         assert split_input_names(split.files) == COLUMNS and split["x_test/petal_size"].dtype.kind == "U"
 
@@ -103,6 +106,7 @@ def test_served_equals_in_process_and_rest_takes_a_raw_json_row(iris):
     got = body["predictions"]
     np.testing.assert_allclose([r["probabilities"] for r in got], want["probabilities"], atol=1e-6)
     assert [r["class_names"] for r in got] == [v.decode() for v in want["class_names"]]
+    assert got[0]["label_names"] == ["setosa", "versicolor", "virginica"], "a row's [K] strings stay a list"
     assert [v.decode() for v in want["label_names"][0]] == ["setosa", "versicolor", "virginica"]
 
 

@@ -27,14 +27,20 @@ class UnknownSignature(TrainserveError):
     """The SignatureDef a request names is not in the model."""
 
 
+def saved_model_pb(version_dir: Path) -> Path:
+    """The directory's `saved_model.pb`; a clear error, without TensorFlow, when there is none."""
+    pb = Path(version_dir) / "saved_model.pb"
+    if not pb.is_file():
+        raise TrainserveError(f"{version_dir} is not a SavedModel: expected {pb.name} inside it")
+    return pb
+
+
 def saved_model_proto(version_dir: Path):
     """The parsed `saved_model.pb`; a clear error when the directory is not a SavedModel."""
     from google.protobuf.message import DecodeError
     from tensorflow.core.protobuf import saved_model_pb2
 
-    pb = Path(version_dir) / "saved_model.pb"
-    if not pb.is_file():
-        raise TrainserveError(f"{version_dir} is not a SavedModel: expected {pb.name} inside it")
+    pb = saved_model_pb(version_dir)
     proto = saved_model_pb2.SavedModel()
     try:
         proto.ParseFromString(pb.read_bytes())

@@ -44,9 +44,13 @@ HTTP_STATUS = {
 
 def json_value(array: np.ndarray):
     """An output array as JSON; bytes (DT_STRING) are decoded as UTF-8 text."""
-    if array.dtype == object:
-        return [v.decode(errors="replace") if isinstance(v, bytes) else v for v in array.ravel()]
+    if array.dtype == object:  # keeps the shape: a [N, K] string output is N rows of K strings, as in TF Serving
+        return np.vectorize(_text, otypes=[object])(array).tolist()
     return array.tolist()
+
+
+def _text(value):
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def rest_inputs(body: dict, inputs_spec: dict) -> tuple[dict[str, np.ndarray], bool]:

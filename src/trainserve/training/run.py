@@ -21,7 +21,7 @@ import numpy as np
 
 from trainserve.data import Dataset, load_dataset, write_test_split
 from trainserve.errors import TrainserveError
-from trainserve.layout import CLASSES, DEFAULT_SIGNATURE, PREDICTIONS, PROBABILITIES, write_warmup_requests
+from trainserve.layout import DEFAULT_SIGNATURE, UNKNOWN_CATEGORIES, write_warmup_requests
 from trainserve.plots import plot_training_curves
 from trainserve.training.callbacks import FitCallbacks, backup_dir_for, make_callbacks
 from trainserve.training.config import TrainConfig
@@ -234,7 +234,8 @@ def _export_and_publish(
     golden = _golden_batch(model, {k: v[:GOLDEN_BATCH] for k, v in dataset.test.items()}, spec)
     atol = MIXED_PRECISION_ATOL if plan.mixed_precision else FLOAT32_ATOL
     gate = {"atol": atol, "golden_batch": len(next(iter(golden.inputs.values())))}
-    metadata = _version_metadata(config, dataset, data_info, plan, metrics, gate)
+    outputs = sorted(golden.outputs) + ([UNKNOWN_CATEGORIES] if _has_text_columns(dataset) else [])
+    metadata = _version_metadata(config, dataset, data_info, plan, metrics, gate, sorted(outputs))
     # Always a fresh float32 rebuild, traced where no GPU is visible: no fp16 compute, no distributed
     # variables, no cuDNN kernel and no device placement from training in the served graph. In this process
     # when it has no GPU; a multi-worker process also has its cluster's devices, which a server will not.
@@ -267,8 +268,23 @@ def _export_and_gate(path: Path, *, job: ExportJob, in_process: bool, dataset: D
     )  # fmt: skip
 
 
+def _has_text_columns(dataset: Dataset) -> bool:
+    """Text category columns: the export adds UNKNOWN_CATEGORIES, counted through their vocabularies."""
+    return any(v.dtype.kind in "USO" for v in dataset.test.values())
+
+
+def _dtype_name(array: np.ndarray) -> str:
+    return "string" if array.dtype.kind in "USO" else array.dtype.name
+
+
 def _version_metadata(
-    config: TrainConfig, dataset: Dataset, data_info: dict, plan: DevicePlan, metrics: dict, gate: dict
+    config: TrainConfig,
+    dataset: Dataset,
+    data_info: dict,
+    plan: DevicePlan,
+    metrics: dict,
+    gate: dict,
+    outputs: list[str],
 ) -> dict:
     """assets.extra/trainserve.json of the new version (publishing adds its number)."""
     return {
@@ -286,21 +302,17 @@ def _version_metadata(
         "model_fn": config.model_reference,
         "task": dataset.task.to_json(),
         "label_names": dataset.label_names,
-        "inputs": [{"name": k, "dtype": v.dtype.name, "shape": list(v.shape[1:])} for k, v in dataset.test.items()],
+        "inputs": [{"name": k, "dtype": _dtype_name(v), "shape": list(v.shape[1:])} for k, v in dataset.test.items()],
         **({"input_shape": list(dataset.input_shape)} if len(dataset.test) == 1 else {}),
         "signature": {
             "name": DEFAULT_SIGNATURE,
             "inputs": list(dataset.test),
-            "outputs": sorted(serving_outputs_names(dataset.task)),
+            "outputs": outputs,
         },
         "metrics": metrics,
         "gate": gate,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-
-
-def serving_outputs_names(task) -> list[str]:
-    return [PREDICTIONS] if task.kind == "regression" else [PROBABILITIES, CLASSES]
 
 
 def _write_run_summary(
