@@ -99,29 +99,27 @@ def serve_counted(root: Path, model: str, own_process: bool = False):
     return server
 
 
-def predict_count(server: ServeLocal) -> int:
+def predict_count(server: Server) -> int:
     """Predict calls the server has answered, from its Prometheus counters."""
     text = DIRECT.open(server.rest + "/monitoring/prometheus/metrics", timeout=10).read().decode()
     return sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if 'api="predict"' in line)
 
 
-class ServeLocal:
-    """A real `trainserve serve-local` subprocess on ephemeral ports."""
+class Server:
+    """What tests ask of a serve-local over REST, whether it runs in its own process (`ServeLocal`) or on a
+    thread of this one (`serving_fixtures.InProcessServer`)."""
 
-    def __init__(self, *flags: str, log_path: Path):
-        self.port, self.rest_port = free_port(), free_port()
-        self.log_path = log_path
-        self._log = open(log_path, "w")  # noqa: SIM115  (open as long as the server runs; closed in stop())
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainserve", "serve-local", f"--port={self.port}",
-             f"--rest_api_port={self.rest_port}", "--file_system_poll_wait_seconds=1", *flags],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-        )  # fmt: skip
-        self.target = f"127.0.0.1:{self.port}"
-        self.rest = f"http://127.0.0.1:{self.rest_port}"
+    rest: str
+
+    def ended(self) -> str | None:
+        """None while it serves; else how it ended."""
+        raise NotImplementedError
 
     def log(self) -> str:
-        return self.log_path.read_text()
+        raise NotImplementedError
+
+    def stop(self) -> int | None:
+        raise NotImplementedError
 
     def get(self, path: str) -> tuple[int, dict]:
         try:
@@ -141,13 +139,14 @@ class ServeLocal:
     def wait_for(self, predicate, what: str, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"serve-local exited ({self.proc.returncode}):\n{self.log()}"
+            ended = self.ended()
+            assert ended is None, f"serve-local {ended}:\n{self.log()}"
             try:
                 if predicate():
                     return
             except (OSError, urllib.error.URLError, ValueError):
                 pass
-            time.sleep(0.2)
+            time.sleep(0.1)
         log = self.log()
         self.stop()  # a fixture that fails in setup gets no teardown: never leave the server behind
         raise AssertionError(f"timed out waiting for {what}:\n{log}")
@@ -158,6 +157,28 @@ class ServeLocal:
 
     def wait_available(self, model: str, version: int, timeout: float = 90) -> None:
         self.wait_for(lambda: self.versions(model).get(version) == "AVAILABLE", f"{model} v{version}", timeout)
+
+
+class ServeLocal(Server):
+    """A real `trainserve serve-local` subprocess on ephemeral ports."""
+
+    def __init__(self, *flags: str, log_path: Path):
+        self.port, self.rest_port = free_port(), free_port()
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115  (open as long as the server runs; closed in stop())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainserve", "serve-local", f"--port={self.port}",
+             f"--rest_api_port={self.rest_port}", "--file_system_poll_wait_seconds=1", *flags],
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )  # fmt: skip
+        self.target = f"127.0.0.1:{self.port}"
+        self.rest = f"http://127.0.0.1:{self.rest_port}"
+
+    def ended(self) -> str | None:
+        return None if self.proc.poll() is None else f"exited ({self.proc.returncode})"
+
+    def log(self) -> str:
+        return self.log_path.read_text()
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -290,7 +311,7 @@ TF_VERSION_ENV = next(
 )
 # Our Dockerfiles on the local STAND-IN bases (no registry here): TensorFlow CPU for tensorflow/tensorflow:<v>-gpu,
 # serve-local as tensorflow_model_server. Users get the real base images.
-IMAGES = {
+DOCKER_IMAGES = {
     "train-gpu": ("images/train-gpu/Dockerfile", f"trainserve-standin/tensorflow:{TF_VERSION_ENV}-gpu"),
     "serve-cpu": ("images/serve-cpu/Dockerfile", f"trainserve-standin/serving:{TF_VERSION_ENV}"),
     "eval": ("images/eval/Dockerfile", "trainserve-standin/python:3.11-slim"),
@@ -316,7 +337,7 @@ def docker_images(docker_client) -> dict[str, str]:
     subprocess.run([REPO / "scripts" / "standins" / "build.sh"], env={**os.environ, "TF_VERSION": TF_VERSION_ENV},
                    check=True)  # fmt: skip
     tags = {}
-    for name, (dockerfile, base_image) in IMAGES.items():
+    for name, (dockerfile, base_image) in DOCKER_IMAGES.items():
         context = REPO / Path(dockerfile).parent if name == "serve-cpu" else REPO
         tags[name] = f"trainserve/{name}:{TF_VERSION_ENV}"
         docker_client.images.build(

@@ -1,19 +1,54 @@
 """serve-local in the test's own process: `serve()` on a thread, answering real gRPC and REST on
 free ports. The same surface as conftest.ServeLocal (the subprocess), so a test reads the same either way;
-only what a process alone can show (signals, exit codes, flag parsing errors) needs the subprocess."""
+only what a process alone can show (signals, exit codes, flag parsing errors) needs the subprocess. Also the
+gRPC client helpers the serving tests share."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import time
-import urllib.error
-import urllib.request
+from pathlib import Path
 
+import grpc
+import numpy as np
 import pytest
+from google.protobuf import wrappers_pb2
+from tensorflow_serving.apis import model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc
 
-from conftest import DIRECT, free_port
+from conftest import Server, free_port
+from trainserve.savedmodel import LoadedModel
+from trainserve.tensors import to_tensor_proto
+
+# What a third-party client sends: the tensorflow-serving-api wheel's stubs and messages, not ours.
+IMAGES = np.random.default_rng(5).integers(0, 256, (6, 8, 8, 1), dtype=np.uint8)
+
+
+def stubs(server):
+    channel = grpc.insecure_channel(server.target)
+    return prediction_service_pb2_grpc.PredictionServiceStub(channel), model_service_pb2_grpc.ModelServiceStub(channel)
+
+
+def predict_request(model="m", images=IMAGES, version=None, label=None, signature="", **inputs):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    request.model_spec.signature_name = signature
+    if version is not None:
+        request.model_spec.version.CopyFrom(wrappers_pb2.Int64Value(value=version))
+    if label is not None:
+        request.model_spec.version_label = label
+    for key, value in (inputs or {"images": images}).items():
+        to_tensor_proto(value, into=request.inputs[key])
+    return request
+
+
+def expected(path: Path, images=IMAGES) -> dict[str, np.ndarray]:
+    return LoadedModel(path).run("serving_default", {"images": images})
+
+
+def rpc_error(call, *args) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as err:
+        call(*args, timeout=30)
+    return err.value
 
 
 def server_options(*flags: str):
@@ -36,7 +71,7 @@ class LogLines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-class InProcessServer:
+class InProcessServer(Server):
     """serve-local's `serve()` on a thread of this process, stopped through its `stop` event."""
 
     def __init__(self, *flags: str):
@@ -68,42 +103,8 @@ class InProcessServer:
     def log(self) -> str:
         return "\n".join(self._lines.lines)
 
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def get(self, path: str) -> tuple[int, dict]:
-        try:
-            with DIRECT.open(self.rest + path, timeout=10) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read())
-
-    def post(self, path: str, body: dict) -> tuple[int, dict]:
-        request = urllib.request.Request(self.rest + path, json.dumps(body).encode(), method="POST")
-        try:
-            with DIRECT.open(request, timeout=30) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read())
-
-    def wait_for(self, predicate, what: str, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.alive(), f"serve-local ended ({self.exit_code}, {self.error!r}):\n{self.log()}"
-            try:
-                if predicate():
-                    return
-            except (OSError, urllib.error.URLError, ValueError):
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.log()}")
-
-    def versions(self, model: str) -> dict[int, str]:
-        status, body = self.get(f"/v1/models/{model}")
-        return {int(v["version"]): v["state"] for v in body.get("model_version_status", [])} if status == 200 else {}
-
-    def wait_available(self, model: str, version: int, timeout: float = 90) -> None:
-        self.wait_for(lambda: self.versions(model).get(version) == "AVAILABLE", f"{model} v{version}", timeout)
+    def ended(self) -> str | None:
+        return None if self._thread.is_alive() else f"ended ({self.exit_code}, {self.error!r})"
 
     def stop(self) -> int | None:
         """Stop as SIGTERM would (the drain included); returns serve()'s exit code."""

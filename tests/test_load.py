@@ -56,6 +56,17 @@ def served_f(tmp_path_factory):
     assert server.stop() == 0
 
 
+@pytest.fixture(scope="module")
+def idle_f(tmp_path_factory):
+    """The foreign model f on a server no load test touches (in this process): a server still finishing the
+    requests an open-loop test cancelled would count them in the next test's "nothing was sent" check."""
+    root = tmp_path_factory.mktemp("idle-f")
+    install_version(save_foreign_model(root / "saved"), root / "f", 1)
+    server = serve_counted(root, "f")
+    yield server
+    assert server.stop() == 0
+
+
 def _plain_rps(target: str, request, seconds: float) -> tuple[float, float]:
     """The independent check: one request at a time in a plain timed loop -> (requests/s, mean latency s)."""
     channel = grpc.insecure_channel(target)
@@ -216,7 +227,7 @@ def test_best_point_is_the_fastest_stable_point_within_the_budget():
     assert best_point(points, 1) is None
 
 
-@pytest.mark.integration
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -231,14 +242,14 @@ def test_best_point_is_the_fastest_stable_point_within_the_budget():
         pytest.param(["--signature", "nope"], "signature 'nope' not found", id="unknown-signature"),
     ],
 )  # fmt: skip
-def test_bad_flags_fail_in_one_line_before_any_predict(served_f, capsys, args, fragment):
-    before = predict_count(served_f)
+def test_bad_flags_fail_in_one_line_before_any_predict(idle_f, capsys, args, fragment):
+    before = predict_count(idle_f)
     with pytest.raises(SystemExit) if args[0] in ("--concurrency", "--rate", "--batch-sizes") else nullcontext():
-        code = main(["load", "--server", served_f.target, "--model", "f", *args])
+        code = main(["load", "--server", idle_f.target, "--model", "f", *args])
         assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "error:" in err[-1] and fragment in err[-1], err[-1]
-    assert predict_count(served_f) == before, "no Predict was sent"
+    assert predict_count(idle_f) == before, "no Predict was sent"
 
 
 @pytest.mark.unit

@@ -5,52 +5,15 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
-from google.protobuf import wrappers_pb2
-from tensorflow_serving.apis import (
-    model_service_pb2_grpc,
-    predict_pb2,
-    prediction_service_pb2_grpc,
-)
 
 from conftest import run_cli, save_foreign_model
-from trainserve.savedmodel import LoadedModel
-from trainserve.tensors import from_tensor_proto, to_tensor_proto
+from serving_fixtures import predict_request, stubs
+from trainserve.tensors import from_tensor_proto
 
 pytestmark = pytest.mark.integration
-IMAGES = np.random.default_rng(5).integers(0, 256, (6, 8, 8, 1), dtype=np.uint8)
-
-
-def stubs(server):
-    channel = grpc.insecure_channel(server.target)
-    return prediction_service_pb2_grpc.PredictionServiceStub(channel), model_service_pb2_grpc.ModelServiceStub(channel)
-
-
-def predict_request(model="m", images=IMAGES, version=None, label=None, signature="", **inputs):
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = model
-    request.model_spec.signature_name = signature
-    if version is not None:
-        request.model_spec.version.CopyFrom(wrappers_pb2.Int64Value(value=version))
-    if label is not None:
-        request.model_spec.version_label = label
-    for key, value in (inputs or {"images": images}).items():
-        to_tensor_proto(value, into=request.inputs[key])
-    return request
-
-
-def expected(path: Path, images=IMAGES) -> dict[str, np.ndarray]:
-    return LoadedModel(path).run("serving_default", {"images": images})
-
-
-def rpc_error(call, *args) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as err:
-        call(*args, timeout=30)
-    return err.value
 
 
 def test_sigterm_during_a_long_request_finishes_it_and_exits_zero(serve_local, tmp_path):

@@ -8,57 +8,23 @@ import shutil
 import threading
 import time
 import urllib.error
-from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-from google.protobuf import wrappers_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
-    model_service_pb2_grpc,
-    predict_pb2,
-    prediction_service_pb2_grpc,
 )
 
 from conftest import install_version, save_foreign_model
-from serving_fixtures import InProcessServer
-from trainserve.savedmodel import LoadedModel, serve_meta_graph
-from trainserve.tensors import from_tensor_proto, to_tensor_proto
+from serving_fixtures import IMAGES, InProcessServer, expected, predict_request, rpc_error, stubs
+from trainserve.savedmodel import serve_meta_graph
+from trainserve.tensors import from_tensor_proto
 from trainserve.training.publish import publish_or_discard, staging_dir
 
 pytestmark = pytest.mark.unit
-IMAGES = np.random.default_rng(5).integers(0, 256, (6, 8, 8, 1), dtype=np.uint8)
-
-
-def stubs(server):
-    channel = grpc.insecure_channel(server.target)
-    return prediction_service_pb2_grpc.PredictionServiceStub(channel), model_service_pb2_grpc.ModelServiceStub(channel)
-
-
-def predict_request(model="m", images=IMAGES, version=None, label=None, signature="", **inputs):
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = model
-    request.model_spec.signature_name = signature
-    if version is not None:
-        request.model_spec.version.CopyFrom(wrappers_pb2.Int64Value(value=version))
-    if label is not None:
-        request.model_spec.version_label = label
-    for key, value in (inputs or {"images": images}).items():
-        to_tensor_proto(value, into=request.inputs[key])
-    return request
-
-
-def expected(path: Path, images=IMAGES) -> dict[str, np.ndarray]:
-    return LoadedModel(path).run("serving_default", {"images": images})
-
-
-def rpc_error(call, *args) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as err:
-        call(*args, timeout=30)
-    return err.value
 
 
 def test_predict_matches_in_process_and_answers_in_val_fields(serve_in_process, model_versions, tmp_path):
@@ -361,7 +327,7 @@ def test_failing_warmup_record_fails_the_load(serve_in_process, model_versions, 
     write_warmup_requests(version, "m", {"images": np.zeros((2, 7, 7, 1), np.uint8)})  # wrong shape for this model
     server = serve_in_process("--model_name=m", f"--model_base_path={tmp_path / 'm'}")
     server.wait_for(lambda: "warmup record 0 failed" in server.log(), "the warmup failure")
-    assert server.alive(), "a failed load is reported, not fatal"
+    assert server.ended() is None, "a failed load is reported, not fatal"
 
 
 def test_rest_string_outputs_keep_their_shape():
