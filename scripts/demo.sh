@@ -22,10 +22,11 @@ stop_server() {
 }
 trap stop_server EXIT
 
+trained=$("$BIN/trainserve" train --model-name "$MODEL" --epochs "$EPOCHS" \
+  --export-base "$DIR/models" --data-dir "$DIR/data" --logs-dir "$DIR/logs")
+echo "$trained"
 # The version this run published: the eval below asks for it (the server may still hold an older one).
-version=$("$BIN/trainserve" train --model-name "$MODEL" --epochs "$EPOCHS" \
-  --export-base "$DIR/models" --data-dir "$DIR/data" --logs-dir "$DIR/logs" |
-  tee /dev/stderr | sed -n "s/^published $MODEL version \([0-9]*\) at .*/\1/p")
+version=$(sed -n "s/^published $MODEL version \([0-9]*\) at .*/\1/p" <<<"$trained")
 
 if ! "$BIN/trainserve" eval --server "localhost:$GRPC_PORT" --model "$MODEL" --version "${version:?}" \
   --data "$DIR/data/$MODEL/test.npz" \

@@ -149,7 +149,7 @@ class ServerOptions:
     rest_api_port: int = option(0, "REST port; 0 (default) turns REST off")
     rest_api_timeout_in_ms: int = option(30000, "grace for in-flight requests at shutdown")
     rest_api_num_threads: int = option(0, "accepted for compatibility (REST uses a thread per connection)")
-    grpc_max_threads: int = option(0, "gRPC worker threads; 0 = 4 x CPUs")
+    grpc_max_threads: int = option(0, "threads running the requests that join no batch; 0 = 4 x CPUs")
     model_name: str = option("default", "name of the single served model")
     model_base_path: str = option("", "its base path (WITHOUT the version directory)")
     model_config_file: str = option("", "ModelServerConfig text proto (overrides --model_name/--model_base_path)")

@@ -1,0 +1,35 @@
+"""`make demo`'s script, as a user runs it: server first, training meanwhile, eval of the version it published."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def test_demo_trains_serves_and_evaluates_the_version_it_published(tmp_path):
+    demo, log = tmp_path / "demo", tmp_path / "demo.log"
+    env = {
+        **os.environ, "BIN": str(Path(sys.executable).parent), "DEMO_DIR": str(demo), "DEMO_EPOCHS": "5",
+        "GRPC_PORT": str(free_port()), "REST_PORT": str(free_port()), "TF_CPP_MIN_LOG_LEVEL": "2",
+    }  # fmt: skip
+    with open(log, "w") as out:  # a file, as in a CI log: nothing the script writes may truncate it
+        out.write("written before the demo\n")
+        out.flush()
+        proc = subprocess.run([REPO / "scripts" / "demo.sh"], env=env, stdout=out, stderr=out, timeout=600)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    assert text.startswith("written before the demo\n"), "the log was truncated"
+    assert "no GPU visible: training on the CPU" in text and "published digits version 1 at" in text
+    report = json.loads((demo / "reports" / "eval.json").read_text())
+    assert report["version"] == 1 and report["passed"] and report["metrics"]["accuracy"] >= 0.9
+    assert {p.name for p in (demo / "reports").glob("*.png")} == {"confusion_matrix.png", "latency_histogram.png"}
+    assert "waiting for digits to become AVAILABLE" in (demo / "serve-local.log").read_text(), "the server came first"
