@@ -17,14 +17,14 @@ import grpc
 
 from trainserve.errors import TrainserveError
 from trainserve.protos import get_model_metadata_pb2, get_model_status_pb2, predict_pb2
+from trainserve.protos.model_service_pb2_grpc import add_ModelServiceServicer_to_server
+from trainserve.protos.prediction_service_pb2_grpc import add_PredictionServiceServicer_to_server
 from trainserve.serving.health import health_handler
 from trainserve.serving.servables import Servables, ServingError
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
 
 MAX_MESSAGE = 2**31 - 1  # TF Serving's gRPC message limit, both ways (INT32_MAX, model_servers/server.cc)
 ERROR_CODE_UNKNOWN = 2  # tensorflow.error.Code UNKNOWN: what a failed load reports in its status
-PREDICTION_SERVICE = "tensorflow.serving.PredictionService"  # apis/prediction_service.proto
-MODEL_SERVICE = "tensorflow.serving.ModelService"  # apis/model_service.proto
 
 
 def parse_model_spec(model_spec) -> tuple[str, int | None, str | None]:
@@ -79,7 +79,8 @@ def status_response(states) -> get_model_status_pb2.GetModelStatusResponse:
 
 
 class Api:
-    """Every RPC of both services; a ServingError ends the call with its status and message."""
+    """Every RPC of both services, registered with trainserve.protos' generated servicer functions; a ServingError
+    ends the call with its status and message."""
 
     def __init__(self, servables: Servables, executor: futures.Executor):
         self.servables, self.executor = servables, executor
@@ -115,47 +116,17 @@ class Api:
         except ServingError as exc:
             await context.abort(exc.code, str(exc))
 
-    async def unimplemented(self, request, context):
+    async def Classify(self, request, context):
         await context.abort(
             grpc.StatusCode.UNIMPLEMENTED,
             "serve-local implements Predict and GetModelMetadata only; use tensorflow_model_server for "
             "Classify, Regress and MultiInference",
         )
 
-    async def reload_config(self, request, context):
+    Regress = MultiInference = Classify
+
+    async def HandleReloadConfigRequest(self, request, context):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "serve-local reloads by polling its config file")
-
-
-def _unary(method, request_type=None, response_type=None) -> grpc.RpcMethodHandler:
-    """A unary handler; without message types the bytes pass as they are (the UNIMPLEMENTED methods)."""
-    return grpc.unary_unary_rpc_method_handler(
-        method,
-        request_deserializer=request_type.FromString if request_type else None,
-        response_serializer=response_type.SerializeToString if response_type else None,
-    )
-
-
-def service_handlers(api: Api) -> tuple[grpc.GenericRpcHandler, ...]:
-    """Both services by their proto names (trainserve.protos has client stubs only)."""
-    prediction = {
-        "Predict": _unary(api.Predict, predict_pb2.PredictRequest, predict_pb2.PredictResponse),
-        "GetModelMetadata": _unary(
-            api.GetModelMetadata,
-            get_model_metadata_pb2.GetModelMetadataRequest,
-            get_model_metadata_pb2.GetModelMetadataResponse,
-        ),
-        **{m: _unary(api.unimplemented) for m in ("Classify", "Regress", "MultiInference")},
-    }
-    model = {
-        "GetModelStatus": _unary(
-            api.GetModelStatus, get_model_status_pb2.GetModelStatusRequest, get_model_status_pb2.GetModelStatusResponse
-        ),
-        "HandleReloadConfigRequest": _unary(api.reload_config),
-    }
-    return (
-        grpc.method_handlers_generic_handler(PREDICTION_SERVICE, prediction),
-        grpc.method_handlers_generic_handler(MODEL_SERVICE, model),
-    )
 
 
 class GrpcServer:
@@ -184,7 +155,9 @@ class GrpcServer:
         self.server = grpc.aio.server(
             options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)],
         )
-        self.server.add_generic_rpc_handlers(service_handlers(Api(self.servables, self.executor)))
+        api = Api(self.servables, self.executor)
+        add_PredictionServiceServicer_to_server(api, self.server)
+        add_ModelServiceServicer_to_server(api, self.server)
         if health:
             self.server.add_generic_rpc_handlers((health_handler(self.servables),))
         bound = self.server.add_insecure_port(f"0.0.0.0:{port}")

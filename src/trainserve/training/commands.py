@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -70,16 +69,12 @@ def add_verify_parser(commands) -> None:
 
 def run_verify(args: argparse.Namespace) -> int:
     from trainserve.savedmodel import saved_model_pb
-    from trainserve.training.gate import check_on_cpu, run_gate
+    from trainserve.training.gate import run_gate
 
     if not args.version_dir.is_dir():
         raise TrainserveError(f"{args.version_dir} is not a directory: expected a SavedModel version directory")
     saved_model_pb(args.version_dir)  # before TensorFlow starts
-    if "tensorflow" not in sys.modules:  # not started yet: start it here, where no GPU is visible
-        os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
-        result = check_on_cpu(args.version_dir)
-    else:  # a caller's TensorFlow may see GPUs: a child process that sees none
-        result = run_gate(args.version_dir)
+    result = run_gate(args.version_dir)
     if not result.ok:
         raise TrainserveError(f"{args.version_dir} fails the CPU gate: {result.reason}")
     print(f"{args.version_dir}: OK on CPU ({result.checked}; signatures {', '.join(result.signatures)})")

@@ -127,7 +127,11 @@ def _compare(expected: dict, got: dict, atol: float, signatures: list[str]) -> G
 
 
 def run_gate(version_dir: Path, golden: GoldenBatch | None = None, atol: float = FLOAT32_ATOL) -> GateResult:
-    """Run `check_on_cpu` in a fresh Python process that cannot see any GPU."""
+    """`check_on_cpu` where no GPU is visible: in this process when TensorFlow has not started yet (it then
+    starts with CUDA_VISIBLE_DEVICES=-1), else in a fresh process that sees none (this one's may see GPUs)."""
+    if "tensorflow" not in sys.modules:
+        os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
+        return check_on_cpu(version_dir, golden, atol)
     with tempfile.TemporaryDirectory() as tmp:
         command = ["-m", "trainserve.training.gate", str(version_dir), "--atol", str(atol)]
         if golden is not None:

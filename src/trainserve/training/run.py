@@ -234,8 +234,8 @@ def _export_and_publish(
     golden = _golden_batch(model, {k: v[:GOLDEN_BATCH] for k, v in dataset.test.items()}, spec)
     atol = MIXED_PRECISION_ATOL if plan.mixed_precision else FLOAT32_ATOL
     gate = {"atol": atol, "golden_batch": len(next(iter(golden.inputs.values())))}
-    outputs = sorted(golden.outputs) + ([UNKNOWN_CATEGORIES] if _has_text_columns(dataset) else [])
-    metadata = _version_metadata(config, dataset, data_info, plan, metrics, gate, sorted(outputs))
+    outputs = sorted([*golden.outputs, *([UNKNOWN_CATEGORIES] if _has_text_columns(dataset) else [])])
+    metadata = _version_metadata(config, dataset, data_info, plan, metrics, gate, outputs)
     # Always a fresh float32 rebuild, traced where no GPU is visible: no fp16 compute, no distributed
     # variables, no cuDNN kernel and no device placement from training in the served graph. In this process
     # when it has no GPU; a multi-worker process also has its cluster's devices, which a server will not.
