@@ -35,6 +35,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
+from loopback import free_port  # noqa: E402
 
 from trainserve.data import SyntheticSpec, synthetic_examples  # noqa: E402
 from trainserve.protos import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
@@ -147,14 +148,6 @@ def tensorflow_serving_import() -> tuple[float, float]:
     return float(out[-2]), float(out[-1])
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=20000, help="held-out examples for (a), (b), (d)")
@@ -197,8 +190,7 @@ def main() -> None:
             rest = rest_json(f"http://127.0.0.1:{rest_port}", x)
 
             print(f"\n{args.examples} examples, 28x28x1 uint8, small CNN, {os.cpu_count()} CPUs, loopback")
-            print(f"  (a) in-process ceiling                        {ceiling.examples_per_s:10.0f} ex/s "
-                  f"(batch {ceiling.batch}, {ceiling.threads} thread(s))")  # fmt: skip
+            print(f"  (a) in-process ceiling                        {ceiling.describe()}")
             print(f"  (b) trainserve eval (batch 256, 4 in flight)   {ours:10.0f} ex/s")
             print(f"  (c) one example per request (mnist_client)     {single:10.0f} ex/s")
             print(f"  (d) REST JSON :predict, batch 256              {rest:10.0f} ex/s")

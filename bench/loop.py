@@ -17,21 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+from loopback import DIRECT, free_port
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 TRAINSERVE = [sys.executable, "-m", "trainserve"]
 TARGETS = {"train": 1.8, "serve-local": 1.3}
-# Loopback needs no proxy, whatever the environment says.
-DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def timed(command: list[str]) -> float:
@@ -47,12 +45,6 @@ def bare_import() -> float:
 def train(root: Path) -> float:
     return timed([*TRAINSERVE, "train", "--epochs", "1", "--export-base", str(root / "models"),
                   "--logs-dir", str(root / "logs"), "--data-dir", str(root / "data"), "--keep", "1"])  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def available(rest: str) -> bool:

@@ -35,6 +35,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
+from loopback import DIRECT, free_port  # noqa: E402
 
 from trainserve.protos import predict_pb2  # noqa: E402
 from trainserve.tensors import to_tensor_proto  # noqa: E402
@@ -132,14 +133,6 @@ def drive_main(args) -> None:
 # --- the server side -------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(
     tmp: Path, name: str, timeout_micros: int | None, threads: int = 0
 ) -> tuple[subprocess.Popen, str, str]:
@@ -166,10 +159,7 @@ def start_server(
 
 def batch_totals(metrics_url: str) -> tuple[float, float]:
     """(rows run, model runs) so far, from the processed_batch_size histogram."""
-    import urllib.request
-
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    text = opener.open(metrics_url, timeout=10).read().decode()
+    text = DIRECT.open(metrics_url, timeout=10).read().decode()
     values = {}
     for line in text.splitlines():
         for suffix in ("_sum", "_count"):

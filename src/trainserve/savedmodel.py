@@ -12,6 +12,7 @@ eval --compare-local) needs TensorFlow.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,6 +154,17 @@ class LoadedModel:
             for name, sig in self.signature_defs.items()
             if not name.startswith("__")  # __saved_model_init_op: TF's own, not callable by clients
         }
+
+    @functools.cached_property
+    def signature_def_map(self):
+        """The SignatureDefs as trainserve.protos' SignatureDefMap (what GetModelMetadata packs), built once per
+        loaded version. The loader gives TensorFlow's classes: same fields, so they cross as bytes."""
+        from trainserve.protos import get_model_metadata_pb2
+
+        signature_map = get_model_metadata_pb2.SignatureDefMap()
+        for name, signature in self.signature_defs.items():
+            signature_map.signature_def[name].ParseFromString(signature.SerializeToString())
+        return signature_map
 
     def signature(self, name: str):
         if name not in self.signatures:

@@ -58,15 +58,14 @@ def predict_response(name: str, version: int, signature: str, outputs: dict) -> 
     return response
 
 
-def metadata_fields_error(fields) -> ServingError | None:
+def check_metadata_fields(fields) -> None:
     """GetModelMetadata answers signature_def only, as TF Serving does."""
     unsupported = [f for f in fields if f != "signature_def"]
-    if not unsupported and fields:
-        return None
-    return ServingError(
-        grpc.StatusCode.INVALID_ARGUMENT,
-        f"Metadata field {unsupported[0] if unsupported else '(none)'} is not supported: expected signature_def",
-    )
+    if unsupported or not fields:
+        raise ServingError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"Metadata field {unsupported[0] if unsupported else '(none)'} is not supported: expected signature_def",
+        )
 
 
 def status_response(states) -> get_model_status_pb2.GetModelStatusResponse:
@@ -99,9 +98,7 @@ class Api:
     async def GetModelMetadata(self, request, context):
         name, version, label = parse_model_spec(request.model_spec)
         try:
-            error = metadata_fields_error(request.metadata_field)
-            if error:
-                raise error
+            check_metadata_fields(request.metadata_field)
             version, signature_map = self.servables.metadata(name, version, label)
         except ServingError as exc:
             await context.abort(exc.code, str(exc))
@@ -130,7 +127,8 @@ class Api:
 
 
 class GrpcServer:
-    """A grpc.aio server on its own event loop thread, driven from synchronous code (server.py, tests).
+    """A grpc.aio server on its own event loop thread, driven from synchronous code (server.py, tests): both
+    services (and grpc.health.v1 when `health`) on 0.0.0.0:`port` (0: any free port, see .port), started.
 
     `run_threads` threads run the requests that do not join a batch (every request when batching is
     off), so that a model call never blocks the loop.
@@ -179,8 +177,3 @@ class GrpcServer:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
-
-
-def start_grpc_server(servables: Servables, port: int, run_threads: int, health: bool = False) -> GrpcServer:
-    """Both services (and grpc.health.v1 when `health`) on 0.0.0.0:`port` (0: any free port, see .port), started."""
-    return GrpcServer(servables, port, run_threads, health)

@@ -9,8 +9,8 @@ model with nothing published yet, or a version directory removed, turns it NOT_S
 drain at shutdown.
 
 No grpcio-health-checking: its servicer keeps statuses that someone must push on every change, while
-ours is computed on each call from the version states. Its two messages are built here as descriptors
-(as config.py builds TF Serving's schemas), in a pool of their own so they never clash with the wheel's.
+ours is computed on each call from the version states. Its two messages are built here as descriptors,
+in a pool of their own so they never clash with the wheel's.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ import contextlib
 import functools
 import threading
 import time
-import weakref
 from collections.abc import Callable, Hashable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -83,15 +82,6 @@ class PredictCall:
     size: int = 0
 
 
-def signature_def_map(model: LoadedModel) -> get_model_metadata_pb2.SignatureDefMap:
-    """The model's SignatureDefs as trainserve.protos' message (the loader gives TensorFlow's: same
-    fields, another class, so they cross as bytes)."""
-    signature_map = get_model_metadata_pb2.SignatureDefMap()
-    for name, signature in model.signature_defs.items():
-        signature_map.signature_def[name].ParseFromString(signature.SerializeToString())
-    return signature_map
-
-
 class Servables:
     """The served models as requests see them, plus the request bookkeeping (in flight, counts)."""
 
@@ -102,7 +92,6 @@ class Servables:
         self.stopping = threading.Event()  # set when the drain begins (health answers NOT_SERVING)
         self._inflight = 0
         self._lock = threading.Lock()
-        self._signature_maps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per loaded version
 
     def resolve(self, name: str, version: int | None, label: str | None) -> VersionState:
         try:
@@ -179,10 +168,7 @@ class Servables:
     def metadata(self, name, version, label, entrypoint="GRPC") -> tuple[int, get_model_metadata_pb2.SignatureDefMap]:
         with self._track(name, "metadata", entrypoint):
             state = self.resolve(name, version, label)
-            model = state.model
-            if model not in self._signature_maps:
-                self._signature_maps[model] = signature_def_map(model)
-            return state.version, self._signature_maps[model]
+            return state.version, state.model.signature_def_map
 
     def status(self, name, version, label, entrypoint="GRPC") -> list[VersionState]:
         """Every version's state (all states, not only AVAILABLE), or only the one named."""

@@ -27,7 +27,7 @@ from trainserve.serving.config import (
     parse_monitoring,
     single_model_config,
 )
-from trainserve.serving.grpc_api import GrpcServer, start_grpc_server
+from trainserve.serving.grpc_api import GrpcServer
 from trainserve.serving.manager import ModelManager
 from trainserve.serving.rest_api import start_rest_server
 from trainserve.serving.servables import Servables
@@ -147,7 +147,7 @@ def _open_ports(
         # model calls run at once. A request waiting for its batch holds none, so this does not cap
         # batches. TF Serving's default, 4 x CPUs.
         workers = options.grpc_max_threads or 4 * max(1, len(_affinity()))
-        grpc_server = start_grpc_server(servables, options.port, workers, options.enable_grpc_healthcheck_service)
+        grpc_server = GrpcServer(servables, options.port, workers, options.enable_grpc_healthcheck_service)
         log.info("Running gRPC ModelServer at 0.0.0.0:%d ...", options.port)
     if options.rest_api_port:
         http_server = start_rest_server(servables, options.rest_api_port, metrics_path)
