@@ -29,7 +29,7 @@ from trainserve.training.devices import DevicePlan, make_strategy
 from trainserve.training.export import ExportJob, export_and_gate, serving_outputs
 from trainserve.training.gate import FLOAT32_ATOL, MIXED_PRECISION_ATOL, GoldenBatch
 from trainserve.training.model import build_for_training
-from trainserve.training.model_fn import DataSpec, data_spec, input_structure
+from trainserve.training.model_fn import DataSpec, data_spec, dtype_name, input_structure
 from trainserve.training.multi_worker import (
     EpochCheckpoint,
     evaluate_locally,
@@ -234,7 +234,9 @@ def _export_and_publish(
     golden = _golden_batch(model, {k: v[:GOLDEN_BATCH] for k, v in dataset.test.items()}, spec)
     atol = MIXED_PRECISION_ATOL if plan.mixed_precision else FLOAT32_ATOL
     gate = {"atol": atol, "golden_batch": len(next(iter(golden.inputs.values())))}
-    outputs = sorted([*golden.outputs, *([UNKNOWN_CATEGORIES] if _has_text_columns(dataset) else [])])
+    # The export adds UNKNOWN_CATEGORIES where the preprocessing has category columns (their vocabularies).
+    counts_unknown = spec.preprocessing is not None and bool(spec.preprocessing.categories)
+    outputs = sorted([*golden.outputs, *([UNKNOWN_CATEGORIES] if counts_unknown else [])])
     metadata = _version_metadata(config, dataset, data_info, plan, metrics, gate, outputs)
     # Always a fresh float32 rebuild, traced where no GPU is visible: no fp16 compute, no distributed
     # variables, no cuDNN kernel and no device placement from training in the served graph. In this process
@@ -268,15 +270,6 @@ def _export_and_gate(path: Path, *, job: ExportJob, in_process: bool, dataset: D
     )  # fmt: skip
 
 
-def _has_text_columns(dataset: Dataset) -> bool:
-    """Text category columns: the export adds UNKNOWN_CATEGORIES, counted through their vocabularies."""
-    return any(v.dtype.kind in "USO" for v in dataset.test.values())
-
-
-def _dtype_name(array: np.ndarray) -> str:
-    return "string" if array.dtype.kind in "USO" else array.dtype.name
-
-
 def _version_metadata(
     config: TrainConfig,
     dataset: Dataset,
@@ -302,7 +295,7 @@ def _version_metadata(
         "model_fn": config.model_reference,
         "task": dataset.task.to_json(),
         "label_names": dataset.label_names,
-        "inputs": [{"name": k, "dtype": _dtype_name(v), "shape": list(v.shape[1:])} for k, v in dataset.test.items()],
+        "inputs": [{"name": k, "dtype": dtype_name(v), "shape": list(v.shape[1:])} for k, v in dataset.test.items()],
         **({"input_shape": list(dataset.input_shape)} if len(dataset.test) == 1 else {}),
         "signature": {
             "name": DEFAULT_SIGNATURE,
