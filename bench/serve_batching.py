@@ -10,9 +10,13 @@ The clients run in their own process(es), on one asyncio loop each, sending pre-
 that the load generator costs little and is measured: its CPU use (and the server's) is printed beside
 the figures, as a share of one core, so a reader can tell who was saturated.
 
+The same clients also drive a gRPC floor: a grpc.aio server process whose Predict returns fixed bytes at
+once (no model, no decoding, no batching). No serve-local configuration can answer one-example requests
+faster than grpcio answers empty calls on the same cores, so it bounds every row below it.
+
 Prints examples/s, p50/p99 latency, and ratios: examples/s against the in-process ceiling (the
-SavedModel's signature called directly, best over batch sizes and 1/2/4 threads: bench/ceiling.py)
-and against batching off. Targets (issue 24): best batching on >= 5x off and >= 0.25x the ceiling,
+SavedModel's signature called directly, best over batch sizes and 1/2/4 threads: bench/ceiling.py),
+against batching off, and against the gRPC floor. Targets (issue 24): best batching on >= 5x off and >= 0.25x the ceiling,
 its p99 no worse than off's; off no slower than 1,195 ex/s (serve-local before grpc.aio, same settings).
 
     python bench/serve_batching.py [--seconds 15] [--clients 64] [--client-processes 1]
@@ -130,6 +134,40 @@ def drive_main(args) -> None:
     print(json.dumps(result))
 
 
+# --- the gRPC floor (its own process) ------------------------------------------------------------------
+
+
+def fixed_answer() -> bytes:
+    """What serve-local answers one example with (the CNN's outputs for one row), serialized once."""
+    from trainserve.serving.grpc_api import predict_response
+
+    outputs = {"probabilities": np.full((1, 10), 0.1, np.float32), "classes": np.zeros(1, np.int64)}
+    return predict_response("bench", 1, "serving_default", outputs).SerializeToString()
+
+
+async def serve_fixed_answer(port: int) -> None:
+    """Answer every Predict with fixed bytes, at once: grpcio's own cost per call, and nothing else."""
+    answer = fixed_answer()
+
+    async def predict(request: bytes, context) -> bytes:
+        return answer
+
+    handler = grpc.unary_unary_rpc_method_handler(predict)  # no (de)serializers: bytes both ways
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("tensorflow.serving.PredictionService", {"Predict": handler}),)
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+def start_floor(tmp: Path) -> tuple[subprocess.Popen, str, None]:
+    port = free_port()
+    server = subprocess.Popen([sys.executable, __file__, "--serve-fixed-answer", str(port)])
+    return server, f"127.0.0.1:{port}", None
+
+
 # --- the server side -------------------------------------------------------------------------------------
 
 
@@ -225,13 +263,14 @@ def run_clients(target: str, server_pid: int, args) -> tuple[list[float], int, f
     return latencies, sum(r["errors"] for r in results), client_cpu / args.seconds, server_cpu / args.seconds
 
 
-def measure(tmp: Path, name: str, timeout_micros: int | None, threads: int, args) -> Result:
-    server, target, metrics_url = start_server(tmp, name.replace(" ", "_").replace(",", ""), timeout_micros, threads)
+def measure(name: str, started: tuple[subprocess.Popen, str, str | None], args) -> Result:
+    """The clients against a started server (process, target, metrics URL or None), which this ends."""
+    server, target, metrics_url = started
     try:
         wait_ready(target)
-        rows_before, runs_before = batch_totals(metrics_url)
+        rows_before, runs_before = batch_totals(metrics_url) if metrics_url else (0.0, 0.0)
         latencies, errors, client_cpu, server_cpu = run_clients(target, server.pid, args)
-        rows, runs = batch_totals(metrics_url)  # includes the warm-up: the mean is what the server ran
+        rows, runs = batch_totals(metrics_url) if metrics_url else (0.0, 0.0)
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -247,12 +286,15 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64, help="concurrent closed-loop clients")
     parser.add_argument("--client-processes", type=int, default=1, help="processes the clients are spread over")
     parser.add_argument("--drive", metavar="TARGET", help=argparse.SUPPRESS)  # a client process
+    parser.add_argument("--serve-fixed-answer", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the floor
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--end-at", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.drive:
         return drive_main(args)
+    if args.serve_fixed_answer:
+        return asyncio.run(serve_fixed_answer(args.serve_fixed_answer))
     from ceiling import in_process_ceiling
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -260,14 +302,17 @@ def main() -> None:
         print("exporting the benchmark model (CNN, 28x28x1)...", flush=True)
         export_model(tmp / "models" / "bench" / "1")
         ceiling = in_process_ceiling(tmp / "models" / "bench" / "1", examples(8192), (32, 64, 128, 256, 512))
+        print(f"measuring the gRPC floor ({args.seconds:g} s)...", flush=True)
+        floor = measure("gRPC floor", start_floor(tmp), args)
         results = []
         for name, timeout_micros, threads in CONFIGS:
             print(f"measuring {name} ({args.seconds:g} s)...", flush=True)
-            results.append(measure(tmp, name, timeout_micros, threads, args))
-        report(results, ceiling, args)
+            label = name.replace(" ", "_").replace(",", "")
+            results.append(measure(name, start_server(tmp, label, timeout_micros, threads), args))
+        report(floor, results, ceiling, args)
 
 
-def report(results: list[Result], ceiling, args) -> None:
+def report(floor: Result, results: list[Result], ceiling, args) -> None:
     off = results[0]
     print(
         f"\n{args.clients} closed-loop clients in {args.client_processes} process(es), 1 example per request, "
@@ -278,7 +323,7 @@ def report(results: list[Result], ceiling, args) -> None:
         f"{'':18}{'ex/s':>8}{'/ceiling':>10}{'/off':>7}{'p50 ms':>9}{'p99 ms':>9}{'batch':>7}"
         f"{'client CPU':>12}{'server CPU':>12}"
     )
-    for r in results:
+    for r in (floor, *results):
         print(
             f"{r.name:18}{r.examples_per_s:8.0f}{r.examples_per_s / ceiling.examples_per_s:10.3f}"
             f"{r.examples_per_s / off.examples_per_s:7.1f}{r.p50_ms:9.2f}{r.p99_ms:9.2f}{r.mean_batch:7.1f}"
@@ -288,6 +333,11 @@ def report(results: list[Result], ceiling, args) -> None:
     print("(CPU: seconds per second of wall time, 1.00 = one core busy)")
     print(f"best batching on ({best.name}) vs off: {best.examples_per_s / off.examples_per_s:.1f}x (target >= 5x)")
     print(f"best batching on vs ceiling: {best.examples_per_s / ceiling.examples_per_s:.2f}x (target >= 0.25x)")
+    print(
+        f"best batching on vs the gRPC floor: {best.examples_per_s / floor.examples_per_s:.2f}x; the floor is "
+        f"{floor.examples_per_s / off.examples_per_s:.1f}x off and {floor.examples_per_s / ceiling.examples_per_s:.2f}x "
+        "the ceiling: no one-process Python gRPC server goes past it here"
+    )
     print(f"p99 on/off: {best.p99_ms / off.p99_ms:.2f} (target <= 1)")
     print(f"batching off: {off.examples_per_s:.0f} ex/s; before grpc.aio: {BEFORE_OFF} ex/s (target: no slower)")
 
