@@ -110,14 +110,18 @@ class TaskQueue:
     run: RunFn
     batches: deque[Batch] = field(default_factory=deque)
 
-    def add(self, task: Task, max_batch_size: int, max_enqueued_batches: int) -> None:
-        if not self.batches or self.batches[-1].size + task.size > max_batch_size:
+    def add(self, task: Task, max_batch_size: int, max_enqueued_batches: int) -> bool:
+        """Join the open batch, or open one; True when that changed what a batch thread waits for (a new
+        batch, hence a new deadline, or a full one)."""
+        opened = not self.batches or self.batches[-1].size + task.size > max_batch_size
+        if opened:
             if len(self.batches) >= max_enqueued_batches:
                 raise QueueFull("The batch scheduling queue to which this task was submitted is full")
             self.batches.append(Batch())
         batch = self.batches[-1]
         batch.tasks.append(task)
         batch.size += task.size
+        return opened or batch.size >= max_batch_size
 
 
 def padded_size(size: int, allowed: tuple[int, ...]) -> int:
@@ -175,8 +179,10 @@ class BatchScheduler:
             if self._closing:
                 return None
             queue = self._queues.setdefault(key, TaskQueue(run))
-            queue.add(task, self.options.max_batch_size, self.options.max_enqueued_batches)
-            self._cond.notify()
+            if queue.add(task, self.options.max_batch_size, self.options.max_enqueued_batches):
+                # Only then: a thread already waiting for this batch's deadline would wake for nothing,
+                # and each such wake-up takes the GIL from the request path.
+                self._cond.notify()
         return task
 
     def close(self) -> None:
