@@ -181,6 +181,8 @@ def test_full_queue_is_unavailable_and_sigterm_drains_queued_requests(serve_loca
         predict.Predict(predict_request(images=images), timeout=30)
     error = err.value
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "is full" in error.details()
+    status, body = server.post("/v1/models/m:predict", {"instances": images.tolist()})  # REST's blocking path
+    assert status == 503 and "is full" in body["error"], (status, body)
     started = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     want = LoadedModel(model_versions[0]).run("serving_default", {"images": images[:2]})["probabilities"]

@@ -63,6 +63,15 @@ def tf_errors(signature: str):
         raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, first_line(exc)) from None
 
 
+@contextlib.contextmanager
+def unavailable_when_full():
+    """A full batch queue answers UNAVAILABLE, as TF Serving's does."""
+    try:
+        yield
+    except QueueFull as exc:
+        raise ServingError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+
+
 def check_output_filter(model: LoadedModel, signature: str, output_filter: tuple[str, ...]) -> None:
     _, outputs = model.signature(signature)
     unknown = [k for k in output_filter if k not in outputs]
@@ -77,7 +86,6 @@ class PredictCall:
     version: int
     signature: str
     run: Callable[[Arrays], Arrays]
-    inputs: Arrays
     key: Hashable | None = None
     size: int = 0
 
@@ -111,25 +119,22 @@ class Servables:
         """Returns (version, signature name, outputs); blocks until they are computed."""
         with self._track(name, "predict", entrypoint):
             call = self._prepare(name, version, label, signature, inputs, output_filter)
-            task = None if call.key is None else self._enqueue(call, None)
-            return call.version, call.signature, call.run(inputs) if task is None else task.future.result()
+            if call.key is None:
+                return call.version, call.signature, call.run(inputs)
+            with unavailable_when_full():
+                return call.version, call.signature, self.scheduler.submit(call.key, call.run, inputs, call.size)
 
     async def predict_async(self, name, version, label, signature, inputs, output_filter, executor: Executor):
         """`predict` for an event loop: waits for its batch, or runs alone on `executor`."""
         with self._track(name, "predict", "GRPC"):
             call = self._prepare(name, version, label, signature, inputs, output_filter)
             loop = asyncio.get_running_loop()
-            task = None if call.key is None else self._enqueue(call, loop)
-            if task is None:
-                return call.version, call.signature, await loop.run_in_executor(executor, call.run, inputs)
-            return call.version, call.signature, await task.future
-
-    def _enqueue(self, call: PredictCall, loop):
-        """The queued task (None once the drain began: the call runs alone); a full queue is UNAVAILABLE."""
-        try:
-            return self.scheduler.enqueue(call.key, call.run, call.inputs, call.size, loop)
-        except QueueFull as exc:
-            raise ServingError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+            if call.key is not None:
+                with unavailable_when_full():
+                    task = self.scheduler.enqueue(call.key, call.run, inputs, call.size, loop)
+                if task is not None:  # None once the drain began: it runs alone
+                    return call.version, call.signature, await task.future
+            return call.version, call.signature, await loop.run_in_executor(executor, call.run, inputs)
 
     def _prepare(self, name, version, label, signature, inputs, output_filter) -> PredictCall:
         """Resolve the version and check the request; with batching, pick the queue it joins."""
@@ -140,13 +145,13 @@ class Servables:
         run = functools.partial(self._run, model, signature, output_filter=output_filter)
         size = task_size(inputs) if self.scheduler else None
         if size is None:  # batching off, or a request that cannot be concatenated: it runs alone
-            return PredictCall(state.version, signature, run, inputs)
+            return PredictCall(state.version, signature, run)
         # Checked before queueing: one malformed request must not fail the batch it would join.
         with tf_errors(signature):
             model.check_inputs(signature, inputs)
             check_output_filter(model, signature, output_filter)
         key = (model, signature, frozenset(output_filter), shape_key(inputs))
-        return PredictCall(state.version, signature, run, inputs, key, size)
+        return PredictCall(state.version, signature, run, key, size)
 
     def _check_batch_size(self, inputs) -> None:
         """With batching on, a request larger than max_batch_size fails, as in the batch scheduler TF
