@@ -96,11 +96,12 @@ def _set_shape(proto, array: np.ndarray) -> None:
 
 def from_tensor_proto(proto) -> np.ndarray:
     """Decode either encoding; a single `*_val` value fills the whole shape, as TensorFlow does."""
-    shape = tuple(d.size for d in proto.tensor_shape.dim)
+    shape = tuple([d.size for d in proto.tensor_shape.dim])
     dtype = numpy_dtype(proto.dtype)
     count = math.prod(shape)
-    if proto.tensor_content:
-        array = np.frombuffer(proto.tensor_content, dtype.newbyteorder("<"))
+    content = proto.tensor_content  # read once: each read of a bytes field makes a new bytes object
+    if content:
+        array = np.frombuffer(content, dtype.newbyteorder("<"))
         if array.size != count:
             raise TrainserveError(f"tensor_content holds {array.size} values: expected {count} for shape {list(shape)}")
         return array.astype(dtype, copy=False).reshape(shape)

@@ -79,6 +79,42 @@ def check_output_filter(model: LoadedModel, signature: str, output_filter: tuple
         raise TrainserveError(f"output_filter {unknown} not in signature {signature!r}: expected {sorted(outputs)}")
 
 
+def outcome(exc: BaseException | None) -> str:
+    """A finished request's status name, as request_count records it."""
+    if exc is None:
+        return "OK"
+    if isinstance(exc, ServingError):
+        return exc.code.name
+    if isinstance(exc, asyncio.CancelledError):  # the client left (or its deadline passed) while it waited
+        return "CANCELLED"
+    return "UNKNOWN"
+
+
+class Tracked:
+    """A request counted while it runs (for the drain log), then by outcome and latency (for metrics).
+
+    A class, not a @contextmanager: it runs on every request, and a generator per request costs the
+    event loop more than the rest of this bookkeeping."""
+
+    __slots__ = ("servables", "labels", "started")
+
+    def __init__(self, servables: Servables, name: str, api: str, entrypoint: str):
+        self.servables, self.labels = servables, (name, api, entrypoint)
+
+    def __enter__(self) -> None:
+        with self.servables._lock:
+            self.servables._inflight += 1
+        self.started = time.perf_counter()
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        micros = (time.perf_counter() - self.started) * 1e6
+        servables, (name, api, entrypoint) = self.servables, self.labels
+        with servables._lock:
+            servables._inflight -= 1
+        servables.metrics.requests.add(name, api, outcome(exc))
+        servables.metrics.request_latency.observe(micros, name, LATENCY_API[api], entrypoint)
+
+
 @dataclass
 class PredictCall:
     """A checked Predict, ready to run: alone (`key` None) or in the batch queue `key`."""
@@ -117,7 +153,7 @@ class Servables:
 
     def predict(self, name, version, label, signature, inputs, output_filter=(), entrypoint="GRPC"):
         """Returns (version, signature name, outputs); blocks until they are computed."""
-        with self._track(name, "predict", entrypoint):
+        with Tracked(self, name, "predict", entrypoint):
             call = self._prepare(name, version, label, signature, inputs, output_filter)
             if call.key is None:
                 return call.version, call.signature, call.run(inputs)
@@ -126,7 +162,7 @@ class Servables:
 
     async def predict_async(self, name, version, label, signature, inputs, output_filter, executor: Executor):
         """`predict` for an event loop: waits for its batch, or runs alone on `executor`."""
-        with self._track(name, "predict", "GRPC"):
+        with Tracked(self, name, "predict", "GRPC"):
             call = self._prepare(name, version, label, signature, inputs, output_filter)
             loop = asyncio.get_running_loop()
             if call.key is not None:
@@ -171,13 +207,13 @@ class Servables:
             return model.run(signature, inputs, list(output_filter) or None)
 
     def metadata(self, name, version, label, entrypoint="GRPC") -> tuple[int, get_model_metadata_pb2.SignatureDefMap]:
-        with self._track(name, "metadata", entrypoint):
+        with Tracked(self, name, "metadata", entrypoint):
             state = self.resolve(name, version, label)
             return state.version, state.model.signature_def_map
 
     def status(self, name, version, label, entrypoint="GRPC") -> list[VersionState]:
         """Every version's state (all states, not only AVAILABLE), or only the one named."""
-        with self._track(name, "status", entrypoint):
+        with Tracked(self, name, "status", entrypoint):
             try:
                 model = self.manager.get(name)
                 if label:
@@ -191,30 +227,6 @@ class Servables:
                 what = f"version {version} of model {name}" if version is not None else f"any versions of model {name}"
                 raise ServingError(grpc.StatusCode.NOT_FOUND, f"Could not find {what}")
             return states
-
-    @contextlib.contextmanager
-    def _track(self, name: str, api: str, entrypoint: str):
-        """Count the request while it runs (for the drain log), then by outcome and latency (for metrics)."""
-        with self._lock:
-            self._inflight += 1
-        status, started = "OK", time.perf_counter()
-        try:
-            yield
-        except ServingError as exc:
-            status = exc.code.name
-            raise
-        except asyncio.CancelledError:  # the client left (or its deadline passed) while it waited
-            status = "CANCELLED"
-            raise
-        except BaseException:
-            status = "UNKNOWN"
-            raise
-        finally:
-            with self._lock:
-                self._inflight -= 1
-            self.metrics.requests.add(name, api, status)
-            micros = (time.perf_counter() - started) * 1e6
-            self.metrics.request_latency.observe(micros, name, LATENCY_API[api], entrypoint)
 
     @property
     def inflight(self) -> int:
