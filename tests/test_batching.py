@@ -162,6 +162,7 @@ def test_concurrent_clients_get_unbatched_answers_without_padding(serve_in_proce
     latency = ':tensorflow:serving:request_latency_count{model_name="m",API="Predict",entrypoint="GRPC"}'
     assert metric(text, latency) == len(requests)
     assert re.search(r'request_latency_bucket\{model_name="m",API="Predict",entrypoint="GRPC",le="\+Inf"\}', text)
+    assert metric(text, ':tensorflow:serving:request_count{model_name="m",api="predict",status="OK"}') == len(requests)
 
 
 @pytest.mark.integration
@@ -183,6 +184,8 @@ def test_full_queue_is_unavailable_and_sigterm_drains_queued_requests(serve_loca
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "is full" in error.details()
     status, body = server.post("/v1/models/m:predict", {"instances": images.tolist()})  # REST's blocking path
     assert status == 503 and "is full" in body["error"], (status, body)
+    refused = ':tensorflow:serving:request_count{model_name="m",api="predict",status="UNAVAILABLE"}'
+    assert metric(scrape(server), refused) == 2, "the gRPC and the REST refusal, each counted by its status"
     started = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     want = LoadedModel(model_versions[0]).run("serving_default", {"images": images[:2]})["probabilities"]
