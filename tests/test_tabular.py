@@ -122,6 +122,16 @@ def test_eval_on_the_shared_split_and_label_names_the_model_lacks(iris, tmp_path
     assert code != 0 and "label names daisy are not classes of" in err[-1] and "setosa" in err[-1], err
 
 
+def test_load_on_the_raw_csv_checks_answers_against_the_class_names(iris, tmp_path):
+    root, server = iris
+    code = main(["load", "--server", server.target, "--model", "iris", "--data", str(root / "csv" / "test.csv"),
+                 "--label-column", "species", "--batch-sizes", "4", "--concurrency", "1", "--window-s", "0.2",
+                 "--max-windows", "3", "--report", str(tmp_path / "load.json")])  # fmt: skip
+    assert code == 0
+    (point,) = json.loads((tmp_path / "load.json").read_text())["points"]
+    assert point["quality"]["accuracy"] >= 0.85, point["quality"]
+
+
 def test_grpc_predict_with_a_missing_number_and_an_empty_category_answers(iris):
     from trainserve.protos import model_pb2, predict_pb2, prediction_service_pb2_grpc
     from trainserve.tensors import from_tensor_proto, to_tensor_proto

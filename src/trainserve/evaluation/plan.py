@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.client import Signature, Target
+from trainserve.evaluation.client import ServingClient, Signature, Target
 from trainserve.evaluation.config import TaskChoice
-from trainserve.evaluation.data import Column, EvalData
-from trainserve.layout import CLASSES, PREDICTIONS, PROBABILITIES, UNKNOWN_CATEGORIES
+from trainserve.evaluation.data import Column, EvalData, encode_labels
+from trainserve.layout import CLASSES, LABEL_NAMES, PREDICTIONS, PROBABILITIES, UNKNOWN_CATEGORIES
 from trainserve.task import Task
 
 
@@ -85,6 +85,27 @@ def plan_requests(
     classes = CLASSES if kind == "classification" and _is_int_output(signature, CLASSES) else None
     unknown = UNKNOWN_CATEGORIES if _is_int_output(signature, UNKNOWN_CATEGORIES) else None
     return Plan(feeds, resolved, chosen, classes, unknown), replace(data, labels=labels, task=resolved)
+
+
+def with_class_ids(
+    client: ServingClient, target: Target, signature: Signature, data: EvalData, input_map: dict[str, str], retries: int
+) -> EvalData:
+    """Labels that are class names (a CSV's) become the model's class ids, in the order of the model's own
+    `label_names` output, asked for one example; a name the model lacks is an error before the run."""
+    if data.labels.dtype.kind != "U" or not data.count:
+        return data
+    where = f"signature {target.signature!r} of {target.describe()}"
+    if LABEL_NAMES not in signature.outputs:
+        raise TrainserveError(
+            f"{data.name}: the labels are names ({', '.join(sorted(set(data.labels[:3].tolist())))}...) but {where}"
+            f" does not name its classes (no {LABEL_NAMES!r} output): expected integer class ids"
+        )
+    feeds = map_inputs(signature, data, input_map, where)
+    columns, _ = next(data.batches(1))
+    inputs = {feed.input: feed.take(columns) for feed in feeds}
+    answer = client.predict(target, inputs, [LABEL_NAMES], None, retries)
+    names = [v.decode() if isinstance(v, bytes) else str(v) for v in answer.outputs[LABEL_NAMES][0]]
+    return encode_labels(data, names, target.describe())
 
 
 def map_inputs(signature: Signature, data: EvalData, input_map: dict[str, str], where: str) -> tuple[Feed, ...]:

@@ -21,12 +21,11 @@ import numpy as np
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.client import ServingClient, Target
 from trainserve.evaluation.config import EvalConfig, check_gates
-from trainserve.evaluation.data import Batch, EvalData, encode_labels, open_eval_data
+from trainserve.evaluation.data import Batch, EvalData, open_eval_data
 from trainserve.evaluation.metrics import predicted_classes, task_metrics
-from trainserve.evaluation.plan import Plan, map_inputs, plan_requests
+from trainserve.evaluation.plan import Plan, plan_requests, with_class_ids
 from trainserve.evaluation.records import BatchAnswer, EvalResult, FinishedRun, LocalComparison, RunTotals, Tally
 from trainserve.evaluation.report import build_report
-from trainserve.layout import LABEL_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     try:
         client.wait_until_available(target, config.wait)
         signature = client.signature(target, None)
-        data = _with_class_ids(client, target, signature, data, config)
+        data = with_class_ids(client, target, signature, data, config.input_map, config.retries)
         plan, data = plan_requests(signature, data, target, config.task, config.output, config.input_map)
         check_gates(config.gates, plan.task)
         local_model = _local_model(config.compare_local)
@@ -58,25 +57,6 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     if report["metrics"].get("output_kind") == "logits":
         log.warning("output %r holds logits, not probabilities: loss and curves use their softmax", plan.output)
     return EvalResult(report, report["passed"], [t * 1000 for t in totals.tally.latencies], totals.tally)
-
-
-def _with_class_ids(client: ServingClient, target: Target, signature, data: EvalData, config: EvalConfig) -> EvalData:
-    """Labels that are class names (a CSV's) become the model's class ids, in the order of the model's own
-    `label_names` output, asked for one example; a name the model lacks is an error before the run."""
-    if data.labels.dtype.kind != "U" or not data.count:
-        return data
-    where = f"signature {target.signature!r} of {target.describe()}"
-    if LABEL_NAMES not in signature.outputs:
-        raise TrainserveError(
-            f"{data.name}: the labels are names ({', '.join(sorted(set(data.labels[:3].tolist())))}...) but {where}"
-            f" does not name its classes (no {LABEL_NAMES!r} output): expected integer class ids"
-        )
-    feeds = map_inputs(signature, data, config.input_map, where)
-    columns, _ = next(data.batches(1))
-    inputs = {feed.input: feed.take(columns) for feed in feeds}
-    answer = client.predict(target, inputs, [LABEL_NAMES], None, config.retries)
-    names = [v.decode() if isinstance(v, bytes) else str(v) for v in answer.outputs[LABEL_NAMES][0]]
-    return encode_labels(data, names, target.describe())
 
 
 def _local_model(version_dir: Path | None):

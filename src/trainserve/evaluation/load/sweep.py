@@ -21,7 +21,7 @@ from trainserve.evaluation.load.config import LoadConfig
 from trainserve.evaluation.load.measure import Load, Point, Request, measure
 from trainserve.evaluation.load.report import build_load_report, point_line
 from trainserve.evaluation.metrics import task_metrics
-from trainserve.evaluation.plan import Plan, plan_requests
+from trainserve.evaluation.plan import Plan, plan_requests, with_class_ids
 from trainserve.protos import predict_pb2
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
 
@@ -71,7 +71,7 @@ def run_sweep(config: LoadConfig) -> LoadResult:
     try:
         version = client.wait_until_available(target, config.wait)
         signature = client.signature(target, version)
-        inputs = build_inputs(config, signature, target, version)
+        inputs = build_inputs(config, client, signature, target, version)
         call = client.channel.unary_unary(PREDICT_METHOD)  # bytes in, bytes out: pre-serialized requests
         points = [
             _measure_point(config, call, inputs, mode, value, batch_size)
@@ -97,7 +97,9 @@ def _measure_point(config: LoadConfig, call, inputs: Inputs, mode: str, value: f
     return point
 
 
-def build_inputs(config: LoadConfig, signature: Signature, target: Target, version: int) -> Inputs:
+def build_inputs(
+    config: LoadConfig, client: ServingClient, signature: Signature, target: Target, version: int
+) -> Inputs:
     """Every request the sweep will send, serialized once; bad data or flags fail here, before any Predict."""
     where = f"signature {target.signature!r} of {target.describe()}"
     if config.data is None:
@@ -115,6 +117,7 @@ def build_inputs(config: LoadConfig, signature: Signature, target: Target, versi
         }  # fmt: skip
         return Inputs(requests, None, "synthetic (from the signature)")
     data = open_eval_data(config.data, max(config.limit, *config.batch_sizes), None, config.label_column)
+    data = with_class_ids(client, target, signature, data, config.input_map, retries=0)
     plan, data = plan_requests(signature, data, target, config.task, config.output, config.input_map)
     requests = {}
     for b in config.batch_sizes:
