@@ -13,22 +13,26 @@ import grpc
 import numpy as np
 import pytest
 from google.protobuf import wrappers_pb2
-from tensorflow_serving.apis import model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc
 
 from conftest import Server, free_port
 from trainserve.savedmodel import LoadedModel
 from trainserve.tensors import to_tensor_proto
 
-# What a third-party client sends: the tensorflow-serving-api wheel's stubs and messages, not ours.
+# What a third-party client sends: the tensorflow-serving-api wheel's stubs and messages, not ours. The wheel
+# is imported where it is used: it imports TensorFlow, which a pytest worker should pay only when it needs it.
 IMAGES = np.random.default_rng(5).integers(0, 256, (6, 8, 8, 1), dtype=np.uint8)
 
 
 def stubs(server):
+    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
     channel = grpc.insecure_channel(server.target)
     return prediction_service_pb2_grpc.PredictionServiceStub(channel), model_service_pb2_grpc.ModelServiceStub(channel)
 
 
 def predict_request(model="m", images=IMAGES, version=None, label=None, signature="", **inputs):
+    from tensorflow_serving.apis import predict_pb2
+
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model
     request.model_spec.signature_name = signature

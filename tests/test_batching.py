@@ -12,13 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from conftest import DIRECT, install_version, save_foreign_model
+from conftest import DIRECT, MONITORING, install_version, save_foreign_model
+from serving_fixtures import predict_request, stubs
 from trainserve.savedmodel import LoadedModel
 from trainserve.serving.batching import BatchScheduler, QueueFull, padded_size, split, task_size
 from trainserve.serving.config import Batching
-from trainserve.tensors import from_tensor_proto, to_tensor_proto
+from trainserve.tensors import from_tensor_proto
 
 
 def doubling_run(calls: list, gate: threading.Event | None = None):
@@ -97,20 +97,6 @@ def test_a_full_queue_refuses_and_close_drains_what_is_queued():
 
 # --- serve-local with --enable_batching -------------------------------------------------------------
 
-MONITORING = "prometheus_config { enable: true }\n"
-
-
-def stub(server) -> prediction_service_pb2_grpc.PredictionServiceStub:
-    return prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(server.target))
-
-
-def predict_request(model: str = "m", signature: str = "", **inputs: np.ndarray) -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name, request.model_spec.signature_name = model, signature
-    for key, value in inputs.items():
-        to_tensor_proto(value, into=request.inputs[key])
-    return request
-
 
 def start_batching(start, tmp_path, base, params: str, *flags: str):
     """serve-local with these batching parameters and metrics on, by `start` (in process or a process)."""
@@ -141,7 +127,7 @@ def test_concurrent_clients_get_unbatched_answers_without_padding(serve_in_proce
         "max_enqueued_batches { value: 100 }\nallowed_batch_sizes: 4\nallowed_batch_sizes: 16\n"
     )
     server = start_batching(serve_in_process, tmp_path, tmp_path / "m", params)
-    predict = stub(server)
+    predict, _ = stubs(server)
     rng = np.random.default_rng(7)
     requests = [rng.integers(0, 256, (1 + i % 3, 8, 8, 1), dtype=np.uint8) for i in range(192)]
     with ThreadPoolExecutor(32) as pool:
@@ -173,7 +159,7 @@ def test_full_queue_is_unavailable_and_sigterm_drains_queued_requests(serve_loca
         "max_enqueued_batches { value: 1 }\n"
     )
     server = start_batching(serve_local, tmp_path, tmp_path / "m", params)
-    predict = stub(server)
+    predict, _ = stubs(server)
     images = np.random.default_rng(3).integers(0, 256, (3, 8, 8, 1), dtype=np.uint8)
     queued = [predict.Predict.future(predict_request(images=images[i : i + 1]), timeout=120) for i in range(2)]
     time.sleep(1)
@@ -200,7 +186,7 @@ def test_multi_input_model_is_batched_and_odd_requests_run_alone(serve_in_proces
     save_foreign_model(tmp_path / "f" / "1")
     params = "max_batch_size { value: 32 }\nbatch_timeout_micros { value: 5000 }\nnum_batch_threads { value: 1 }\n"
     server = start_batching(serve_in_process, tmp_path, tmp_path / "f", params)
-    predict = stub(server)
+    predict, _ = stubs(server)
     rng = np.random.default_rng(11)
     cases = [(rng.normal(size=(1 + i % 4, 3)).astype(np.float32), rng.integers(0, 99, 1 + i % 4)) for i in range(64)]
 
