@@ -49,6 +49,20 @@ def test_bad_environment_value_names_the_variable(monkeypatch, capsys):
     assert "TRAINSERVE_EPOCHS='zero'" in capsys.readouterr().err
 
 
+@pytest.mark.unit
+def test_switch_variables_are_read_strictly(monkeypatch, capsys):
+    monkeypatch.setenv("TRAINSERVE_VERBOSE", "on")
+    assert build_parser().parse_args(["train"]).verbose is True
+    monkeypatch.setenv("TRAINSERVE_VERBOSE", "off")
+    assert build_parser().parse_args(["train"]).verbose is False
+    monkeypatch.setenv("TRAINSERVE_VERBOSE", "ture")  # a typo is an error, not "off"
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["train"])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and "TRAINSERVE_VERBOSE='ture'" in err and "expected true or false" in err
+    assert len(err.splitlines()) == 1
+
+
 def _bad_npz(tmp_path):
     x = np.zeros((4, 8, 8), np.uint8)
     np.savez(tmp_path / "nolabels.npz", x_train=x, y_train=np.zeros(4, np.int64), x_test=x)

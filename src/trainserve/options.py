@@ -60,12 +60,12 @@ def number_list(text: str, convert: Callable[[str], T], valid: Callable[[T], boo
 
 
 def parse_bool(text: str) -> bool:
-    """`true/false` as tensorflow_model_server's flags take them (also 1/0, yes/no)."""
-    if text.lower() in ("true", "1", "yes"):
+    """`true/false` as tensorflow_model_server's flags take them (also 1/0, yes/no, on/off)."""
+    if text.lower() in ("true", "1", "yes", "on"):
         return True
-    if text.lower() in ("false", "0", "no"):
+    if text.lower() in ("false", "0", "no", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"{text!r}: expected true or false")
+    raise argparse.ArgumentTypeError(f"{text!r}: expected true or false (or 1/0, yes/no, on/off)")
 
 
 def image_shape(text: str) -> tuple[int, int, int]:
@@ -157,11 +157,10 @@ class EnvDefaults(argparse.ArgumentParser):
             if not action.option_strings or env not in os.environ:
                 continue
             raw = os.environ[env]
-            if isinstance(action, argparse._StoreTrueAction):
-                action.default = raw.lower() in ("1", "true", "yes", "on")
-                continue
+            # A switch's variable is read as a bool, strictly: a typo must not quietly turn it off.
+            parse = parse_bool if isinstance(action, argparse._StoreTrueAction) else action.type
             try:
-                action.default = action.type(raw) if action.type else raw
+                action.default = parse(raw) if parse else raw
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 self.error(f"environment variable {env}={raw!r}: {exc}")
             if action.choices and action.default not in action.choices:
