@@ -306,9 +306,7 @@ def install_version(template: Path, model_base: Path, version: int) -> Path:
 
 # --- Docker (the e2e tier) --------------------------------------------------------------------------------------
 
-TF_VERSION_ENV = next(
-    line.split("=", 1)[1] for line in (REPO / ".env").read_text().splitlines() if line.startswith("TF_VERSION=")
-)
+TF_VERSION_ENV = pinned_tf_version()
 # Our Dockerfiles on the local STAND-IN bases (no registry here): TensorFlow CPU for tensorflow/tensorflow:<v>-gpu,
 # serve-local as tensorflow_model_server. Users get the real base images.
 DOCKER_IMAGES = {

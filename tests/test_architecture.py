@@ -151,17 +151,9 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(cycles)
 
 
-# Cycles known and being removed elsewhere: an entry here must still be a cycle (so it is deleted the day
-# the cycle goes). data <-> data_files: issue 22 splits file reading from building the Dataset.
-KNOWN_CYCLES: list[list[str]] = []
-
-
 def test_no_import_cycle_between_modules():
     cycles = import_cycles(import_graph(package_modules()))
-    new = [c for c in cycles if c not in KNOWN_CYCLES]
-    assert not new, f"modules that import each other, directly or through a loop (split out what they share): {new}"
-    gone = [c for c in KNOWN_CYCLES if c not in cycles]
-    assert not gone, f"these cycles are gone: remove them from KNOWN_CYCLES: {gone}"
+    assert not cycles, f"modules that import each other, directly or in a loop (split out what they share): {cycles}"
 
 
 @pytest.mark.parametrize(
@@ -194,15 +186,10 @@ def wheel_imports(source: str) -> list[str]:
     return sorted(m for m in imported_modules(source) if m == SERVING_WHEEL or m.startswith(SERVING_WHEEL + "."))
 
 
-# Modules allowed to import the wheel: none (issue 24 moved serving onto trainserve.protos).
-KNOWN_WHEEL_IMPORTS: set[str] = set()
-
-
 def test_no_module_imports_the_serving_wheel():
     """tensorflow_serving.apis imports all of TensorFlow: trainserve.protos is the one source of its messages."""
-    offenders = {m for m, source in package_modules().items() if wheel_imports(source)}
-    assert not offenders - KNOWN_WHEEL_IMPORTS, f"import trainserve.protos instead: {offenders - KNOWN_WHEEL_IMPORTS}"
-    assert not KNOWN_WHEEL_IMPORTS - offenders, f"remove from KNOWN_WHEEL_IMPORTS: {KNOWN_WHEEL_IMPORTS - offenders}"
+    offenders = sorted(m for m, source in package_modules().items() if wheel_imports(source))
+    assert not offenders, f"import trainserve.protos instead: {offenders}"
 
 
 @pytest.mark.parametrize(
