@@ -63,10 +63,10 @@ def referenced_types(message) -> list:
     return found
 
 
-def closure(pool) -> dict[str, set[str]]:
+def closure(pool, root_messages: list[str]) -> dict[str, set[str]]:
     """File name -> names of the top-level messages and enums to keep in it."""
     keep: dict[str, set[str]] = {}
-    todo = [pool.FindMessageTypeByName(n) for n in ROOT_MESSAGES] + [pool.FindEnumTypeByName(n) for n in ROOT_ENUMS]
+    todo = [pool.FindMessageTypeByName(n) for n in root_messages] + [pool.FindEnumTypeByName(n) for n in ROOT_ENUMS]
     for service in SERVICES:
         for method in pool.FindServiceByName(service).methods:
             todo += [method.input_type, method.output_type]
@@ -270,8 +270,7 @@ def generate(out_dir: Path) -> list[Path]:
 
     version = "tensorflow-serving-api " + importlib.metadata.version("tensorflow-serving-api")
     pool = descriptor_pool.Default()
-    ROOT_MESSAGES.extend(add_transcribed(pool))
-    keep = closure(pool)
+    keep = closure(pool, ROOT_MESSAGES + add_transcribed(pool))
     modules: dict[str, str] = {}
     for name in sorted(set(keep) - WELL_KNOWN):
         if module_name(name) in modules:
