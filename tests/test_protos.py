@@ -220,6 +220,26 @@ def test_warmup_prediction_log_crosses():
     np.testing.assert_array_equal(from_tensor_proto(theirs.predict_log.request.inputs["images"]), ARRAYS["uint8"])
 
 
+@pytest.mark.unit
+def test_warmup_file_reads_back_with_tensorflows_own_classes(tmp_path):
+    """What TF Serving replays: the records parsed by the wheel's PredictionLog, tensors by tf.make_ndarray."""
+    import tensorflow as tf
+
+    from trainserve.layout import warmup_path, write_warmup_requests
+
+    images = np.arange(5 * 3 * 3, dtype=np.uint8).reshape(5, 3, 3, 1)
+    words = np.array(["a", "é", "", "long word", "z"])
+    assert write_warmup_requests(tmp_path, "m", {"images": images, "words": words}, batch_sizes=(1, 4)) == 2
+    records = [
+        real_log_pb2.PredictionLog.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(warmup_path(tmp_path)))
+    ]
+    for size, record in zip((1, 4), records, strict=True):
+        request = record.predict_log.request
+        assert (request.model_spec.name, request.model_spec.signature_name) == ("m", "serving_default")
+        np.testing.assert_array_equal(tf.make_ndarray(request.inputs["images"]), images[:size])
+        assert tf.make_ndarray(request.inputs["words"]).tolist() == [w.encode() for w in words[:size]]
+
+
 class EchoPredictions(prediction_service_pb2_grpc.PredictionServiceServicer):
     def Predict(self, request, context):
         response = predict_pb2.PredictResponse()

@@ -20,6 +20,7 @@ import numpy as np
 
 from trainserve.protos import prediction_log_pb2
 from trainserve.task import Task
+from trainserve.tensors import from_tensor_proto, to_tensor_proto
 
 DEFAULT_SIGNATURE = "serving_default"
 ASSETS_EXTRA = "assets.extra"
@@ -96,9 +97,7 @@ def write_warmup_requests(
             request = log.predict_log.request
             request.model_spec.name, request.model_spec.signature_name = model_name, DEFAULT_SIGNATURE
             for key, array in inputs.items():
-                # TensorFlow's TensorProto and ours are different classes of one message: cross as bytes.
-                tensor = tf.make_tensor_proto(array[: min(size, len(array))])
-                request.inputs[key].ParseFromString(tensor.SerializeToString())
+                to_tensor_proto(array[: min(size, len(array))], into=request.inputs[key])
             writer.write(log.SerializeToString())
             count += 1
     return count
@@ -106,8 +105,7 @@ def write_warmup_requests(
 
 def read_warmup_inputs(version_dir: Path) -> list[tuple[str, dict[str, np.ndarray]]]:
     """The (signature, inputs) of each warmup PredictionLog record, as TF Serving replays them."""
-    import tensorflow as tf
-    from tensorflow.core.framework.tensor_pb2 import TensorProto  # TensorFlow's class, for make_ndarray
+    import tensorflow as tf  # for its TFRecord reader
 
     path = warmup_path(version_dir)
     if not path.is_file():
@@ -116,7 +114,7 @@ def read_warmup_inputs(version_dir: Path) -> list[tuple[str, dict[str, np.ndarra
     for raw in tf.data.TFRecordDataset(str(path)).take(MAX_WARMUP_RECORDS):
         log = prediction_log_pb2.PredictionLog.FromString(raw.numpy())
         request = log.predict_log.request
-        inputs = {k: tf.make_ndarray(TensorProto.FromString(v.SerializeToString())) for k, v in request.inputs.items()}
+        inputs = {k: from_tensor_proto(v) for k, v in request.inputs.items()}
         requests.append((request.model_spec.signature_name or DEFAULT_SIGNATURE, inputs))
     return requests
 
