@@ -97,3 +97,18 @@ def test_exported_model_takes_raw_columns_and_answers_as_in_process(function, tm
     names = np.array([b"no", b"yes"], dtype=object)
     assert served["class_names"].tolist() == names[served["classes"]].tolist()
     assert served["label_names"].tolist() == [[b"no", b"yes"]] * 3
+
+
+def test_a_model_file_runs_once_for_a_tabular_network(tmp_path):
+    """Resolving `file.py:fn` executes the user's file: building behind the preprocessing must do it once."""
+    from trainserve.training.model import build_network
+
+    runs = tmp_path / "runs"
+    source = tmp_path / "mine.py"
+    source.write_text(
+        f"from pathlib import Path\nwith Path({str(runs)!r}).open('a') as fh:\n    fh.write('x')\n\n"
+        "def build(spec):\n    import keras\n    inputs = spec.keras_inputs()\n"
+        "    return keras.Model(inputs, keras.layers.Dense(2, activation='softmax')(inputs['features']))\n"
+    )
+    build_network(f"{source}:build", data_spec(TRAIN, TASK, tabular=True))
+    assert runs.read_text() == "x"

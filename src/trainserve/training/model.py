@@ -64,9 +64,10 @@ class GradientAccumulationModel(keras.Model):
 def build_network(reference: str, spec: DataSpec) -> keras.Model:
     """The model `reference` builds; for tabular data behind the preprocessing layers, so it takes the raw
     columns (unless the function asked for them itself: `raw_inputs = True`)."""
-    if spec.preprocessing is None or model_fn.wants_raw_inputs(model_fn.resolve(reference)):
-        return model_fn.build(reference, spec)
-    inner = model_fn.build(reference, spec.features_spec())
+    function = model_fn.resolve(reference)
+    if spec.preprocessing is None or model_fn.wants_raw_inputs(function):
+        return model_fn.build(reference, spec, function)
+    inner = model_fn.build(reference, spec.features_spec(), function)
     raw = spec.keras_inputs()
     features = feature_layers(spec.preprocessing, raw)
     outputs = inner(model_fn.input_structure(inner)({FEATURES: features}))

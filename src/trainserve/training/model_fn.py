@@ -155,11 +155,12 @@ def _run_module(load, reference: str):
         raise TrainserveError(f"--model-fn {reference!r}: loading it failed: {type(exc).__name__}: {exc}") from None
 
 
-def build(reference: str, spec: DataSpec):
-    """Call the model function and check what it returns against the data."""
+def build(reference: str, spec: DataSpec, function: Callable | None = None):
+    """Call the model function and check what it returns against the data. `function`: `reference` already
+    resolved (resolving a file runs the user's code, which should happen once)."""
     import keras
 
-    function = resolve(reference)
+    function = function or resolve(reference)
     try:
         model = function(spec)
     except TrainserveError:
