@@ -136,20 +136,16 @@ def map_inputs(signature: Signature, data: EvalData, input_map: dict[str, str], 
 
 def _feed(column: Column, signature: Signature, name: str, where: str) -> Feed:
     spec = signature.inputs[name]
-    if column.dtype.kind == "U" and spec.dtype != column.dtype:  # text: whatever the signature takes
-        shape = (1, *column.shape)
-        for add_axis in (False, True):
-            if spec.accepts(np.empty(shape + ((1,) if add_axis else ()), spec.dtype)):
-                return Feed(column.key, name, add_axis, spec.dtype)
-    if column.dtype != spec.dtype:
+    text = column.dtype.kind == "U" and spec.dtype != column.dtype  # a CSV's text: converted to what it takes
+    if column.dtype != spec.dtype and not text:
         raise TrainserveError(
             f"{where} wants {name!r} as {spec.dtype.name}; the data's {column.key!r} is {column.dtype.name}: "
             "expected the same dtype"
         )
     for add_axis in (False, True):
         shape = (1, *column.shape) + ((1,) if add_axis else ())
-        if spec.accepts(np.empty(shape, column.dtype)):
-            return Feed(column.key, name, add_axis)
+        if spec.accepts(np.empty(shape, spec.dtype)):
+            return Feed(column.key, name, add_axis, spec.dtype if text else None)
     raise TrainserveError(
         f"{where} wants {name!r} shaped {spec.describe()}; the data's {column.key!r} examples are "
         f"{list(column.shape)}: expected the same shape"
