@@ -93,8 +93,8 @@ def outcome(exc: BaseException | None) -> str:
 class Tracked:
     """A request counted while it runs (for the drain log), then by outcome and latency (for metrics).
 
-    A class, not a @contextmanager: it runs on every request, and a generator per request costs the
-    event loop more than the rest of this bookkeeping."""
+    A class, not a @contextmanager: it runs on the event loop for every request, where a generator
+    object per request is work that can be spared."""
 
     __slots__ = ("servables", "labels", "started")
 
