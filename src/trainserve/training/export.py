@@ -67,7 +67,7 @@ def export_savedmodel(model, path: Path, inputs, task: Task | None = None, prepr
     import tensorflow as tf
 
     from trainserve.training.model_fn import InputSpec, input_structure
-    from trainserve.training.preprocessing import unknown_categories
+    from trainserve.training.preprocessing import counts_unknown_categories, unknown_categories
 
     if inputs and isinstance(inputs[0], int):
         inputs = [InputSpec("images", tuple(inputs), "uint8")]
@@ -80,7 +80,7 @@ def export_savedmodel(model, path: Path, inputs, task: Task | None = None, prepr
     def serve(*args):
         feed = {name: tf.cast(arg, model_dtypes[name]) for name, arg in zip(names, args)}
         outputs = serving_outputs(model(structure(feed), training=False), task)
-        if preprocessing is not None and preprocessing.categories:
+        if counts_unknown_categories(preprocessing):
             outputs[UNKNOWN_CATEGORIES] = unknown_categories(preprocessing, feed)
         return outputs
 

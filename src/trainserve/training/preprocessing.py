@@ -154,6 +154,11 @@ def _missing_values_layer():
     return MissingValues
 
 
+def counts_unknown_categories(plan: Preprocessing | None) -> bool:
+    """Whether the served signature answers `unknown_categories`: only category columns have values to miss."""
+    return plan is not None and bool(plan.categories)
+
+
 def unknown_categories(plan: Preprocessing, inputs: dict):
     """int64 [N]: per example, how many category cells hold a value training never saw (served through the
     OOV bucket; an empty cell is missing, not unknown). TensorFlow ops on the signature's inputs."""

@@ -39,6 +39,7 @@ from trainserve.training.multi_worker import (
     weights_digest,
 )
 from trainserve.training.pipeline import Batches, make_batches
+from trainserve.training.preprocessing import counts_unknown_categories
 from trainserve.training.publish import PublishedVersion, ensure_writable, publish_or_discard, staging_dir
 
 log = logging.getLogger(__name__)
@@ -234,9 +235,8 @@ def _export_and_publish(
     golden = _golden_batch(model, {k: v[:GOLDEN_BATCH] for k, v in dataset.test.items()}, spec)
     atol = MIXED_PRECISION_ATOL if plan.mixed_precision else FLOAT32_ATOL
     gate = {"atol": atol, "golden_batch": len(next(iter(golden.inputs.values())))}
-    # The export adds UNKNOWN_CATEGORIES where the preprocessing has category columns (their vocabularies).
-    counts_unknown = spec.preprocessing is not None and bool(spec.preprocessing.categories)
-    outputs = sorted([*golden.outputs, *([UNKNOWN_CATEGORIES] if counts_unknown else [])])
+    unknown = [UNKNOWN_CATEGORIES] if counts_unknown_categories(spec.preprocessing) else []  # the export's rule
+    outputs = sorted([*golden.outputs, *unknown])
     metadata = _version_metadata(config, dataset, data_info, plan, metrics, gate, outputs)
     # Always a fresh float32 rebuild, traced where no GPU is visible: no fp16 compute, no distributed
     # variables, no cuDNN kernel and no device placement from training in the served graph. In this process
