@@ -215,7 +215,7 @@ def main() -> None:
             single = one_per_request(target, x[: args.single])
             rest = rest_json(f"http://127.0.0.1:{rest_port}", x)
 
-            print(f"\n{args.examples} examples, 28x28x1 uint8, small CNN, {os.cpu_count()} CPUs, loopback")
+            print(f"\n{args.examples} examples, 28x28x1 uint8, small CNN, {cores} CPUs, loopback")
             print(f"  (a) in-process ceiling                        {ceiling.describe()}")
             print(f"  (b) trainserve eval (batch 256, 4 in flight)   {ours:10.0f} ex/s")
             print(f"  (c) one example per request (mnist_client)     {single:10.0f} ex/s")

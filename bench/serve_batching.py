@@ -163,7 +163,7 @@ async def serve_fixed_answer(port: int) -> None:
     await server.wait_for_termination()
 
 
-def start_floor(tmp: Path) -> tuple[subprocess.Popen, str, None]:
+def start_floor() -> tuple[subprocess.Popen, str, None]:
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve-fixed-answer", str(port)])
     return server, f"127.0.0.1:{port}", None
@@ -298,7 +298,7 @@ def main() -> None:
         export_model(tmp / "models" / "bench" / "1")
         ceiling = in_process_ceiling(tmp / "models" / "bench" / "1", examples(8192), (32, 64, 128, 256, 512))
         print(f"measuring the gRPC floor ({args.seconds:g} s)...", flush=True)
-        floor = measure("gRPC floor", start_floor(tmp), args)
+        floor = measure("gRPC floor", start_floor(), args)
         results = []
         for name, timeout_micros, threads in CONFIGS:
             print(f"measuring {name} ({args.seconds:g} s)...", flush=True)
