@@ -8,6 +8,12 @@ the real server read serve-local too:
 - with batching, `:tensorflow:serving:batching_session:{input_batch_size,processed_batch_size,padding_size}`
   from batching/batching_session.cc (TF Serving samples these as percentiles; here they are histograms).
 Our request_count keeps an `api` label TF Serving's lacks; `available_versions` is serve-local's own.
+
+The page follows the text exposition format (prometheus.io/docs/instrumenting/exposition_formats): label
+values escape backslash, double quote and line feed, HELP text backslash and line feed. TF Serving's exporter
+(util/prometheus_exporter.cc) escapes only the first two, and labels request_count with whatever name a
+request asked for; here a name no configured model has is counted as UNKNOWN_MODEL, so clients cannot grow
+the page without bound.
 """
 
 from __future__ import annotations
@@ -23,11 +29,20 @@ CONTENT_TYPE = "text/plain; version=0.0.4"
 PREFIX = ":tensorflow:serving"
 LATENCY_BUCKETS = tuple(10 * 1.8**i for i in range(33))  # Buckets::Exponential(10, 1.8, 33)
 BATCH_BUCKETS = tuple(2.0**i for i in range(15))  # 1 .. 16384 rows
+# The model_name of requests for a model that is not configured: one series for all of them.
+UNKNOWN_MODEL = "<unknown>"
+
+_LABEL_VALUE_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
+_HELP_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n"})
 
 
 def _labels(names: tuple[str, ...], values: tuple[str, ...], extra: str = "") -> str:
-    parts = [f'{n}="{v}"' for n, v in zip(names, values)] + ([extra] if extra else [])
+    parts = [f'{n}="{v.translate(_LABEL_VALUE_ESCAPES)}"' for n, v in zip(names, values)] + ([extra] if extra else [])
     return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def _header(name: str, kind: str, help_text: str) -> list[str]:
+    return [f"# HELP {name} {help_text.translate(_HELP_ESCAPES)}", f"# TYPE {name} {kind}"]
 
 
 class RequestCounter:
@@ -52,6 +67,7 @@ class Histogram:
     """A Prometheus histogram per label values: cumulative buckets, sum and count."""
 
     name: str
+    help_text: str
     label_names: tuple[str, ...]
     bounds: tuple[float, ...]
     _cells: dict[tuple[str, ...], list] = field(default_factory=dict, init=False)
@@ -66,14 +82,15 @@ class Histogram:
     def lines(self) -> list[str]:
         with self._lock:
             cells = sorted((labels, list(counts), total) for labels, (counts, total) in self._cells.items())
-        out = [f"# TYPE {self.name} histogram"]
+        out = _header(self.name, "histogram", self.help_text)
         for labels, counts, total in cells:
             running = 0
             for bound, count in zip((*self.bounds, float("inf")), counts):
                 running += count
                 le = 'le="+Inf"' if bound == float("inf") else f'le="{bound:g}"'
                 out.append(f"{self.name}_bucket{_labels(self.label_names, labels, le)} {running}")
-            out.append(f"{self.name}_sum{_labels(self.label_names, labels)} {total:g}")
+            # Every digit (TF Serving rounds to 6): a rounded sum moves in steps, and rate() with it.
+            out.append(f"{self.name}_sum{_labels(self.label_names, labels)} {total!r}")
             out.append(f"{self.name}_count{_labels(self.label_names, labels)} {running}")
         return out
 
@@ -85,18 +102,31 @@ class ServingMetrics:
     requests: RequestCounter = field(default_factory=RequestCounter)
     request_latency: Histogram = field(
         default_factory=lambda: Histogram(
-            f"{PREFIX}:request_latency", ("model_name", "API", "entrypoint"), LATENCY_BUCKETS
+            f"{PREFIX}:request_latency",
+            "Distribution of wall time (in microseconds) for Tensorflow Serving request.",
+            ("model_name", "API", "entrypoint"),
+            LATENCY_BUCKETS,
         )
     )
     input_batch_size: Histogram = field(
-        default_factory=lambda: Histogram(f"{PREFIX}:batching_session:input_batch_size", (), BATCH_BUCKETS)
+        default_factory=lambda: Histogram(
+            f"{PREFIX}:batching_session:input_batch_size", "Rows of each request a batch took in.", (), BATCH_BUCKETS
+        )
     )
     processed_batch_size: Histogram = field(
-        default_factory=lambda: Histogram(f"{PREFIX}:batching_session:processed_batch_size", (), BATCH_BUCKETS)
+        default_factory=lambda: Histogram(
+            f"{PREFIX}:batching_session:processed_batch_size",
+            "Rows of each batch run, padding included.",
+            (),
+            BATCH_BUCKETS,
+        )
     )
     padding_size: Histogram = field(
         default_factory=lambda: Histogram(
-            f"{PREFIX}:batching_session:padding_size", ("execution_batch_size",), BATCH_BUCKETS
+            f"{PREFIX}:batching_session:padding_size",
+            "Padding rows of each batch run, by the rows it ran.",
+            ("execution_batch_size",),
+            BATCH_BUCKETS,
         )
     )
 
@@ -109,14 +139,15 @@ class ServingMetrics:
 
 
 def prometheus_text(metrics: ServingMetrics, manager: ModelManager, batching: bool = False) -> str:
-    lines = [f"# TYPE {PREFIX}:request_count counter"]
-    for (name, api, status), count in metrics.requests.snapshot():
-        lines.append(f'{PREFIX}:request_count{{model_name="{name}",api="{api}",status="{status}"}} {count}')
+    lines = _header(f"{PREFIX}:request_count", "counter", "The total number of requests.")
+    for labels, count in metrics.requests.snapshot():
+        lines.append(f"{PREFIX}:request_count{_labels(('model_name', 'api', 'status'), labels)} {count}")
     lines += metrics.request_latency.lines()
     if batching:
         lines += metrics.input_batch_size.lines() + metrics.processed_batch_size.lines()
         lines += metrics.padding_size.lines()
-    lines.append("# TYPE :trainserve:serve_local:available_versions gauge")
+    versions = ":trainserve:serve_local:available_versions"
+    lines += _header(versions, "gauge", "Versions of each configured model AVAILABLE now.")
     for name, model in sorted(manager.models.items()):
-        lines.append(f':trainserve:serve_local:available_versions{{model_name="{name}"}} {len(model.available())}')
+        lines.append(f"{versions}{_labels(('model_name',), (name,))} {len(model.available())}")
     return "\n".join(lines) + "\n"

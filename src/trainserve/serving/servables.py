@@ -29,7 +29,7 @@ from trainserve.savedmodel import LoadedModel, UnknownSignature
 from trainserve.serving.batching import Arrays, BatchScheduler, QueueFull, shape_key, task_size
 from trainserve.serving.config import Batching
 from trainserve.serving.manager import ModelManager, NotFound, VersionState
-from trainserve.serving.metrics import ServingMetrics
+from trainserve.serving.metrics import UNKNOWN_MODEL, ServingMetrics
 
 
 class ServingError(Exception):
@@ -91,7 +91,8 @@ def outcome(exc: BaseException | None) -> str:
 
 
 class Tracked:
-    """A request counted while it runs (for the drain log), then by outcome and latency (for metrics).
+    """A request counted while it runs (for the drain log), then by outcome and latency (for metrics), under
+    its model's name when that model is configured, else under UNKNOWN_MODEL: a client's typo adds no series.
 
     A class, not a @contextmanager: it runs on the event loop for every request, where a generator
     object per request is work that can be spared."""
@@ -111,6 +112,7 @@ class Tracked:
         servables, (name, api, entrypoint) = self.servables, self.labels
         with servables._lock:
             servables._inflight -= 1
+        name = name if name in servables.manager.models else UNKNOWN_MODEL
         servables.metrics.requests.add(name, api, outcome(exc))
         servables.metrics.request_latency.observe(micros, name, LATENCY_API[api], entrypoint)
 

@@ -1,0 +1,110 @@
+"""serve-local's Prometheus page, read by prometheus_client's own parser (the reference reader of the text
+exposition format) after clients asked for models with hostile names: the page still parses, a configured
+model's name comes back exactly, and names no model has share one series however many there are."""
+
+from __future__ import annotations
+
+import random
+import urllib.parse
+
+import grpc
+import pytest
+
+from conftest import DIRECT, MONITORING, install_version
+from serving_fixtures import predict_request, stubs
+from trainserve.model_server_config import render_model_config, single_model_config
+from trainserve.serving.metrics import UNKNOWN_MODEL
+
+pytestmark = pytest.mark.unit
+
+REQUEST_COUNT = ":tensorflow:serving:request_count"
+# Every character the format escapes in a label value, and some it does not need to.
+HOSTILE = ['a"b', "back\\slash", "line\nfeed", "ünïcødé ☃", "", " ", "\\n", "} 1\n# TYPE x counter", '{model_name="x"}']
+# A configured model whose name needs every escape: it is counted under its own name, which must parse back.
+CONFIGURED = 'we"ird\\name\nwith ☃'
+
+
+@pytest.fixture(name="server")
+def server_fixture(serve_in_process, model_versions, tmp_path):
+    """serve-local with metrics on, serving one version as `m` and as CONFIGURED."""
+    base = tmp_path / "m"
+    install_version(model_versions[0], base, 1)
+    config = single_model_config("m", str(base))
+    config.model_config_list.config.add(name=CONFIGURED, base_path=str(base), model_platform="tensorflow")
+    models, monitoring = tmp_path / "models.config", tmp_path / "monitoring.config"
+    models.write_text(render_model_config(config))
+    monitoring.write_text(MONITORING)
+    server = serve_in_process(f"--model_config_file={models}", f"--monitoring_config_file={monitoring}")
+    server.wait_available("m", 1)
+    return server
+
+
+def scrape(server) -> dict:
+    """The page as prometheus_client parses it: family name -> family (a malformed page raises)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = DIRECT.open(server.rest + "/monitoring/prometheus/metrics", timeout=10).read().decode()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def series(families: dict) -> int:
+    return sum(len(family.samples) for family in families.values())
+
+
+def request_count(families: dict, model: str, api: str, status: str) -> float:
+    samples = families[REQUEST_COUNT].samples
+    return sum(s.value for s in samples if s.labels == {"model_name": model, "api": api, "status": status})
+
+
+def ask_for(server, predict, model_service, name: str) -> None:
+    """Predict, GetModelMetadata and GetModelStatus over gRPC, and status over REST, for a model named `name`."""
+    from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
+
+    metadata = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    metadata.model_spec.name = name
+    status = get_model_status_pb2.GetModelStatusRequest()
+    status.model_spec.name = name
+    for call, request in [(predict.Predict, predict_request(name)), (predict.GetModelMetadata, metadata),
+                          (model_service.GetModelStatus, status)]:  # fmt: skip
+        with pytest.raises(grpc.RpcError) as err:
+            call(request, timeout=30)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND, (name, err.value)
+    assert server.get("/v1/models/" + urllib.parse.quote(name, safe=""))[0] == 404, name
+
+
+def test_hostile_model_names_leave_a_page_the_reference_parser_reads(server):
+    predict, model_service = stubs(server)
+    for name in HOSTILE:
+        ask_for(server, predict, model_service, name)
+    predict.Predict(predict_request(CONFIGURED), timeout=30)
+    predict.Predict(predict_request("m"), timeout=30)
+
+    families = scrape(server)
+    names = {s.labels["model_name"] for s in families[REQUEST_COUNT].samples}
+    assert names == {"m", CONFIGURED, UNKNOWN_MODEL}, "unknown names are never labels; configured ones parse back"
+    assert request_count(families, UNKNOWN_MODEL, "predict", "NOT_FOUND") == len(HOSTILE)
+    assert request_count(families, UNKNOWN_MODEL, "metadata", "NOT_FOUND") == len(HOSTILE)
+    assert request_count(families, CONFIGURED, "predict", "OK") == 1
+    assert request_count(families, "m", "predict", "OK") == 1
+    latency = families[":tensorflow:serving:request_latency"]
+    assert {"m", CONFIGURED, UNKNOWN_MODEL} == {s.labels["model_name"] for s in latency.samples}
+    available = families[":trainserve:serve_local:available_versions"].samples
+    assert {s.labels["model_name"]: s.value for s in available} == {"m": 1, CONFIGURED: 1}
+    assert families[REQUEST_COUNT].documentation == "The total number of requests."
+
+
+def test_random_unknown_model_names_add_no_series(server):
+    predict, model_service = stubs(server)
+    ask_for(server, predict, model_service, "first unknown")
+    before = scrape(server)
+    rng = random.Random(30)
+    alphabet = 'ab"\\\n\r\t {}=,#☃ü' + "".join(map(chr, range(0x4E00, 0x4E10)))
+    for _ in range(200):
+        name = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24)))
+        with pytest.raises(grpc.RpcError) as err:
+            predict.Predict(predict_request(name), timeout=30)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND, (name, err.value)
+
+    after = scrape(server)
+    assert series(after) == series(before), "200 unknown names: the same series, only their counts grew"
+    assert request_count(after, UNKNOWN_MODEL, "predict", "NOT_FOUND") == 1 + 200
