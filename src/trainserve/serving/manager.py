@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainserve.errors import TrainserveError, first_line
-from trainserve.layout import read_warmup_inputs
+from trainserve.layout import is_version_dir, read_warmup_inputs
 from trainserve.protos.get_model_status_pb2 import ModelVersionStatus
 from trainserve.savedmodel import LoadedModel
 
@@ -40,6 +40,16 @@ class VersionState:
     @property
     def error_code(self) -> str:
         return "UNKNOWN" if self.error_message else "OK"
+
+
+@dataclass(frozen=True)
+class ServableHandle:
+    """A loaded version as one request holds it, as TF Serving's ServableHandle (core/servable_handle.h):
+    the model stays usable for as long as the request holds the handle, even when the version unloads
+    meanwhile; its session closes once the last holder lets go."""
+
+    version: int
+    model: LoadedModel
 
 
 @dataclass
@@ -72,7 +82,7 @@ class ServedModel:
     def on_disk(self) -> dict[int, float]:
         """Numeric version directories and their mtimes; non-numeric ones are skipped, as TF Serving does."""
         try:
-            return {int(p.name): p.stat().st_mtime for p in self.base_path.iterdir() if p.name.isdigit() and p.is_dir()}
+            return {int(p.name): p.stat().st_mtime for p in self.base_path.iterdir() if is_version_dir(p)}
         except (FileNotFoundError, NotADirectoryError):
             return {}
 
@@ -88,20 +98,21 @@ class ServedModel:
         # list(): a snapshot taken in one step, so the poller may add a version meanwhile.
         return {v: s for v, s in list(self.versions.items()) if s.state == State.AVAILABLE}
 
-    def resolve(self, version: int | None = None, label: str | None = None) -> VersionState:
-        """The version a request names (by number, label, or the newest available)."""
-        available = self.available()
+    def resolve(self, version: int | None = None, label: str | None = None) -> ServableHandle:
+        """A handle on the version a request names (by number, label, or the newest available); NOT_FOUND,
+        with TF Serving's message (core/basic_manager.cc), when that version is not served (any more)."""
         if label:
             if label not in self.labels:
                 raise NotFound(f"Unrecognized servable version label: {label}")
             version = self.labels[label]
-        if version is None:
-            if not available:
-                raise NotFound(f"Servable not found for request: Latest({self.name})")
-            return available[max(available)]
-        if version not in available:
-            raise NotFound(f"Servable not found for request: Specific({self.name}, {version})")
-        return available[version]
+        available = self.available()
+        state = available.get(max(available, default=None) if version is None else version)
+        # Read once: an unload after this line leaves the request its model; one before it is a miss.
+        model = state.model if state is not None else None
+        if model is None:
+            wanted = f"Latest({self.name})" if version is None else f"Specific({self.name}, {version})"
+            raise NotFound(f"Servable not found for request: {wanted}")
+        return ServableHandle(state.version, model)
 
 
 class ModelManager:
@@ -224,7 +235,8 @@ class ModelManager:
         return len(requests)
 
     def _unload(self, name: str, state: VersionState) -> None:
-        # Requests already running hold their own reference; the session closes when the last one ends.
+        # Out of AVAILABLE first, so no new request resolves it; requests holding a ServableHandle finish on
+        # it, and its session closes when the last of them lets go.
         log.info("model %s version %d: UNLOADING", name, state.version)
         state.state = State.UNLOADING
         state.model = None

@@ -28,7 +28,7 @@ from trainserve.protos import get_model_metadata_pb2
 from trainserve.savedmodel import LoadedModel, UnknownSignature
 from trainserve.serving.batching import Arrays, BatchScheduler, QueueFull, shape_key, task_size
 from trainserve.serving.config import Batching
-from trainserve.serving.manager import ModelManager, NotFound, VersionState
+from trainserve.serving.manager import ModelManager, NotFound, ServableHandle, VersionState
 from trainserve.serving.metrics import UNKNOWN_MODEL, ServingMetrics
 
 
@@ -139,16 +139,16 @@ class Servables:
         self._inflight = 0
         self._lock = threading.Lock()
 
-    def resolve(self, name: str, version: int | None, label: str | None) -> VersionState:
+    def resolve(self, name: str, version: int | None, label: str | None) -> ServableHandle:
         try:
             return self.manager.get(name).resolve(version, label)
         except NotFound as exc:
             raise ServingError(grpc.StatusCode.NOT_FOUND, str(exc)) from None
 
-    def inputs_spec(self, state: VersionState, signature: str) -> dict:
+    def inputs_spec(self, servable: ServableHandle, signature: str) -> dict:
         """The named signature's inputs (name -> spec) in the resolved version."""
         try:
-            inputs_spec, _ = state.model.signature(signature)
+            inputs_spec, _ = servable.model.signature(signature)
         except UnknownSignature:
             raise unknown_signature(signature) from None
         return inputs_spec
@@ -177,19 +177,19 @@ class Servables:
     def _prepare(self, name, version, label, signature, inputs, output_filter) -> PredictCall:
         """Resolve the version and check the request; with batching, pick the queue it joins."""
         signature = signature or DEFAULT_SIGNATURE
-        state = self.resolve(name, version, label)
-        model, output_filter = state.model, tuple(output_filter)
+        servable = self.resolve(name, version, label)  # held until the request ends, even across an unload
+        model, output_filter = servable.model, tuple(output_filter)
         self._check_batch_size(inputs)
         run = functools.partial(self._run, model, signature, output_filter=output_filter)
         size = task_size(inputs) if self.scheduler else None
         if size is None:  # batching off, or a request that cannot be concatenated: it runs alone
-            return PredictCall(state.version, signature, run)
+            return PredictCall(servable.version, signature, run)
         # Checked before queueing: one malformed request must not fail the batch it would join.
         with tf_errors(signature):
             model.check_inputs(signature, inputs)
             check_output_filter(model, signature, output_filter)
         key = (model, signature, frozenset(output_filter), shape_key(inputs))
-        return PredictCall(state.version, signature, run, key, size)
+        return PredictCall(servable.version, signature, run, key, size)
 
     def _check_batch_size(self, inputs) -> None:
         """With batching on, a request larger than max_batch_size fails, as in the batch scheduler TF
@@ -210,8 +210,8 @@ class Servables:
 
     def metadata(self, name, version, label, entrypoint="GRPC") -> tuple[int, get_model_metadata_pb2.SignatureDefMap]:
         with Tracked(self, name, "metadata", entrypoint):
-            state = self.resolve(name, version, label)
-            return state.version, state.model.signature_def_map
+            servable = self.resolve(name, version, label)
+            return servable.version, servable.model.signature_def_map
 
     def status(self, name, version, label, entrypoint="GRPC") -> list[VersionState]:
         """Every version's state (all states, not only AVAILABLE), or only the one named."""
