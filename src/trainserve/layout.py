@@ -42,7 +42,8 @@ SPLIT_TASK_KEY = "task"
 
 
 def is_version_dir(path: Path) -> bool:
-    return path.name.isdigit() and path.is_dir()
+    # ASCII digits only: str.isdigit() also takes '²' (int() then fails) and '١٢' (which TF Serving skips).
+    return path.name.isascii() and path.name.isdigit() and path.is_dir()
 
 
 def numeric_versions(model_base: Path) -> list[int]:
