@@ -107,7 +107,7 @@ def rest_json(rest: str, x: np.ndarray, batch: int = 256) -> float:
 # `trainserve eval` with a hook that prints when the first Predict goes out (wall clock, seconds).
 TIMED_EVAL = """
 import sys, time
-from trainserve.evaluation import client
+from trainserve.client import connection as client
 predict = client.ServingClient.predict
 def first_predict(self, *args, **kwargs):
     if not getattr(first_predict, "done", False):

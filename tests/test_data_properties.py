@@ -203,7 +203,7 @@ class InProcessServer:
 def test_what_train_accepts_is_served_with_the_in_process_predictions(case):
     import keras
 
-    from trainserve.evaluation.client import ServingClient, Target
+    from trainserve.client import ServingClient, Target
     from trainserve.evaluation.data import open_eval_data
     from trainserve.evaluation.plan import plan_requests
     from trainserve.savedmodel import LoadedModel

@@ -28,8 +28,8 @@ def start_server(serve_local, config) -> ServeLocal:
 
 
 def label_version(server: ServeLocal, label: str) -> int | None:
-    code, body = server.get(f"/v1/models/m/labels/{label}")
-    return int(body["model_version_status"][0]["version"]) if code == 200 else None
+    code, body = server.get(f"/v1/models/m/labels/{label}/metadata")  # the status route ignores labels, as TF Serving
+    return int(body["model_spec"]["version"]) if code == 200 else None
 
 
 class StableClients:

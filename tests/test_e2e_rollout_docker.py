@@ -59,9 +59,9 @@ def output(proc: subprocess.CompletedProcess) -> str:
 
 def stable(project: dict) -> int | None:
     """The version Predict would answer for label `stable` (GetModelMetadata resolves labels as Predict does)."""
-    from trainserve.rollout.server import ServingServer
+    from trainserve.client import ServingClient
 
-    server = ServingServer(f"127.0.0.1:{project['GRPC_PORT']}")
+    server = ServingClient(f"127.0.0.1:{project['GRPC_PORT']}")
     try:
         return server.label_version(MODEL, "stable")
     finally:

@@ -221,7 +221,7 @@ def test_npz_is_streamed_not_loaded(tmp_path):
 def test_backoff_grows_is_capped_and_jittered():
     import random
 
-    from trainserve.evaluation.client import BACKOFF_BASE_S, BACKOFF_MAX_S, backoff_delay
+    from trainserve.client.predict import BACKOFF_BASE_S, BACKOFF_MAX_S, backoff_delay
 
     rng = random.Random(0)
     for attempt in range(12):

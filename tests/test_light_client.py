@@ -87,6 +87,40 @@ def test_bundled_digits_without_scikit_learn_says_what_to_install(served):
     assert_one_line_error(proc, "'sklearn'", "pip install 'trainserve[train]'")
 
 
+# The shared client on its own, as a third party's script would use it: wait, resolve a label, Predict pinned.
+CLIENT = f"""
+import json, sys
+sys.modules.update(dict.fromkeys({HEAVY!r}))
+import numpy as np
+from trainserve.client import ServingClient, Target
+with ServingClient(sys.argv[1]) as client:
+    target = Target("m", label="stable")
+    version = client.wait_until_available(target, 60)
+    images = np.zeros((2, 8, 8, 1), np.uint8)
+    answer = client.predict(target, {{"images": images}}, ["classes"], version, retries=0)
+heavy = {{m.split(".")[0] for m, v in sys.modules.items() if v is not None}} & set({HEAVY!r})
+print(json.dumps([version, answer.version, sorted(heavy)]))
+"""
+
+
+def test_the_shared_client_imports_no_tensorflow(model_versions, tmp_path):
+    base, config = tmp_path / "m", tmp_path / "models.config"
+    install_version(model_versions[0], base, 1)
+    config.write_text(
+        f'model_config_list {{ config {{ name: "m" base_path: "{base}" model_platform: "tensorflow" '
+        'version_labels { key: "stable" value: 1 } } }\n'
+    )
+    server = InProcessServer(f"--model_config_file={config}", "--allow_version_labels_for_unavailable_models")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", CLIENT, server.target], capture_output=True, text=True, timeout=300
+        )
+    finally:
+        assert server.stop() == 0
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [1, 1, []], "resolved, pinned, and no TensorFlow"
+
+
 def light_ok(*args) -> str:
     """Run a command with TensorFlow, Keras and tensorflow_serving unimportable; it must succeed importing none."""
     proc = run_light(*args, core_install=True)
@@ -122,8 +156,8 @@ def test_a_whole_rollout_runs_on_the_core_install(model_versions, tmp_path):
                      "--report", report)  # fmt: skip
             assert f"stable -> {version}" in light_ok("promote", *rollout, "--report", report)
         assert "stable -> 1" in light_ok("rollback", *rollout, "--reason", "light-client test")
-        server.wait_for(lambda: server.get("/v1/models/m/labels/stable")[0] == 200, "the stable label")
-        (status,) = server.get("/v1/models/m/labels/stable")[1]["model_version_status"]
-        assert int(status["version"]) == 1
+        # The metadata route resolves a label (the status route lists every version, as in TF Serving).
+        stable = "/v1/models/m/labels/stable/metadata"
+        server.wait_for(lambda: server.get(stable)[1]["model_spec"]["version"] == "1", "stable back on version 1")
     finally:
         assert server.stop() == 0

@@ -22,7 +22,7 @@ from conftest import (
     serve_counted,
 )
 from trainserve.cli import main
-from trainserve.evaluation.client import Signature
+from trainserve.client import Signature
 from trainserve.evaluation.load.config import LoadConfig
 from trainserve.evaluation.load.measure import Window, is_stable
 from trainserve.evaluation.load.report import best_point, validate_load_report

@@ -26,7 +26,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc as real_predicti
 from tensorflow_serving.config import model_server_config_pb2 as real_config_pb2
 
 from conftest import REPO
-from trainserve.evaluation.client import Target
+from trainserve.client import Target
 from trainserve.protos import (
     classification_pb2,
     get_model_metadata_pb2,

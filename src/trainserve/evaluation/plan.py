@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from trainserve.client import ServingClient, Signature, Target
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.client import ServingClient, Signature, Target
 from trainserve.evaluation.config import TaskChoice
 from trainserve.evaluation.data import Column, EvalData, encode_labels
 from trainserve.layout import CLASSES, LABEL_NAMES, PREDICTIONS, PROBABILITIES, UNKNOWN_CATEGORIES
@@ -88,10 +88,17 @@ def plan_requests(
 
 
 def with_class_ids(
-    client: ServingClient, target: Target, signature: Signature, data: EvalData, input_map: dict[str, str], retries: int
+    client: ServingClient,
+    target: Target,
+    signature: Signature,
+    data: EvalData,
+    input_map: dict[str, str],
+    retries: int,
+    version: int | None = None,
 ) -> EvalData:
     """Labels that are class names (a CSV's) become the model's class ids, in the order of the model's own
-    `label_names` output, asked for one example; a name the model lacks is an error before the run."""
+    `label_names` output, asked of `version` (None: the target's) for one example; a name the model lacks is an
+    error before the run."""
     if data.labels.dtype.kind != "U" or not data.count:
         return data
     where = f"signature {target.signature!r} of {target.describe()}"
@@ -103,7 +110,7 @@ def with_class_ids(
     feeds = map_inputs(signature, data, input_map, where)
     columns, _ = next(data.batches(1))
     inputs = {feed.input: feed.take(columns) for feed in feeds}
-    answer = client.predict(target, inputs, [LABEL_NAMES], None, retries)
+    answer = client.predict(target, inputs, [LABEL_NAMES], version, retries)
     names = [v.decode() if isinstance(v, bytes) else str(v) for v in answer.outputs[LABEL_NAMES][0]]
     return encode_labels(data, names, target.describe())
 

@@ -3,6 +3,6 @@ evaluated on the real server, and only then labelled `stable`; `rollback` moves 
 
 The state is the serving config itself (a ModelServerConfig text proto both TF Serving and serve-local
 poll), plus an append-only history next to it. Module order: config (options) -> labels (which versions
-the labels need) -> config_file (read, validate, write atomically) -> history -> server (wait for the
-server to apply a change) -> steps (candidate, promote, rollback).
+the labels need) -> config_file (read, validate, write atomically) -> history -> steps (candidate, promote,
+rollback), which wait for the server to apply a change through the shared client (trainserve.client).
 """

@@ -28,10 +28,11 @@ def add_parsers(commands) -> None:
         p.set_defaults(func=func)
 
 
-def _rollout_server(target: str):
-    from trainserve.rollout.server import ServingServer
+def _rollout_server(target: str | None):
+    """The server a step waits on (None: do not wait): the shared TF Serving client."""
+    from trainserve.client import ServingClient
 
-    return ServingServer(target) if target else None
+    return ServingClient(target) if target else None
 
 
 def run_candidate(args: argparse.Namespace) -> int:

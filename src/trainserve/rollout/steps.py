@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class Server(Protocol):
-    """What the steps ask of the server (rollout.server.ServingServer; a stand-in in unit tests)."""
+    """What the steps ask of the server (trainserve.client.ServingClient; a stand-in in unit tests)."""
 
     def wait_available(self, model: str, version: int, wait: float) -> None: ...
 

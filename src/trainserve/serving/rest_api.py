@@ -188,6 +188,8 @@ class RestHandler(BaseHTTPRequestHandler):
             return self._send(200, metadata_json(name, version, signature_map))
         if verb:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"{verb} needs POST")
+        # /labels/{l} lists every version: TF Serving's handler puts the label in the ModelSpec and GetModelStatus
+        # ignores it (http_rest_api_handler.cc, get_model_status_impl.cc); /labels/{l}/metadata resolves it.
         return self._send(200, status_json(self.servables.status(name, version, label, entrypoint="REST")))
 
     def do_POST(self):

@@ -214,12 +214,13 @@ class Servables:
             return servable.version, servable.model.signature_def_map
 
     def status(self, name, version, label, entrypoint="GRPC") -> list[VersionState]:
-        """Every version's state (all states, not only AVAILABLE), or only the one named."""
+        """Every version's state (all states, not only AVAILABLE), or only the one named. `label` is ignored, as
+        TF Serving ignores a ModelSpec's version_label here (model_servers/get_model_status_impl.cc): a status asked
+        for a label lists every version; GetModelMetadata resolves labels."""
+        del label
         with Tracked(self, name, "status", entrypoint):
             try:
                 model = self.manager.get(name)
-                if label:
-                    version = model.resolve(None, label).version
             except NotFound as exc:
                 raise ServingError(grpc.StatusCode.NOT_FOUND, str(exc)) from None
             states = sorted(model.versions.values(), key=lambda s: s.version)

@@ -3,8 +3,9 @@
 
 Wait for the model -> read its signature -> build the requests (held-out data through the eval's plan,
 so that answers are checked against labels as they arrive; or synthetic inputs from the signature's
-dtypes and shapes) before any Predict -> one point after another, all pinned to the version that was
-AVAILABLE -> the report (report.py): the best throughput within the latency budget.
+dtypes and shapes) before any Predict -> one point after another, all pinned to the version the target names
+(the one behind --label as GetModelMetadata resolves it, else --version, else the newest AVAILABLE) -> the
+report (report.py): the best throughput within the latency budget.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainserve.client import ServingClient, Signature, Target, Tls
+from trainserve.client.predict import predict_request
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.client import ServingClient, Signature, Target
 from trainserve.evaluation.data import open_eval_data
 from trainserve.evaluation.load.config import LoadConfig
 from trainserve.evaluation.load.measure import Load, Point, Request, measure
@@ -23,12 +25,11 @@ from trainserve.evaluation.load.report import build_load_report, point_line
 from trainserve.evaluation.metrics import task_metrics
 from trainserve.evaluation.plan import Plan, plan_requests, with_class_ids
 from trainserve.protos import predict_pb2
-from trainserve.tensors import from_tensor_proto, to_tensor_proto
+from trainserve.tensors import from_tensor_proto
 
 log = logging.getLogger(__name__)
 
 PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
-MAX_MESSAGE_BYTES = 2**31 - 1  # what gRPC and TF Serving accept at most
 SYNTHETIC_REQUESTS = 8  # distinct synthetic requests per batch size, sent in turn
 
 
@@ -67,9 +68,9 @@ def run_sweep(config: LoadConfig) -> LoadResult:
     """The whole sweep; raises TrainserveError with a one-line message on bad input, before any Predict."""
     config.check()
     target = Target(config.model, config.version, config.label, config.signature)
-    client = ServingClient(config.server, MAX_MESSAGE_BYTES, config.tls_ca, config.timeout)
+    client = ServingClient(config.server, tls=Tls.from_flags(config.tls_ca), timeout=config.timeout)
     try:
-        version = client.wait_until_available(target, config.wait)
+        version = client.wait_until_available(target, config.wait)  # the version every point pins
         signature = client.signature(target, version)
         inputs = build_inputs(config, client, signature, target, version)
         call = client.channel.unary_unary(PREDICT_METHOD)  # bytes in, bytes out: pre-serialized requests
@@ -117,7 +118,7 @@ def build_inputs(
         }  # fmt: skip
         return Inputs(requests, None, "synthetic (from the signature)")
     data = open_eval_data(config.data, max(config.limit, *config.batch_sizes), None, config.label_column)
-    data = with_class_ids(client, target, signature, data, config.input_map, retries=0)
+    data = with_class_ids(client, target, signature, data, config.input_map, retries=0, version=version)
     plan, data = plan_requests(signature, data, target, config.task, config.output, config.input_map)
     requests = {}
     for b in config.batch_sizes:
@@ -165,10 +166,4 @@ def synthetic_inputs(
 
 
 def _request(target: Target, version: int, inputs: dict, examples: int, labels, outputs: list[str] | None) -> Request:
-    request = predict_pb2.PredictRequest()
-    target.fill(request.model_spec, version)
-    for key, value in inputs.items():
-        to_tensor_proto(value, into=request.inputs[key])
-    if outputs:
-        request.output_filter.extend(outputs)
-    return Request(request.SerializeToString(), examples, labels)
+    return Request(predict_request(target, inputs, outputs, version).SerializeToString(), examples, labels)
