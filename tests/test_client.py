@@ -15,7 +15,7 @@ from conftest import install_version
 from trainserve.cli import main
 from trainserve.client import ServingClient, Target, Tls, open_channel
 from trainserve.errors import TrainserveError
-from trainserve.protos import get_model_status_pb2, model_service_pb2_grpc
+from trainserve.protos import get_model_status_pb2, model_service_pb2_grpc, prediction_service_pb2_grpc
 
 pytestmark = pytest.mark.unit  # one in-process server; the clients are this process's own
 IMAGES = np.random.default_rng(3).integers(0, 256, (4, 8, 8, 1), dtype=np.uint8)
@@ -59,6 +59,21 @@ def test_get_model_status_ignores_the_label_as_tf_serving_does(labelled, label):
     code, body = labelled.get(f"/v1/models/m/labels/{label}")
     assert code == 200 and [int(s["version"]) for s in body["model_version_status"]] == [1, 2]
     assert labelled.get("/v1/models/m/labels/stable/metadata")[1]["model_spec"]["version"] == "1", "metadata resolves"
+
+
+def test_an_unknown_label_is_invalid_argument_as_on_tf_serving(labelled):
+    """ServerCore::GetModelVersionForLabel: an unknown label is the request's fault (INVALID_ARGUMENT, HTTP 400),
+    not a missing servable (NOT_FOUND)."""
+    from serving_fixtures import predict_request
+
+    with grpc.insecure_channel(labelled.target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Predict(predict_request(images=IMAGES, label="nope"), timeout=30)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details() == "Unrecognized servable version label: nope"
+    code, body = labelled.post("/v1/models/m/labels/nope:predict", {"instances": IMAGES.tolist()})
+    assert code == 400 and body["error"] == "Unrecognized servable version label: nope"
 
 
 class Recorder(grpc.UnaryUnaryClientInterceptor):

@@ -27,7 +27,12 @@ State = ModelVersionStatus.State
 
 
 class NotFound(TrainserveError):
-    """Unknown model, version or label: gRPC NOT_FOUND, HTTP 404."""
+    """Unknown model or version: gRPC NOT_FOUND, HTTP 404."""
+
+
+class UnknownLabel(TrainserveError):
+    """A label the config does not define: gRPC INVALID_ARGUMENT, HTTP 400, as TF Serving answers it
+    (ServerCore::GetModelVersionForLabel in model_servers/server_core.cc)."""
 
 
 @dataclass
@@ -103,7 +108,7 @@ class ServedModel:
         with TF Serving's message (core/basic_manager.cc), when that version is not served (any more)."""
         if label:
             if label not in self.labels:
-                raise NotFound(f"Unrecognized servable version label: {label}")
+                raise UnknownLabel(f"Unrecognized servable version label: {label}")
             version = self.labels[label]
         available = self.available()
         state = available.get(max(available, default=None) if version is None else version)

@@ -28,7 +28,7 @@ from trainserve.protos import get_model_metadata_pb2
 from trainserve.savedmodel import LoadedModel, UnknownSignature
 from trainserve.serving.batching import Arrays, BatchScheduler, QueueFull, shape_key, task_size
 from trainserve.serving.config import Batching
-from trainserve.serving.manager import ModelManager, NotFound, ServableHandle, VersionState
+from trainserve.serving.manager import ModelManager, NotFound, ServableHandle, UnknownLabel, VersionState
 from trainserve.serving.metrics import UNKNOWN_MODEL, ServingMetrics
 
 
@@ -144,6 +144,8 @@ class Servables:
             return self.manager.get(name).resolve(version, label)
         except NotFound as exc:
             raise ServingError(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+        except UnknownLabel as exc:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
 
     def inputs_spec(self, servable: ServableHandle, signature: str) -> dict:
         """The named signature's inputs (name -> spec) in the resolved version."""
