@@ -35,6 +35,7 @@ class DataFile:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     rows: list[list[str]] = field(default_factory=list)
     categorical: tuple[str, ...] = ()
+    byte_order_mark: bool = False  # a CSV as Excel saves it ("CSV UTF-8"): the file starts with U+FEFF
 
     def write(self, directory: Path) -> Path:
         path = directory / f"data.{self.kind}"
@@ -43,7 +44,7 @@ class DataFile:
         else:
             import csv
 
-            with open(path, "w", newline="", encoding="utf-8") as fh:
+            with open(path, "w", newline="", encoding="utf-8-sig" if self.byte_order_mark else "utf-8") as fh:
                 csv.writer(fh).writerows(self.rows)
         return path
 
@@ -109,7 +110,7 @@ def csv_files(draw) -> DataFile:
     ]  # fmt: skip
     table = [list(columns)] + [[columns[c][r] for c in columns] for r in range(rows)]
     categorical = tuple(f"c{i}" for i, kind in enumerate(kinds) if kind == "ids")
-    return DataFile("csv", rows=table, categorical=categorical)
+    return DataFile("csv", rows=table, categorical=categorical, byte_order_mark=draw(st.booleans()))
 
 
 def data_files():
@@ -124,6 +125,7 @@ def _accepted(case: DataFile, directory: Path) -> tuple[Path, Dataset] | None:
     except TrainserveError as exc:
         message = str(exc)
         assert "\n" not in message and "expected" in message, message
+        assert "\ufeff" not in message and "\\ufeff" not in message, f"a byte-order mark in a name: {message}"
         event(f"{case.kind} refused: {message.split(': ', 1)[-1][:60]}")  # --hypothesis-show-statistics
         return None
     event(f"{case.kind} accepted")
@@ -149,6 +151,8 @@ def test_train_accepts_or_says_why_and_eval_reads_what_train_read(case):
         path, ds = accepted
         spec = data_spec(ds.train, ds.task, tabular=ds.tabular)
         assert [i.name for i in spec.inputs] == list(ds.train)
+        if case.kind == "csv":  # the header's names, not a byte-order mark's '\ufeffc0'
+            assert sorted(ds.train) == sorted(name for name in case.rows[0] if name != "y")
         split = open_eval_data(str(write_test_split(ds, Path(tmp), "m")))
         columns, labels = next(split.batches(10_000))
         for name, want in ds.test.items():
@@ -166,6 +170,25 @@ def test_train_accepts_or_says_why_and_eval_reads_what_train_read(case):
             assert sorted(map(str, got)) == sorted(map(str, want)), name  # the same cells (rows are shuffled)
         if labels.dtype.kind == "U":
             assert sorted(encode_labels(raw, ds.label_names, "m").labels) == sorted([*ds.y_train, *ds.y_test])
+
+
+@pytest.mark.parametrize("label_first", [False, True], ids=["input-first", "label-first"])
+def test_a_csv_saved_by_excel_trains_and_evaluates_under_its_header_names(tmp_path, label_first):
+    """Excel's "CSV UTF-8" starts with a byte-order mark, which is not part of the first column's name."""
+    from trainserve.evaluation.data import open_eval_data
+
+    header, rows = ["size", "kind", "price"], [[f"{i}.5", "ab"[i % 2], str(i * 10)] for i in range(10)]
+    if label_first:
+        header, rows = header[::-1], [row[::-1] for row in rows]
+    path = tmp_path / "houses.csv"
+    path.write_bytes("\r\n".join(",".join(row) for row in [header, *rows]).encode("utf-8-sig"))
+    assert path.read_bytes().startswith(b"\xef\xbb\xbf")
+    ds = load_dataset(str(path), label_column="price", test_fraction=0.3)
+    assert sorted(ds.train) == ["kind", "size"]
+    assert ds.train["size"].dtype.kind == "f", "the first column's numbers are still numbers"
+    columns, labels = next(open_eval_data(str(path), label_column="price").batches(100))
+    assert sorted(columns) == ["kind", "size"]
+    assert sorted(labels.tolist()) == sorted(float(row[header.index("price")]) for row in rows)
 
 
 TINY_MODEL = """

@@ -186,6 +186,25 @@ def test_eval_image_is_the_core_install_without_tensorflow(docker_client, env):
     assert out.decode().strip().splitlines()[-1] == "[]"
 
 
+EVAL_IMAGE_LIMIT = 300_000_000  # bytes, on the stand-in base (363 MB when it carried pip and byte-code caches)
+WHAT_SHIPS = """
+import importlib.util, json, shutil, sys
+from pathlib import Path
+print(json.dumps({
+    "installers": [m for m in ("pip", "setuptools", "wheel") if importlib.util.find_spec(m) or shutil.which(m)],
+    "caches": [str(p) for p in [*Path(sys.prefix).rglob("__pycache__"), Path("/root/.cache")] if p.exists()],
+}))
+"""
+
+
+def test_eval_image_carries_only_what_runs(docker_client, env):
+    tag = f"trainserve/eval:{TF_VERSION}"
+    size = docker_client.images.get(tag).attrs["Size"]
+    assert size <= EVAL_IMAGE_LIMIT, f"{tag} is {size / 1e6:.0f} MB: expected <= {EVAL_IMAGE_LIMIT / 1e6:.0f} MB"
+    out = docker_client.containers.run(tag, ["-c", WHAT_SHIPS], entrypoint="python3", user="0", remove=True)
+    assert json.loads(out.decode().strip().splitlines()[-1]) == {"installers": [], "caches": []}
+
+
 def test_serving_image_answers_the_known_model(docker_client, env, smoke_model):
     rest = free_port()
     serve = docker_client.containers.run(

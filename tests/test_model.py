@@ -11,7 +11,9 @@ import keras
 import numpy as np
 import pytest
 
-from trainserve.training.model import GradientAccumulationModel, build_model, float32_copy
+from trainserve.task import Task
+from trainserve.training.model import GradientAccumulationModel, build_network, rebuild_float32
+from trainserve.training.model_fn import DataSpec, InputSpec
 
 
 def _pair(micro_batches: int):
@@ -80,13 +82,14 @@ def test_accumulated_step_equals_one_full_batch_step_under_mirrored_strategy():
 
 
 @pytest.mark.unit
-def test_float32_copy_of_a_mixed_precision_model_keeps_weights():
+def test_float32_rebuild_of_a_mixed_precision_model_keeps_weights():
+    spec = DataSpec((InputSpec("images", (8, 8, 1), "uint8"),), Task("classification", classes=10))
     keras.config.set_dtype_policy("mixed_float16")
     try:
-        mixed = build_model("cnn", (8, 8, 1), 10)
+        mixed = build_network("cnn", spec)
     finally:
         keras.config.set_dtype_policy("float32")
-    clone = float32_copy(mixed, "cnn")
+    clone = rebuild_float32("cnn", spec, mixed.get_weights())
     assert mixed.layers[1].compute_dtype == "float16" and clone.layers[1].compute_dtype == "float32"
     assert clone.get_layer("probabilities").compute_dtype == "float32"
     for a, b in zip(mixed.get_weights(), clone.get_weights()):

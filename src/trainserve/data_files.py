@@ -95,13 +95,13 @@ def _inputs(npz, files: list[str], key: str, path: Path):
 
 def read_csv_text(path: Path, label_column: str | None) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of a CSV with a header row and a `label_column`; every row as long as the header,
-    cells stripped of surrounding blanks."""
+    cells stripped of surrounding blanks. A byte-order mark (Excel's "CSV UTF-8") is not part of the first name."""
     if not path.is_file():
         raise TrainserveError(f"data file {path} not found: expected a .csv with a header row")
     if not label_column:
         raise TrainserveError(f"data file {path}: a .csv needs --label-column NAME: expected the label's column")
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:  # -sig: drops a leading BOM, if any
             rows = list(csv.reader(fh))
     except (csv.Error, UnicodeDecodeError) as exc:
         raise TrainserveError(f"data file {path} is not a readable CSV ({exc}): expected UTF-8 text") from None

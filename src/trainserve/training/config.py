@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from trainserve.data import SyntheticSpec
 from trainserve.errors import TrainserveError
 from trainserve.options import choices_of, option, positive_int
+
+if TYPE_CHECKING:
+    from trainserve.training.publish import Retention
 
 Architecture = Literal["cnn", "mlp"]
 Strategy = Literal["auto", "default", "one-device", "mirrored", "multi-worker"]
@@ -64,7 +67,16 @@ class TrainConfig:
     strategy: Strategy = option("auto", "tf.distribute; auto: multi-worker under TF_CONFIG, mirrored with several GPUs")
     cpu_replicas: int = option(1, "split the CPU into N logical devices", parse=positive_int)
     mixed_precision: MixedPrecision = option("auto", "auto: on for GPUs >= 7.0")
-    keep: int | None = option(None, "keep only the newest N versions (never the new one)", parse=positive_int)
+    keep: int | None = option(
+        None,
+        "keep only the newest N versions (never the new one, nor one --serving-config names)",
+        parse=positive_int,
+    )
+    serving_config: Path | None = option(
+        None,
+        "the ModelServerConfig text proto serving reads (compose: /rollout/models.config): with --keep, a version "
+        "its labels (stable, previous, candidate...) or version policy name is never deleted",
+    )
     seed: int = option(0, "random seed")
     synthetic: SyntheticSpec = option(factory=SyntheticSpec)
 
@@ -83,6 +95,20 @@ class TrainConfig:
             )
         if self.architecture not in ARCHITECTURES:
             raise TrainserveError(f"--architecture {self.architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
+        if self.retention and self.serving_config is not None:
+            from trainserve.training.publish import versions_in_use
+
+            try:  # unreadable: an error now, not after training
+                versions_in_use(self.serving_config, self.model_name)
+            except TrainserveError as exc:
+                raise TrainserveError(f"--serving-config: {exc}") from None
+
+    @property
+    def retention(self) -> Retention | None:
+        """What publishing prunes after it (nothing without --keep)."""
+        from trainserve.training.publish import Retention
+
+        return Retention(self.keep, self.serving_config) if self.keep else None
 
     @property
     def model_reference(self) -> str:

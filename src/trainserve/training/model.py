@@ -152,10 +152,3 @@ def build_model(
     if grad_accum > 1:
         return GradientAccumulationModel(model.input, model.output, name=model.name, micro_batches=grad_accum)
     return model
-
-
-def float32_copy(model: keras.Model, architecture: Architecture) -> keras.Model:
-    """A built-in model rebuilt under the float32 policy with `model`'s weights (see `rebuild_float32`)."""
-    task = Task("classification", classes=int(model.output_shape[-1]))
-    spec = DataSpec((InputSpec("images", tuple(model.input_shape[1:]), "uint8"),), task)
-    return rebuild_float32(architecture, spec, model.get_weights())

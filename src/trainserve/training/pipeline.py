@@ -14,13 +14,6 @@ import numpy as np
 from trainserve.data import Dataset
 
 
-def preprocess(images):
-    """uint8 images -> float32 in [0, 1], as the built-in models' first layer (`Rescaling`) does."""
-    import tensorflow as tf
-
-    return tf.cast(images, tf.float32) / 255.0
-
-
 def make_input_pipeline(x, y: np.ndarray, global_batch: int, seed: int, training: bool, structure=None):
     """tf.data on the CPU: cache the stored arrays (`x`: one array, or a dict of named inputs), shuffle,
     batch, prefetch. Caching the raw arrays (uint8 images are 4x smaller than float32) keeps the

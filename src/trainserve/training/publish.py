@@ -5,6 +5,10 @@ complete (tensorflow/serving#1086). So a version is staged in a non-numeric dire
 skipped by the server) on the same filesystem, fsynced, and made visible by one rename. rename(2)
 onto an existing non-empty directory fails, so two trainers racing for the same number both succeed,
 with different numbers.
+
+Retention (`--keep N`) deletes old versions, but never one that the serving config names (a rollout label
+such as `stable` or `previous`, or its `specific` version policy): TF Serving would unload it, requests for
+the label would fail, and the next reload of the config would be refused (tensorflow/serving#1608).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import NamedTuple
 from trainserve.errors import TrainserveError
 from trainserve.files import fsync_dir
 from trainserve.layout import STAGING_PREFIX, numeric_versions, write_metadata
+from trainserve.model_server_config import parse_model_config
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +36,40 @@ class PublishedVersion(NamedTuple):
 
     version: int
     path: Path
+
+
+class Retention(NamedTuple):
+    """`--keep N`: the newest `keep` versions stay, and so does every version `serving_config` names."""
+
+    keep: int
+    serving_config: Path | None = None
+
+    def versions_in_use(self, model_name: str) -> dict[int, list[str]]:
+        """The versions of `model_name` that the serving config names, each with why (none without a config)."""
+        if self.serving_config is None:
+            log.warning("--keep %d without --serving-config: a version a rollout label names may be deleted", self.keep)
+            return {}
+        return versions_in_use(self.serving_config, model_name)
+
+
+def versions_in_use(serving_config: Path, model_name: str) -> dict[int, list[str]]:
+    """Version -> the reasons `serving_config` (a ModelServerConfig text proto) keeps it: `label stable`, ...,
+    `the version policy`. A missing or malformed file is a one-line error."""
+    config = parse_model_config(serving_config)
+    models = {m.name: m for m in config.model_config_list.config}
+    if model_name not in models:
+        log.warning(
+            "serving config %s has no model %r: none of its versions is in use there", serving_config, model_name
+        )
+        return {}
+    model = models[model_name]
+    reasons: dict[int, list[str]] = {}
+    for label, version in sorted(model.version_labels.items()):
+        reasons.setdefault(version, []).append(f"label {label}")
+    if model.model_version_policy.WhichOneof("policy_choice") == "specific":
+        for version in model.model_version_policy.specific.versions:
+            reasons.setdefault(version, []).append("the version policy")
+    return reasons
 
 
 def ensure_writable(model_base: Path) -> None:
@@ -91,8 +130,8 @@ def fsync_tree(root: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
-def publish_version(staged: Path, metadata: dict, keep: int | None = None) -> PublishedVersion:
-    """Rename `staged` to the next free version number under its parent.
+def publish_version(staged: Path, metadata: dict, retention: Retention | None = None) -> PublishedVersion:
+    """Rename `staged` to the next free version number under its parent, then apply `retention`.
 
     `metadata` is written to `assets.extra/trainserve.json` with the number it is published as.
     """
@@ -111,19 +150,40 @@ def publish_version(staged: Path, metadata: dict, keep: int | None = None) -> Pu
             version = max(max(numeric_versions(model_base), default=0), version) + 1
     fsync_dir(model_base)
     log.info("published version %d at %s", version, target)
-    if keep:
-        prune_versions(model_base, keep, protect=version)
+    if retention:
+        _apply_retention(model_base, retention, version)
     return PublishedVersion(version, target)
 
 
-def prune_versions(model_base: Path, keep: int, protect: int) -> list[int]:
-    """Delete all but the newest `keep` versions; `protect` (the new one) is never deleted.
+def _apply_retention(model_base: Path, retention: Retention, published: int) -> None:
+    # The config is read again now, not only before training: labels may have moved meanwhile.
+    try:
+        in_use = retention.versions_in_use(model_base.name)
+    except TrainserveError as exc:  # it was readable before training: when in doubt, delete nothing
+        log.warning("no version pruned (--keep %d): %s", retention.keep, exc)
+        return
+    prune_versions(model_base, retention.keep, protect=published, in_use=in_use)
+
+
+def prune_versions(model_base: Path, keep: int, protect: int, in_use: dict[int, list[str]] | None = None) -> list[int]:
+    """Delete all but the newest `keep` versions; `protect` (the new one) and the versions `in_use`
+    (version -> why, from `versions_in_use`) are never deleted.
 
     Each old version is first renamed to a non-numeric name, so the server stops seeing it at once and
     never reads a half-deleted directory.
     """
     versions = numeric_versions(model_base)
-    doomed = [v for v in versions[: max(0, len(versions) - keep)] if v != protect]
+    old = [v for v in versions[: max(0, len(versions) - keep)] if v != protect]
+    in_use = in_use or {}
+    for version in old:
+        if version in in_use:
+            log.info(
+                "kept version %d (--keep %d): the serving config names it (%s)",
+                version,
+                keep,
+                ", ".join(in_use[version]),
+            )
+    doomed = [v for v in old if v not in in_use]
     for version in doomed:
         trash = _staging_name(model_base)
         os.rename(model_base / str(version), trash)
@@ -133,12 +193,12 @@ def prune_versions(model_base: Path, keep: int, protect: int) -> list[int]:
 
 
 def publish_or_discard(
-    staged: Path, prepare: Callable[[Path], None], metadata: dict, keep: int | None
+    staged: Path, prepare: Callable[[Path], None], metadata: dict, retention: Retention | None
 ) -> PublishedVersion:
     """Fill and check the staged directory with `prepare`; publish it if that passes, else delete it."""
     try:
         prepare(staged)
-        return publish_version(staged, metadata, keep)
+        return publish_version(staged, metadata, retention)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise

@@ -246,7 +246,7 @@ def _export_and_publish(
     prepare = functools.partial(
         _export_and_gate, job=job, in_process=in_process, dataset=dataset, model_name=config.model_name
     )
-    return publish_or_discard(staging_dir(config.export_base / config.model_name), prepare, metadata, config.keep)
+    return publish_or_discard(staging_dir(config.export_base / config.model_name), prepare, metadata, config.retention)
 
 
 def _golden_batch(model: keras.Model, inputs: dict[str, np.ndarray], spec: DataSpec) -> GoldenBatch:
