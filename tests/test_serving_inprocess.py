@@ -186,7 +186,7 @@ def test_rest_status_metadata_and_both_predict_formats(serve_in_process, model_v
     [
         pytest.param({"model": "nope"}, grpc.StatusCode.NOT_FOUND, "Latest(nope)", id="unknown-model"),
         pytest.param({"version": 7}, grpc.StatusCode.NOT_FOUND, "Specific(m, 7)", id="unknown-version"),
-        pytest.param({"label": "gold"}, grpc.StatusCode.NOT_FOUND, "version label: gold", id="unknown-label"),
+        pytest.param({"label": "gold"}, grpc.StatusCode.INVALID_ARGUMENT, "version label: gold", id="unknown-label"),
         pytest.param({"signature": "nope"}, grpc.StatusCode.FAILED_PRECONDITION, '"nope" not found', id="signature"),
         pytest.param({"pixels": IMAGES}, grpc.StatusCode.INVALID_ARGUMENT, "unknown ['pixels']", id="input-name"),
         pytest.param({"images": IMAGES.astype(np.float32)}, grpc.StatusCode.INVALID_ARGUMENT, "expected uint8",
