@@ -68,8 +68,11 @@ compare: venv ## The same training on the CPU and, where an NVIDIA runtime exist
 
 ##@ Containers (Docker; GPU training needs the NVIDIA container toolkit)
 
-COMPOSE ?= docker compose
+# TLS=1: every compose target below with compose.tls.yaml on top (gRPC over mutual TLS; `make certs` first).
+TLS ?=
+COMPOSE ?= docker compose$(if $(filter 1,$(TLS)), -f compose.yaml -f compose.tls.yaml)
 REGISTRY ?=
+CERTS_DIR ?= certs
 
 .PHONY: images
 images: ## Build the train-gpu, serve-cpu and eval images (official base images)
@@ -104,6 +107,12 @@ promote: ## Gated rollout: newest version -> candidate -> eval (MIN_ACCURACY) ->
 rollback: ## Gated rollout: label `stable` back to the previous stable version (kept loaded)
 	$(COMPOSE) --profile promote run --rm rollback
 
+.PHONY: certs
+certs: $(CERTS_DIR)/ca.crt ## DEVELOPMENT-only CA, server (localhost, 127.0.0.1, serve-cpu) and client certificates in certs/
+
+$(CERTS_DIR)/ca.crt: | $(VENV)/.installed
+	$(BIN)/python scripts/certs.py $(CERTS_DIR)
+
 .PHONY: push
 push: ## Tag and push the three images to REGISTRY (make push REGISTRY=registry.example.com/team)
 	@test -n "$(REGISTRY)" || { echo "make push: set REGISTRY=host/path" >&2; exit 1; }
@@ -136,13 +145,15 @@ test-fast: venv ## Only the unit tier: in process, no subprocess TensorFlow, no 
 	$(BIN)/python -m pytest -m unit $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profile
+lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profile (with and without TLS)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/hadolint images/*/Dockerfile scripts/standins/*.Dockerfile
-	$(BIN)/yamllint compose.yaml .yamllint.yaml
-	$(BIN)/docker-compose config --quiet
-	for profile in train eval promote; do $(BIN)/docker-compose --profile $$profile config --quiet; done
+	$(BIN)/yamllint compose.yaml compose.tls.yaml .yamllint.yaml
+	for files in "-f compose.yaml" "-f compose.yaml -f compose.tls.yaml"; do \
+		$(BIN)/docker-compose $$files config --quiet; \
+		for profile in train eval promote; do $(BIN)/docker-compose $$files --profile $$profile config --quiet; done; \
+	done
 	for dir in k8s/base k8s/overlays/*; do \
 		kubectl kustomize $$dir > $(VENV)/rendered.yaml; \
 		$(VENV)/tools/bin/kubernetes-validate --strict --quiet -k $(KUBERNETES_VERSION) $(VENV)/rendered.yaml; \

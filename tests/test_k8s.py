@@ -18,7 +18,7 @@ from trainserve.serving.config import parse_batching, parse_monitoring
 
 pytestmark = pytest.mark.unit  # kubectl and the validators run as subprocesses; nothing imports TensorFlow
 SERVE_CPU = REPO / "images" / "serve-cpu"
-KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/local", "k8s/overlays/gpu", "k8s/overlays/multi-worker"]
+KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/local", "k8s/overlays/gpu", "k8s/overlays/multi-worker", "k8s/overlays/tls"]
 TOOLS = Path(sys.executable).parent.parent / "tools" / "bin"  # .venv/tools: see the Makefile
 KUBERNETES_VERSION = "1.33.0"
 
@@ -160,7 +160,7 @@ def test_serving_is_consistent(rendered):
         (tmp / key).write_text(config[key])
         parse(tmp / key)
     access = {d["metadata"]["name"]: d["spec"]["accessModes"] for d in docs if d["kind"] == "PersistentVolumeClaim"}
-    expected = ["ReadWriteOnce"] if name.endswith("local") else ["ReadWriteMany"]
+    expected = ["ReadWriteOnce"] if name.endswith(("local", "tls")) else ["ReadWriteMany"]  # tls: local + TLS
     assert access == {"models": expected, "data": expected}
 
 
@@ -366,3 +366,73 @@ def test_promote_job_gates_a_rollout_with_least_privilege(rendered):
     # A failed gate ends the Job at once: a retry would evaluate the same candidate again.
     rules = by_kind[("CronJob", "promote")]["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
     assert {"action": "FailJob", "onExitCodes": {"containerName": "eval", "operator": "In", "values": [1]}} in rules
+
+
+# --- gRPC over mutual TLS (k8s/components/tls, tls-cert-manager) ---------------------------------------------
+
+TLS_SECRETS = {"serve-cpu-tls", "trainserve-client-tls"}
+
+
+def secret_mounts(spec: dict, container: dict) -> dict[str, dict]:
+    """secretName -> the container's mount of it."""
+    secrets = {v["name"]: v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
+    return {secrets[m["name"]]: m for m in container.get("volumeMounts", []) if m["name"] in secrets}
+
+
+def test_tls_mounts_the_server_secret_read_only_and_gives_every_client_a_certificate():
+    docs = render("k8s/overlays/tls")
+    env = config_map(docs, "trainserve-client-tls")["data"]
+    for _, spec in pod_specs(docs):
+        for container in all_containers(spec):
+            mounts = secret_mounts(spec, container)
+            assert all(m.get("readOnly") for m in mounts.values()), f"{container['name']}: a writable Secret"
+            if container["name"] == "serve-cpu":
+                tls_dir = next(e["value"] for e in container["env"] if e["name"] == "TRAINSERVE_TLS_DIR")
+                assert mounts["serve-cpu-tls"]["mountPath"] == tls_dir and set(mounts) == {"serve-cpu-tls"}
+            elif any(arg.startswith("--server=") for arg in container.get("args", [])):
+                # Every client of the server: the client Secret's files are where TRAINSERVE_TLS_* say.
+                assert set(mounts) == {"trainserve-client-tls"}, container["name"]
+                client_dir = mounts["trainserve-client-tls"]["mountPath"]
+                assert {env[f"TRAINSERVE_TLS_{k}"] for k in ("CA", "CERT", "KEY")} == {
+                    f"{client_dir}/{f}" for f in ("ca.crt", "tls.crt", "tls.key")
+                }
+                refs = [e["configMapRef"]["name"] for e in container["envFrom"]]
+                assert config_map(docs, "trainserve-client-tls")["metadata"]["name"] in refs
+            else:
+                assert not mounts, f"{container['name']} talks to no server: no certificate"
+    clients = {c["name"] for _, spec in pod_specs(docs) for c in all_containers(spec) if "envFrom" in c}
+    assert clients == {"eval", "candidate", "promote", "rollback"}
+
+
+def test_tls_serving_probes_need_no_client_certificate():
+    """client_verify refuses every gRPC connection without a certificate, and a probe presents none: the probes
+    ask healthcheck.sh, over the REST port, which TLS leaves plaintext (as TF Serving does)."""
+    container = serving_container(render("k8s/overlays/tls"))
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert "grpc" not in container[probe] and container[probe]["exec"]["command"][0].endswith("healthcheck.sh")
+    healthcheck = (SERVE_CPU / "healthcheck.sh").read_text()
+    assert "/dev/tcp/127.0.0.1/${REST_PORT:-8501}" in healthcheck and "GRPC_PORT" not in healthcheck
+
+
+def test_cert_manager_issues_the_secrets_the_tls_component_mounts(tmp_path):
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump({
+            "namespace": "trainserve",  # as the README's overlay: the Certificates join the Secrets' namespace
+            "resources": [os.path.relpath(REPO / "k8s/overlays/tls", tmp_path)],
+            "components": [os.path.relpath(REPO / "k8s/components/tls-cert-manager", tmp_path)],
+        })
+    )  # fmt: skip
+    require("kubectl", shutil.which("kubectl") is not None, "kubectl kustomize renders the manifests")
+    proc = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    docs = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    certificates = {d["spec"]["secretName"]: d["spec"] for d in docs if d["kind"] == "Certificate"}
+    assert set(certificates) >= TLS_SECRETS
+    assert (
+        "serve-cpu" in certificates["serve-cpu-tls"]["dnsNames"]
+        and "server auth" in certificates["serve-cpu-tls"]["usages"]
+    )
+    assert "client auth" in certificates["trainserve-client-tls"]["usages"]
+    issuers = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Issuer"}
+    assert {c["issuerRef"]["name"] for c in certificates.values()} <= set(issuers)
+    assert all(d["metadata"]["namespace"] == "trainserve" for d in docs if d["kind"] in ("Certificate", "Issuer"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import shutil
 import socket
 import subprocess
@@ -14,9 +15,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from google.protobuf import text_format
 
 from conftest import REPO, free_port
+from trainserve.protos import ssl_config_pb2
 from trainserve.serving.config import parse_model_config
+from trainserve.serving.tls import load_ssl_config
 
 pytestmark = pytest.mark.unit
 
@@ -41,6 +45,7 @@ def box(tmp_path) -> dict:
         "TRAINSERVE_LIB": str(SERVE_CPU),
         "TRAINSERVE_CONFIG_DIR": str(tmp_path / "etc"),
         "TRAINSERVE_RUN_DIR": str(tmp_path / "run"),
+        "TRAINSERVE_TLS_DIR": str(tmp_path / "tls"),  # absent unless a test mounts a certificate there
         "FAKE_ARGS": str(tmp_path / "args"),
         "MODEL_NAME": "digits",
     }
@@ -86,6 +91,7 @@ def test_without_a_mounted_config_model_name_is_served_from_its_directory(box):
     assert (model.name, model.base_path, model.model_version_policy.latest.num_versions) == ("cats", "/models/cats", 2)
     assert flags["batching_parameters_file"] == f"{box['TRAINSERVE_CONFIG_DIR']}/batching.config"
     assert "serving model 'cats' from /models/cats" in proc.stderr
+    assert "ssl_config_file" not in flags, "no certificate mounted: plaintext, as before"
 
 
 def test_a_mounted_config_rules_and_model_name_is_not_used(box):
@@ -204,3 +210,49 @@ def test_live_needs_an_answer_once_the_port_is_open(box, rest):
 def test_an_unknown_mode_is_a_usage_error(box):
     check = healthcheck(box, "alive")
     assert check.returncode == 2 and "usage" in check.stderr
+
+
+# --- gRPC over TLS from a mounted kubernetes.io/tls Secret (tls-config.sh) ------------------------------------
+
+certs = runpy.run_path(str(REPO / "scripts" / "certs.py"))  # what `make certs` runs
+
+
+def mount_tls(box: dict, with_ca: bool = True) -> Path:
+    """tls.crt, tls.key (and ca.crt) as a kubernetes.io/tls Secret mounts them."""
+    ca = certs["make_ca"]()
+    directory = certs["write_pair"](
+        Path(box["TRAINSERVE_TLS_DIR"]), certs["issue"](ca, "serve-cpu", ["serve-cpu"]), ca[0]
+    )
+    if not with_ca:
+        (directory / "ca.crt").unlink()
+    return directory
+
+
+def test_a_mounted_certificate_becomes_an_ssl_config_that_tf_serving_parses(box):
+    tls = mount_tls(box)
+    proc = entrypoint(box)
+    assert proc.returncode == 0, proc.stderr
+    path = Path(server_flags(box)["ssl_config_file"])
+    config = text_format.Parse(path.read_text(), ssl_config_pb2.SSLConfig())  # the real message, strictly
+    assert config.server_cert == (tls / "tls.crt").read_text() and config.server_key == (tls / "tls.key").read_text()
+    assert config.custom_ca == (tls / "ca.crt").read_text() and config.client_verify
+    assert load_ssl_config(path).client_verify, "serve-local accepts it: the key is the certificate's"
+    assert path.stat().st_mode & 0o077 == 0, "the file holds the private key"
+    assert "gRPC over TLS" in proc.stderr and "client_verify: true" in proc.stderr
+
+
+def test_without_a_ca_clients_are_not_asked_for_certificates_unless_required(box):
+    mount_tls(box, with_ca=False)
+    assert entrypoint(box).returncode == 0
+    config = text_format.Parse(Path(server_flags(box)["ssl_config_file"]).read_text(), ssl_config_pb2.SSLConfig())
+    assert not config.client_verify and not config.custom_ca
+    proc = entrypoint(box, TLS_CLIENT_VERIFY="true")
+    assert proc.returncode == 64 and "needs" in proc.stderr and "ca.crt" in proc.stderr
+
+
+def test_a_half_mounted_secret_stops_the_start(box):
+    (mount_tls(box) / "tls.key").unlink()
+    Path(box["FAKE_ARGS"]).unlink(missing_ok=True)
+    proc = entrypoint(box)
+    assert proc.returncode == 64 and "tls.key is missing" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not Path(box["FAKE_ARGS"]).exists()

@@ -10,11 +10,16 @@
 # still needs its new version AVAILABLE, which `trainserve candidate` waits for). The config is re-read every
 # MODEL_CONFIG_POLL_WAIT_SECONDS (10): a promotion or rollback is served within that.
 #
+# TLS: a certificate mounted in /etc/trainserve/tls (tls.crt, tls.key, optional ca.crt: a kubernetes.io/tls
+# Secret) turns gRPC into TLS, mutual with ca.crt, through the SSLConfig tls-config.sh writes; none: plaintext.
+#
 # TF Serving sizes its thread pools from the CPUs it can schedule on, not from the container's CPU
 # limit: 16 threads on a 2-CPU quota thrash. So both parallelism flags come from the cgroup quota.
 set -euo pipefail
 # shellcheck source=models-config.sh
 source "${TRAINSERVE_LIB:-/usr/local/lib/trainserve}/models-config.sh"
+# shellcheck source=tls-config.sh
+source "${TRAINSERVE_LIB:-/usr/local/lib/trainserve}/tls-config.sh"
 CONFIG_DIR=${TRAINSERVE_CONFIG_DIR:-/etc/trainserve}
 
 fail() {
@@ -30,6 +35,14 @@ model_name_config() {  # the template with $MODEL_NAME in it, on stdout
   template=$(<"$TEMPLATE")
   printf '%s\n' "${template//"$placeholder"/"$MODEL_NAME"}"
 }
+
+# gRPC over TLS when a certificate is mounted (tls-config.sh); plaintext otherwise, as without TLS.
+ssl=$(ssl_config) || exit $?
+tls_flags=()
+if [[ -n "$ssl" ]]; then
+  tls_flags=(--ssl_config_file="$ssl")
+  echo "serve-cpu: gRPC over TLS from $TLS_DIR ($(grep -o 'client_verify: .*' "$ssl")); REST stays plaintext" >&2
+fi
 
 config=$(model_config_file)
 if [[ "$config" == "${ROLLOUT_CONFIG_FILE:-}" && ! -e "$config" ]]; then
@@ -94,4 +107,5 @@ exec tensorflow_model_server \
   --enable_model_warmup=true \
   --tensorflow_intra_op_parallelism="$intra" \
   --tensorflow_inter_op_parallelism="$inter" \
+  "${tls_flags[@]}" \
   "$@"

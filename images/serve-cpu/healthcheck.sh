@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # serve-cpu's health, for Docker's HEALTHCHECK (compose) and the Kubernetes probes. The image has no curl
-# or wget, so this speaks HTTP to the local REST port over bash's /dev/tcp.
+# or wget, so this speaks HTTP to the local REST port over bash's /dev/tcp. With TLS on (tls-config.sh) only
+# gRPC is encrypted: the REST port stays plaintext, in TF Serving and serve-local alike, so nothing here changes.
 #
 #   healthcheck.sh [ready]  SERVING: every model named in the models.config in force (mounted, or generated
 #                           from MODEL_NAME; see models-config.sh) has a version AVAILABLE.

@@ -4,7 +4,8 @@
   the same file, so its parser sits below both stages; re-exported here for serving's callers).
 - `--batching_parameters_file`: `BatchingParameters` (servables/tensorflow/session_bundle_config.proto)
 - `--monitoring_config_file`: `MonitoringConfig` (config/monitoring_config.proto)
-All three are TF Serving's own messages from trainserve.protos, so text_format accepts and rejects
+- `--ssl_config_file`: `SSLConfig` (config/ssl_config.proto), read and checked in serving/tls.py
+All four are TF Serving's own messages from trainserve.protos, so text_format accepts and rejects
 exactly what tensorflow_model_server would. `ServerOptions` are its flags, declared with options.py
 (flag names as the real server spells them: `--model_base_path`).
 """
@@ -161,6 +162,9 @@ class ServerOptions:
     batching_parameters_file: str = option("", "BatchingParameters text proto; needs --enable_batching")
     enable_model_warmup: bool = option(True, "replay assets.extra/tf_serving_warmup_requests on load", parse=parse_bool)
     monitoring_config_file: str = option("", "MonitoringConfig text proto: Prometheus metrics on the REST port")
+    ssl_config_file: str = option(
+        "", "SSLConfig text proto (PEM contents): gRPC over TLS; client_verify requires client certificates"
+    )
     tensorflow_intra_op_parallelism: int = option(0, "threads per op; 0 = all CPUs (set it from the CPU limit)")
     tensorflow_inter_op_parallelism: int = option(0, "ops in parallel; 0 = all CPUs (set it from the CPU limit)")
     enable_grpc_healthcheck_service: bool = option(

@@ -134,14 +134,21 @@ class GrpcServer:
     off), so that a model call never blocks the loop.
     """
 
-    def __init__(self, servables: Servables, port: int, run_threads: int, health: bool = False):
+    def __init__(
+        self,
+        servables: Servables,
+        port: int,
+        run_threads: int,
+        health: bool = False,
+        credentials: grpc.ServerCredentials | None = None,  # TLS (--ssl_config_file); None: plaintext
+    ):
         self.servables = servables
         self.executor = futures.ThreadPoolExecutor(max_workers=run_threads, thread_name_prefix="predict")
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-aio", daemon=True)
         self._thread.start()
         try:
-            self.port = self._call(self._start(port, health))
+            self.port = self._call(self._start(port, health, credentials))
         except BaseException:
             self._close_loop()
             raise
@@ -149,7 +156,7 @@ class GrpcServer:
     def _call(self, coroutine, timeout: float | None = 30):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
-    async def _start(self, port: int, health: bool) -> int:
+    async def _start(self, port: int, health: bool, credentials: grpc.ServerCredentials | None) -> int:
         self.server = grpc.aio.server(
             options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)],
         )
@@ -158,7 +165,10 @@ class GrpcServer:
         add_ModelServiceServicer_to_server(api, self.server)
         if health:
             self.server.add_generic_rpc_handlers((health_handler(self.servables),))
-        bound = self.server.add_insecure_port(f"0.0.0.0:{port}")
+        address = f"0.0.0.0:{port}"
+        bound = (
+            self.server.add_secure_port(address, credentials) if credentials else self.server.add_insecure_port(address)
+        )
         if bound == 0:
             raise TrainserveError(f"--port {port} could not be bound: expected a free port")
         await self.server.start()

@@ -1,10 +1,10 @@
 """serve-local's lifecycle: tensorflow_model_server's flags in, a running server out.
 
-Start-up follows TF Serving (model_servers/main.cc, model_servers/server.cc): check the flags, load the
-configured models and block until each has a version AVAILABLE, only then open the gRPC and REST ports;
-then poll the model directories (and the config file) until stopped. Where serve-local differs, the
-README says so. The one deliberate improvement: SIGTERM stops accepting, finishes in-flight requests
-and exits 0 (tensorflow_model_server ignores SIGTERM, tensorflow/serving#1853).
+Start-up follows TF Serving (model_servers/main.cc, model_servers/server.cc): check the flags (the TLS
+files included: serving/tls.py), load the configured models and block until each has a version AVAILABLE,
+only then open the gRPC and REST ports; then poll the model directories (and the config file) until stopped.
+Where serve-local differs, the README says so. The one deliberate improvement: SIGTERM stops accepting,
+finishes in-flight requests and exits 0 (tensorflow_model_server ignores SIGTERM, tensorflow/serving#1853).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from trainserve.serving.grpc_api import GrpcServer
 from trainserve.serving.manager import ModelManager
 from trainserve.serving.rest_api import start_rest_server
 from trainserve.serving.servables import Servables
+from trainserve.serving.tls import ServerTls, load_ssl_config
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ MIN_POLL_SECONDS = 0.2  # --file_system_poll_wait_seconds=0 would otherwise spin
 def serve(options: ServerOptions, stop: threading.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT (or `stop` is set); returns the exit code."""
     config = load_config(options)
-    batching, metrics_path = check_flags(options)
+    batching, metrics_path, tls = check_flags(options)
     manager = ModelManager(
         options.tensorflow_intra_op_parallelism,
         options.tensorflow_inter_op_parallelism,
@@ -58,7 +59,7 @@ def serve(options: ServerOptions, stop: threading.Event | None = None) -> int:
         return 0
 
     servables = Servables(manager, batching)
-    grpc_server, http_server = _open_ports(options, servables, metrics_path)
+    grpc_server, http_server = _open_ports(options, servables, metrics_path, tls)
     poller = threading.Thread(target=_poll_loop, args=(manager, options, stop, poll_seconds), daemon=True)
     poller.start()
     stop.wait()
@@ -79,15 +80,29 @@ def load_config(options: ServerOptions):
     return single_model_config(options.model_name, options.model_base_path)
 
 
-def check_flags(options: ServerOptions) -> tuple[Batching | None, str | None]:
-    """(batching parameters or None, metrics path or None); bad combinations and taken ports fail here,
-    before any model loads."""
+def check_flags(options: ServerOptions) -> tuple[Batching | None, str | None, ServerTls | None]:
+    """(batching parameters or None, metrics path or None, gRPC TLS or None); bad combinations, bad
+    certificates and taken ports fail here, before any model loads and any port opens."""
     batching = _batching(options)
     metrics_path = parse_monitoring(Path(options.monitoring_config_file) if options.monitoring_config_file else None)
     if metrics_path and not options.rest_api_port:
         raise TrainserveError("--monitoring_config_file needs --rest_api_port: metrics are served on the REST port")
+    tls = _tls(options)
     check_ports(options)
-    return batching, metrics_path
+    return batching, metrics_path, tls
+
+
+def _tls(options: ServerOptions) -> ServerTls | None:
+    if not options.ssl_config_file:
+        return None
+    if not options.port:
+        raise TrainserveError("--ssl_config_file is set but --port is 0: TLS covers the gRPC port, expected one")
+    tls = load_ssl_config(Path(options.ssl_config_file))
+    log.info(
+        "gRPC over TLS (%s client certificates); certificate expires %s; the REST port stays plaintext",
+        "requiring" if tls.client_verify else "not requesting", f"{tls.expires:%Y-%m-%d %H:%M} UTC",
+    )  # fmt: skip
+    return tls
 
 
 def _batching(options: ServerOptions) -> Batching | None:
@@ -138,7 +153,7 @@ def _restore_signal_handlers(previous: dict) -> None:
 
 
 def _open_ports(
-    options: ServerOptions, servables: Servables, metrics_path: str | None
+    options: ServerOptions, servables: Servables, metrics_path: str | None, tls: ServerTls | None
 ) -> tuple[GrpcServer | None, ThreadingHTTPServer | None]:
     """Start the APIs whose port is set (0 turns one off); the log lines are TF Serving's."""
     grpc_server = http_server = None
@@ -147,7 +162,8 @@ def _open_ports(
         # model calls run at once. A request waiting for its batch holds none, so this does not cap
         # batches. TF Serving's default, 4 x CPUs.
         workers = options.grpc_max_threads or 4 * max(1, len(_affinity()))
-        grpc_server = GrpcServer(servables, options.port, workers, options.enable_grpc_healthcheck_service)
+        credentials = tls.credentials() if tls else None
+        grpc_server = GrpcServer(servables, options.port, workers, options.enable_grpc_healthcheck_service, credentials)
         log.info("Running gRPC ModelServer at 0.0.0.0:%d ...", options.port)
     if options.rest_api_port:
         http_server = start_rest_server(servables, options.rest_api_port, metrics_path)
