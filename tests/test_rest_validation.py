@@ -101,12 +101,12 @@ def test_rows_must_agree_in_shape_and_type(served, row, message):
     assert status == 400 and message in answer["error"], (status, answer)
 
 
-def test_a_complete_instance_gets_the_same_answer_in_any_batch(served):
-    """The issue's case: with a missing `b` the model reads NaN as "missing" and answers something else."""
-    status, alone = post(served, "csv", instances({"a": 0.2, "kind": "q"}))
-    assert status == 200, alone
-    status, batch = post(served, "csv", instances({}, {"a": 0.2, "kind": "q"}))
-    assert status == 200 and batch["predictions"][1] == alone["predictions"][0] == pytest.approx(1.2)
+def test_an_instance_that_lacks_a_column_is_refused_not_answered_as_missing(served):
+    """The issue's case: the CSV model reads NaN as "missing", so an instance without `b` got another answer."""
+    status, answer = post(served, "csv", {"instances": [ROW, {"a": 0.2, "kind": "q"}]})
+    assert status == 400 and answer == {"error": "instance 1 lacks 'b': expected keys ['a', 'b', 'kind']"}
+    status, answer = post(served, "csv", instances({"a": 0.2, "kind": "q"}))
+    assert status == 200 and answer["predictions"] == [pytest.approx(1.2)]
 
 
 def test_base64_strings_are_decoded_and_bytes_come_back_as_base64(served):
