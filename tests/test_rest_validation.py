@@ -11,7 +11,7 @@ import urllib.request
 import grpc
 import numpy as np
 import pytest
-from wire_model import save_csv_model, save_wire_model, serve_models
+from wire_model import broken, save_csv_model, save_wire_model, serve_models
 
 from conftest import DIRECT
 from trainserve.protos import predict_pb2, types_pb2
@@ -144,40 +144,25 @@ def test_a_content_length_that_is_not_a_number_is_refused(served):
     assert err.value.code == 400 and "Content-Length 'ten'" in json.loads(err.value.read())["error"]
 
 
-def tensor(array: np.ndarray, **changes):
-    """`array` as a TensorProto, then broken: dims=[...] replaces the shape, other keys set fields."""
-    proto = to_tensor_proto(array, as_values=changes.pop("as_values", False))
-    if "dims" in changes:
-        del proto.tensor_shape.dim[:]
-        for size in changes.pop("dims"):
-            proto.tensor_shape.dim.add(size=size)
-    for field, value in changes.items():
-        if isinstance(value, list):
-            getattr(proto, field).extend(value)
-        else:
-            setattr(proto, field, value)
-    return proto
-
-
 X, N, S = np.ones((1, 3), np.float32), np.array([4], np.int64), np.array([b"abc"], dtype=object)
 
 
 @pytest.mark.parametrize(
     "key, proto, message",
     [
-        pytest.param("x", tensor(X, tensor_content=b"\0" * 10), "x: tensor_content holds 10 bytes: expected 12",
+        pytest.param("x", broken(X, tensor_content=b"\0" * 10), "x: tensor_content holds 10 bytes: expected 12",
                      id="content-length"),
-        pytest.param("s", tensor(S, tensor_content=b"abc"), "DT_STRING cannot travel as tensor_content",
+        pytest.param("s", broken(S, tensor_content=b"abc"), "DT_STRING cannot travel as tensor_content",
                      id="string-content"),
-        pytest.param("n", tensor(N, as_values=True, dims=[-1]), "n: tensor_shape [-1] has a negative dimension",
+        pytest.param("n", broken(N, as_values=True, dims=[-1]), "n: tensor_shape [-1] has a negative dimension",
                      id="negative-dim"),
-        pytest.param("x", tensor(X, as_values=True, dims=[2**40, 2**40]), "expected at most 2147483647",
+        pytest.param("x", broken(X, as_values=True, dims=[2**40, 2**40]), "expected at most 2147483647",
                      id="huge-shape"),
-        pytest.param("n", tensor(N, as_values=True, float_val=[1.0]), "DT_INT64 values travel in int64_val: found "
+        pytest.param("n", broken(N, as_values=True, float_val=[1.0]), "DT_INT64 values travel in int64_val: found "
                      "float_val", id="val-field-of-another-dtype"),
-        pytest.param("x", tensor(X, as_values=True, float_val=[1.0]), "holds 4 values: expected 3", id="val-count"),
-        pytest.param("x", tensor(X, dtype=999), "tensor dtype DataType 999 is not supported", id="unknown-dtype"),
-        pytest.param("x", tensor(X, dtype=types_pb2.DT_BFLOAT16), "DT_BFLOAT16 is not supported", id="bfloat16"),
+        pytest.param("x", broken(X, as_values=True, float_val=[1.0]), "holds 4 values: expected 3", id="val-count"),
+        pytest.param("x", broken(X, dtype=999), "tensor dtype DataType 999 is not supported", id="unknown-dtype"),
+        pytest.param("x", broken(X, dtype=types_pb2.DT_BFLOAT16), "DT_BFLOAT16 is not supported", id="bfloat16"),
     ],
 )  # fmt: skip
 def test_tensor_protos_that_do_not_decode_are_invalid_argument_naming_the_input(served, key, proto, message):

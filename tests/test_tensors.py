@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from wire_model import broken
 
 from trainserve.errors import TrainserveError
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
@@ -55,21 +56,6 @@ def test_wrong_value_count_is_an_error():
         from_tensor_proto(proto)
 
 
-def broken(array: np.ndarray, dims=None, as_values: bool = False, **fields):
-    """`array` as a TensorProto with its shape replaced by `dims` and `fields` set (lists extend)."""
-    proto = to_tensor_proto(array, as_values=as_values)
-    if dims is not None:
-        del proto.tensor_shape.dim[:]
-        for size in dims:
-            proto.tensor_shape.dim.add(size=size)
-    for field, value in fields.items():
-        if isinstance(value, list):
-            getattr(proto, field).extend(value)
-        else:
-            setattr(proto, field, value)
-    return proto
-
-
 FLOATS = np.zeros((2, 3), np.float32)
 
 
@@ -83,9 +69,11 @@ FLOATS = np.zeros((2, 3), np.float32)
                      "DT_STRING cannot travel as tensor_content: expected string_val", id="string-content"),
         pytest.param(broken(FLOATS, float_val=[1.0]), "both tensor_content and float_val are set", id="two-encodings"),
         pytest.param(broken(FLOATS, as_values=True, dims=[-1, 3]), "[-1, 3] has a negative dimension", id="negative"),
-        pytest.param(broken(FLOATS, as_values=True, dims=[2**62, 4]), "needs 73786976294838206464 bytes: expected "
-                     "at most 2147483647", id="huge"),
+        pytest.param(broken(FLOATS, as_values=True, dims=[2**62, 4]),
+                     "needs 73786976294838206464 bytes (zero dimensions aside): expected at most", id="huge"),
         pytest.param(broken(FLOATS, as_values=True, dims=[2**29]), "needs 2147483648 bytes", id="just-too-big"),
+        pytest.param(broken(FLOATS, as_values=True, dims=[0, 2**31, 2**31]), "[0, 2147483648, 2147483648] of "
+                     "float32 needs 18446744073709551616 bytes (zero dimensions aside)", id="empty-but-huge"),
         pytest.param(broken(FLOATS, as_values=True, int64_val=[1]), "DT_FLOAT values travel in float_val: found "
                      "int64_val", id="val-field-of-another-dtype"),
         pytest.param(broken(FLOATS, as_values=True, float_val=[1.0]), "holds 7 values: expected 6 for shape [2, 3]",

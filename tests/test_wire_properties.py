@@ -28,6 +28,7 @@ from conftest import DIRECT
 from serving_fixtures import InProcessServer
 from trainserve.protos import predict_pb2, tensor_pb2, types_pb2
 from trainserve.protos.prediction_service_pb2_grpc import PredictionServiceStub
+from trainserve.serving.rest_api import json_string
 from trainserve.tensors import to_tensor_proto
 
 pytestmark = pytest.mark.unit
@@ -226,16 +227,6 @@ def test_every_tensor_proto_gets_the_models_answer_or_a_client_error(wire, case)
 
 
 # --- REST ---------------------------------------------------------------------------------------------------------
-
-
-def json_string(value: bytes, as_b64: bool):
-    """A string input's JSON: text, or {"b64": ...} (always for bytes that are not UTF-8)."""
-    if not as_b64:
-        try:
-            return value.decode()
-        except UnicodeDecodeError:
-            pass
-    return {"b64": base64.b64encode(value).decode()}
 
 
 def rest_columns(arrays_: dict[str, np.ndarray], as_b64: bool = False) -> dict:

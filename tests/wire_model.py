@@ -1,11 +1,14 @@
-"""Small SavedModels for the wire tests (made with TensorFlow, not trainserve), and serve-local serving them in
-this process."""
+"""What the wire tests share: small SavedModels (made with TensorFlow, not trainserve), serve-local serving them
+in this process, and TensorProtos broken on purpose."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from serving_fixtures import InProcessServer
+from trainserve.tensors import to_tensor_proto
 
 
 def save_wire_model(path: Path) -> Path:
@@ -84,3 +87,18 @@ def serve_models(root: Path, **versions: Path) -> InProcessServer:
     for name in versions:
         server.wait_available(name, 1)
     return server
+
+
+def broken(array: np.ndarray, dims=None, as_values: bool = False, **fields):
+    """`array` as a TensorProto with its shape replaced by `dims` and `fields` set (lists extend)."""
+    proto = to_tensor_proto(array, as_values=as_values)
+    if dims is not None:
+        del proto.tensor_shape.dim[:]
+        for size in dims:
+            proto.tensor_shape.dim.add(size=size)
+    for field, value in fields.items():
+        if isinstance(value, list):
+            getattr(proto, field).extend(value)
+        else:
+            setattr(proto, field, value)
+    return proto

@@ -142,10 +142,12 @@ def _checked_shape(tensor_shape, dtype: np.dtype) -> tuple[int, ...]:
         raise TrainserveError(f"tensor_shape has {len(shape)} dimensions: expected at most {MAX_RANK}")
     if any(size < 0 for size in shape):
         raise TrainserveError(f"tensor_shape {list(shape)} has a negative dimension: expected sizes >= 0")
-    size = math.prod(shape) * dtype.itemsize
+    # Zero dimensions aside: numpy refuses [0, 2**31, 2**31] too, though it holds nothing.
+    size = math.prod(max(d, 1) for d in shape) * dtype.itemsize
     if size > MAX_TENSOR_BYTES:
         raise TrainserveError(
-            f"tensor_shape {list(shape)} of {dtype.name} needs {size} bytes: expected at most {MAX_TENSOR_BYTES}"
+            f"tensor_shape {list(shape)} of {dtype.name} needs {size} bytes (zero dimensions aside): expected at "
+            f"most {MAX_TENSOR_BYTES}"
         )
     return shape
 

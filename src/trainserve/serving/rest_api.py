@@ -61,11 +61,12 @@ def json_value(array: np.ndarray, name: str = ""):
     _bytes), else {"b64": ...}: JSON strings cannot hold arbitrary bytes."""
     if array.dtype == object:  # keeps the shape: a [N, K] string output is N rows of K strings, as in TF Serving
         as_b64 = name.endswith(BYTES_SUFFIX)
-        return np.vectorize(lambda v: _json_string(v, as_b64), otypes=[object])(array).tolist()
+        return np.vectorize(lambda v: json_string(v, as_b64), otypes=[object])(array).tolist()
     return array.tolist()
 
 
-def _json_string(value, as_b64: bool):
+def json_string(value, as_b64: bool):
+    """One DT_STRING value as JSON: text, or {"b64": ...} when asked or when the bytes are not UTF-8."""
     if not isinstance(value, bytes):
         return value
     if not as_b64:
