@@ -78,6 +78,8 @@ def instances(*changes: dict) -> dict:
         pytest.param({"instances": [ROW], "signature_name": 5}, '"signature_name" is not a string', id="signature"),
         pytest.param(b'{"instances": [' * 5000, "JSON parse error", id="deep-nesting"),
         pytest.param(b"{", "JSON parse error", id="not-json"),
+        pytest.param(b'{"inputs": {"b": [1], "kind": ["p"], "a": ' + b"[" * 70 + b"]" * 70 + b"}}",
+                     "input 'a' (\"inputs\"): lists nested deeper than 64", id="too-many-dimensions"),
     ],
 )  # fmt: skip
 def test_malformed_bodies_are_refused_with_the_input_and_what_was_expected(served, body, message):
@@ -90,7 +92,7 @@ def test_malformed_bodies_are_refused_with_the_input_and_what_was_expected(serve
     "row, message",
     [
         pytest.param(WIRE_ROW | {"x": [1.0, 2.0]}, "instance 1 has shape [2]: expected [3]", id="ragged-rows"),
-        pytest.param(WIRE_ROW | {"x": [1.0, [2.0], 3.0]}, "ragged list: a list at depth 1", id="ragged-depth"),
+        pytest.param(WIRE_ROW | {"x": [1.0, [2.0], 3.0]}, "ragged lists", id="ragged-depth"),
         pytest.param(WIRE_ROW | {"n": 1.5}, "JSON value 1.5 is a number: expected int64", id="float-for-int"),
         pytest.param(WIRE_ROW | {"n": 2**63}, "out of range: expected int64", id="int64-range"),
         pytest.param(WIRE_ROW | {"s": "\ud800"}, "is not valid Unicode", id="lone-surrogate"),

@@ -72,6 +72,8 @@ FLOATS = np.zeros((2, 3), np.float32)
         pytest.param(broken(FLOATS, as_values=True, dims=[2**62, 4]),
                      "needs 73786976294838206464 bytes (zero dimensions aside): expected at most", id="huge"),
         pytest.param(broken(FLOATS, as_values=True, dims=[2**29]), "needs 2147483648 bytes", id="just-too-big"),
+        pytest.param(broken(FLOATS, as_values=True, dims=[1] * 65), "has 65 dimensions: expected at most 64",
+                     id="rank"),
         pytest.param(broken(FLOATS, as_values=True, dims=[0, 2**31, 2**31]), "[0, 2147483648, 2147483648] of "
                      "float32 needs 18446744073709551616 bytes (zero dimensions aside)", id="empty-but-huge"),
         pytest.param(broken(FLOATS, as_values=True, int64_val=[1]), "DT_FLOAT values travel in float_val: found "

@@ -119,7 +119,7 @@ def any_tensor(draw) -> tensor_pb2.TensorProto:
     """Any TensorProto: any dtype, dims zero, negative or huge, content of any length, any *_val field."""
     proto = tensor_pb2.TensorProto(dtype=draw(st.sampled_from(DTYPES)))
     proto.tensor_shape.unknown_rank = draw(st.integers(0, 9)) == 0
-    for size in draw(st.lists(DIMS, max_size=3)):
+    for size in draw(st.lists(DIMS, max_size=3) | st.just([1] * 65)):  # numpy has at most 64 dimensions
         proto.tensor_shape.dim.add(size=size)
     encoding = draw(st.sampled_from(["content", "values", "both", "none"]))
     if encoding in ("content", "both"):

@@ -57,7 +57,7 @@ _VAL_FIELD = {
 # The largest tensor a request may decode to: the largest gRPC message TF Serving accepts (INT32_MAX bytes).
 # Checked before anything is allocated, so a shape of 2**40 elements is refused, not attempted.
 MAX_TENSOR_BYTES = 2**31 - 1
-MAX_RANK = 254  # TensorFlow's TensorShape::MaxDimensions()
+MAX_RANK = 64  # numpy's limit (TensorFlow's is 254)
 
 
 def dtype_name(dtype_enum: int) -> str:

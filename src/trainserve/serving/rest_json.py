@@ -116,9 +116,15 @@ def _stack(name: str, tensors: list[np.ndarray]) -> np.ndarray:
 def json_tensor(value, dtype: np.dtype) -> np.ndarray:
     """A JSON value (nested lists of equal lengths, or one value) as an array of `dtype`."""
     shape = _dense_shape(value)
-    leaves: list = []
-    _collect(value, shape, 0, leaves)
-    return _leaf_array(leaves, dtype).reshape(shape)
+    # numpy lays out the lists (in C, fast); where they are ragged it stops early and keeps lists as elements.
+    grid = np.array(value, dtype=object)
+    leaves = grid.ravel().tolist()
+    types = set(map(type, leaves))
+    if grid.shape != shape or list in types:
+        raise JsonTensorError(
+            f"ragged lists: expected each list as long as the first at its depth (shape {list(shape)})"
+        )
+    return _leaf_array(leaves, types, dtype).reshape(shape)
 
 
 def _dense_shape(value) -> tuple[int, ...]:
@@ -134,36 +140,17 @@ def _dense_shape(value) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _collect(value, shape: tuple[int, ...], depth: int, leaves: list) -> None:
-    """Every value, in order, after checking that each list has the length and depth its first sibling has."""
-    if not isinstance(value, list):
-        if depth != len(shape):
-            raise JsonTensorError(f"ragged list: {_short(value)} at depth {depth}: expected a list of {shape[depth]}")
-        leaves.append(value)
-        return
-    if depth == len(shape):
-        raise JsonTensorError(f"ragged list: a list at depth {depth}: expected a value, as in the first element")
-    if len(value) != shape[depth]:
-        raise JsonTensorError(f"ragged list: {len(value)} values at depth {depth}: expected {shape[depth]}")
-    if depth == len(shape) - 1:
-        if any(isinstance(v, list) for v in value):
-            raise JsonTensorError(f"ragged list: a list at depth {depth + 1}: expected a value")
-        leaves.extend(value)
-        return
-    for item in value:
-        _collect(item, shape, depth + 1, leaves)
-
-
-def _leaf_array(leaves: list, dtype: np.dtype) -> np.ndarray:
+def _leaf_array(leaves: list, types: set[type], dtype: np.dtype) -> np.ndarray:
     if dtype.kind == "O":
         return np.array([_string(v) for v in leaves], dtype=object)
     if dtype == np.bool_:
-        _check_types(leaves, (bool,), dtype)
+        _check_types(leaves, types, (bool,), dtype)
     elif dtype in INTEGERS:
-        _check_types(leaves, (int,), dtype)
+        _check_types(leaves, types, (int,), dtype)
         _check_range(leaves, dtype)
     elif dtype in EXACT_INTS:
-        _check_exact(leaves, dtype, _check_types(leaves, (int, float), dtype))
+        _check_types(leaves, types, (int, float), dtype)
+        _check_exact(leaves, dtype, types)
     else:
         raise JsonTensorError(
             f"TF Serving's REST API has no JSON form for {dtype.name}: use gRPC", grpc.StatusCode.UNIMPLEMENTED
@@ -171,14 +158,12 @@ def _leaf_array(leaves: list, dtype: np.dtype) -> np.ndarray:
     return np.array(leaves, dtype)
 
 
-def _check_types(leaves: list, allowed: tuple[type, ...], dtype: np.dtype) -> set[type]:
+def _check_types(leaves: list, types: set[type], allowed: tuple[type, ...], dtype: np.dtype) -> None:
     """`type(v) in allowed`, not isinstance: JSON's true is a Python int too, and is no number here."""
-    types = set(map(type, leaves))
     if not types <= set(allowed):
         bad = next(v for v in leaves if type(v) not in allowed)
         hint = ' ({"b64": ...} is for DT_STRING inputs)' if _is_b64(bad) else ""
         raise JsonTensorError(f"JSON value {_short(bad)} is {_json_type(bad)}: expected {dtype.name}{hint}")
-    return types
 
 
 def _check_range(leaves: list, dtype: np.dtype) -> None:
