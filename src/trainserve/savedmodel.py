@@ -28,6 +28,15 @@ class UnknownSignature(TrainserveError):
     """The SignatureDef a request names is not in the model."""
 
 
+class RunError(TrainserveError):
+    """TensorFlow failed while running a signature: the first line of its message and its canonical error
+    code (tensorflow/core/protobuf/error_codes.proto; the same numbers as gRPC's status codes)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
 def saved_model_pb(version_dir: Path) -> Path:
     """The directory's `saved_model.pb`; a clear error, without TensorFlow, when there is none."""
     pb = Path(version_dir) / "saved_model.pb"
@@ -109,6 +118,17 @@ def tensor_info(key: str, info) -> TensorSpecInfo:
     if not info.tensor_shape.unknown_rank:
         shape = tuple(None if d.size < 0 else int(d.size) for d in info.tensor_shape.dim)
     return TensorSpecInfo(key, info.name, dtype, shape)
+
+
+def op_error_message(exc: Exception) -> str:
+    """The failed op's own message, as TF Serving returns it, without what the Python session adds around it
+    ("Graph execution error:", "Detected at node ... defined at" and the Python stack of the node)."""
+    lines = [line for line in str(getattr(exc, "message", exc)).splitlines() if line.strip()]
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("Node: "):
+            return lines[i + 1].strip()
+    kept = [line for line in lines if not line.startswith(("Graph execution error", "Detected at node", " "))]
+    return kept[0].strip() if kept else first_line(exc)
 
 
 def require_tensorflow(what: str) -> None:
@@ -202,7 +222,13 @@ class LoadedModel:
         if unknown:
             raise TrainserveError(f"output_filter {unknown} not in signature {name!r}: expected {sorted(outputs)}")
         feed = {wanted[k].tensor: v for k, v in inputs.items()}
-        fetched = self.session.run([outputs[k].tensor for k in keys], feed_dict=feed)
+        try:
+            fetched = self.session.run([outputs[k].tensor for k in keys], feed_dict=feed)
+        except Exception as exc:
+            code = getattr(exc, "error_code", None)  # tf.errors.OpError's; TensorFlow is imported lazily here
+            if code is None:
+                raise
+            raise RunError(f"signature {name!r} failed: {op_error_message(exc)}", code) from None
         return dict(zip(keys, (np.asarray(v) for v in fetched)))
 
     def close(self) -> None:

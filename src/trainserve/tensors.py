@@ -54,11 +54,26 @@ _VAL_FIELD = {
 }
 
 
+# The largest tensor a request may decode to: the largest gRPC message TF Serving accepts (INT32_MAX bytes).
+# Checked before anything is allocated, so a shape of 2**40 elements is refused, not attempted.
+MAX_TENSOR_BYTES = 2**31 - 1
+MAX_RANK = 64  # numpy's limit (TensorFlow's is 254)
+
+
+def dtype_name(dtype_enum: int) -> str:
+    """DT_FLOAT, ...; a number no DataType names (protobuf enums are open) is written as such."""
+    try:
+        return types_pb2.DataType.Name(dtype_enum)
+    except ValueError:
+        return f"DataType {dtype_enum}"
+
+
 def numpy_dtype(dtype_enum: int) -> np.dtype:
     if dtype_enum == types_pb2.DT_STRING:
         return np.dtype(object)
     if dtype_enum not in _FROM_DTYPE:
-        raise TrainserveError(f"tensor dtype {types_pb2.DataType.Name(dtype_enum)} is not supported")
+        supported = ", ".join(dtype_name(d) for d in sorted(_VAL_FIELD))
+        raise TrainserveError(f"tensor dtype {dtype_name(dtype_enum)} is not supported: expected one of {supported}")
     return _FROM_DTYPE[dtype_enum]
 
 
@@ -95,25 +110,94 @@ def _set_shape(proto, array: np.ndarray) -> None:
 
 
 def from_tensor_proto(proto) -> np.ndarray:
-    """Decode either encoding; a single `*_val` value fills the whole shape, as TensorFlow does."""
-    shape = tuple([d.size for d in proto.tensor_shape.dim])
+    """Decode either encoding; a single `*_val` value fills the whole shape, as TensorFlow does.
+
+    Everything is checked before anything is allocated: the dtype, the shape (no negative or unknown
+    dimension, at most MAX_TENSOR_BYTES), and that the values are where the dtype keeps them and as many
+    as the shape holds. TensorFlow pads missing `*_val` values with the last one and ignores fields of other
+    dtypes; a request like that is refused here instead, since its answer would not be for what was meant.
+    """
     dtype = numpy_dtype(proto.dtype)
-    count = math.prod(shape)
+    shape = _checked_shape(proto.tensor_shape, dtype)
     content = proto.tensor_content  # read once: each read of a bytes field makes a new bytes object
+    fields = [f.name for f, _ in proto.ListFields() if f.name.endswith("_val")]
     if content:
-        array = np.frombuffer(content, dtype.newbyteorder("<"))
-        if array.size != count:
-            raise TrainserveError(f"tensor_content holds {array.size} values: expected {count} for shape {list(shape)}")
-        return array.astype(dtype, copy=False).reshape(shape)
-    values = getattr(proto, _VAL_FIELD[proto.dtype])
-    if proto.dtype == types_pb2.DT_STRING:
+        if proto.dtype == types_pb2.DT_STRING:
+            raise TrainserveError("DT_STRING cannot travel as tensor_content: expected string_val")
+        if fields:
+            raise TrainserveError(f"both tensor_content and {fields[0]} are set: expected one of them")
+        return _from_content(content, dtype, shape)
+    expected = _VAL_FIELD[proto.dtype]
+    wrong = [f for f in fields if f != expected]
+    if wrong:
+        raise TrainserveError(f"{dtype_name(proto.dtype)} values travel in {expected}: found {wrong[0]}")
+    return _from_values(getattr(proto, expected), proto.dtype, dtype, shape)
+
+
+def _checked_shape(tensor_shape, dtype: np.dtype) -> tuple[int, ...]:
+    if tensor_shape.unknown_rank:
+        raise TrainserveError("tensor_shape has unknown_rank: expected a fully defined shape")
+    shape = tuple([d.size for d in tensor_shape.dim])
+    if len(shape) > MAX_RANK:
+        raise TrainserveError(f"tensor_shape has {len(shape)} dimensions: expected at most {MAX_RANK}")
+    if any(size < 0 for size in shape):
+        raise TrainserveError(f"tensor_shape {list(shape)} has a negative dimension: expected sizes >= 0")
+    # Zero dimensions aside: numpy refuses [0, 2**31, 2**31] too, though it holds nothing.
+    size = math.prod(max(d, 1) for d in shape) * dtype.itemsize
+    if size > MAX_TENSOR_BYTES:
+        raise TrainserveError(
+            f"tensor_shape {list(shape)} of {dtype.name} needs {size} bytes (zero dimensions aside): expected at "
+            f"most {MAX_TENSOR_BYTES}"
+        )
+    return shape
+
+
+def _from_content(content: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    count = math.prod(shape)
+    if len(content) != count * dtype.itemsize:
+        raise TrainserveError(
+            f"tensor_content holds {len(content)} bytes: expected {count * dtype.itemsize} "
+            f"({count} {dtype.name} values of {dtype.itemsize} bytes for shape {list(shape)})"
+        )
+    return np.frombuffer(content, dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
+
+
+def _from_values(values, dtype_enum: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    count = math.prod(shape)
+    if len(values) not in (count, 1):
+        raise TrainserveError(
+            f"tensor holds {len(values)} values: expected {count} for shape {list(shape)} (or 1 to fill it)"
+        )
+    if dtype_enum == types_pb2.DT_STRING:
         array = np.array(list(values), dtype=object)
-    elif proto.dtype == types_pb2.DT_HALF:
-        array = np.array(values, np.uint16).view(np.float16)
     else:
-        array = np.array(values, dtype)
+        array = _numbers(values, dtype_enum, dtype)
     if array.size == count:
         return array.reshape(shape)
-    if array.size == 1 or (array.size == 0 and count == 0):
-        return np.full(shape, array[0] if array.size else 0, dtype)
-    raise TrainserveError(f"tensor holds {array.size} values: expected {count} for shape {list(shape)}")
+    return np.full(shape, array[0], dtype)
+
+
+# Dtypes whose values travel in a wider int32 field (half_val: float16 bit patterns), so a value can be out of
+# range. TensorFlow would truncate it, and numpy converting a protobuf container wraps it silently.
+_NARROW = {
+    types_pb2.DT_INT8: np.int8,
+    types_pb2.DT_INT16: np.int16,
+    types_pb2.DT_UINT8: np.uint8,
+    types_pb2.DT_UINT16: np.uint16,
+    types_pb2.DT_HALF: np.uint16,
+}
+
+
+def _numbers(values, dtype_enum: int, dtype: np.dtype) -> np.ndarray:
+    if dtype_enum not in _NARROW:
+        return np.array(values, dtype)
+    wide, target = np.array(values, np.int64), _NARROW[dtype_enum]
+    info = np.iinfo(target)
+    outside = (wide < info.min) | (wide > info.max)
+    if outside.any():
+        what = "float16 bit patterns" if dtype_enum == types_pb2.DT_HALF else f"{dtype.name} values"
+        raise TrainserveError(
+            f"{_VAL_FIELD[dtype_enum]} holds {wide[outside][0]}: expected {what} in [{info.min}, {info.max}]"
+        )
+    narrow = wide.astype(target)
+    return narrow.view(np.float16) if dtype_enum == types_pb2.DT_HALF else narrow

@@ -36,11 +36,15 @@ def parse_model_spec(model_spec) -> tuple[str, int | None, str | None]:
 
 
 def decode_inputs(request) -> dict:
-    """The request's tensors as numpy arrays; one that cannot be decoded is INVALID_ARGUMENT."""
-    try:
-        return {k: from_tensor_proto(v) for k, v in request.inputs.items()}
-    except TrainserveError as exc:
-        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+    """The request's tensors as numpy arrays; one that cannot be decoded is INVALID_ARGUMENT naming its key
+    (TF Serving says "tensor parsing error: KEY"; we add what was wrong)."""
+    arrays = {}
+    for key, proto in request.inputs.items():
+        try:
+            arrays[key] = from_tensor_proto(proto)
+        except TrainserveError as exc:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor parsing error: {key}: {exc}") from None
+    return arrays
 
 
 def fill_model_spec(model_spec, name: str, version: int, signature: str = "") -> None:

@@ -7,6 +7,7 @@ status TF Serving maps the gRPC code to.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -18,11 +19,13 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
+from trainserve.errors import first_line
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.protos.get_model_status_pb2 import ModelVersionStatus
 from trainserve.serving.manager import VersionState
 from trainserve.serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from trainserve.serving.metrics import prometheus_text
+from trainserve.serving.rest_json import rest_inputs
 from trainserve.serving.servables import Servables, ServingError
 
 log = logging.getLogger(__name__)
@@ -31,84 +34,81 @@ URL = re.compile(
     r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
     r"(?P<verb>/metadata|:predict|:classify|:regress)?/?$"
 )
-# gRPC code -> HTTP status as TF Serving maps them (ToHTTPStatusCode, model_servers/http_server.cc);
-# codes not listed here answer 500.
+# gRPC code -> HTTP status, every code as TF Serving maps them (ToHTTPStatusCode, model_servers/http_server.cc).
 HTTP_STATUS = {
-    grpc.StatusCode.NOT_FOUND: HTTPStatus.NOT_FOUND,
+    grpc.StatusCode.CANCELLED: 499,  # nginx's "client closed request"
+    grpc.StatusCode.UNKNOWN: HTTPStatus.INTERNAL_SERVER_ERROR,
     grpc.StatusCode.INVALID_ARGUMENT: HTTPStatus.BAD_REQUEST,
+    grpc.StatusCode.DEADLINE_EXCEEDED: HTTPStatus.GATEWAY_TIMEOUT,
+    grpc.StatusCode.NOT_FOUND: HTTPStatus.NOT_FOUND,
+    grpc.StatusCode.ALREADY_EXISTS: HTTPStatus.CONFLICT,
+    grpc.StatusCode.PERMISSION_DENIED: HTTPStatus.FORBIDDEN,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: HTTPStatus.TOO_MANY_REQUESTS,
     grpc.StatusCode.FAILED_PRECONDITION: HTTPStatus.BAD_REQUEST,
+    grpc.StatusCode.ABORTED: HTTPStatus.CONFLICT,
+    grpc.StatusCode.OUT_OF_RANGE: HTTPStatus.BAD_REQUEST,
     grpc.StatusCode.UNIMPLEMENTED: HTTPStatus.NOT_IMPLEMENTED,
+    grpc.StatusCode.INTERNAL: HTTPStatus.INTERNAL_SERVER_ERROR,
     grpc.StatusCode.UNAVAILABLE: HTTPStatus.SERVICE_UNAVAILABLE,
+    grpc.StatusCode.DATA_LOSS: HTTPStatus.INTERNAL_SERVER_ERROR,
+    grpc.StatusCode.UNAUTHENTICATED: HTTPStatus.UNAUTHORIZED,
 }
+BYTES_SUFFIX = "_bytes"  # DT_STRING outputs named so are always written as base64, as in TF Serving
 
 
-def json_value(array: np.ndarray):
-    """An output array as JSON; bytes (DT_STRING) are decoded as UTF-8 text."""
+def json_value(array: np.ndarray, name: str = ""):
+    """An output array as JSON. DT_STRING values are text when they are UTF-8 (and `name` does not end in
+    _bytes), else {"b64": ...}: JSON strings cannot hold arbitrary bytes."""
     if array.dtype == object:  # keeps the shape: a [N, K] string output is N rows of K strings, as in TF Serving
-        return np.vectorize(_text, otypes=[object])(array).tolist()
+        as_b64 = name.endswith(BYTES_SUFFIX)
+        return np.vectorize(lambda v: json_string(v, as_b64), otypes=[object])(array).tolist()
     return array.tolist()
 
 
-def _text(value):
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
-
-
-def rest_inputs(body: dict, inputs_spec: dict) -> tuple[dict[str, np.ndarray], bool]:
-    """Row (`instances`) or columnar (`inputs`) request body -> (arrays in the signature's dtypes, row?)."""
-    if ("instances" in body) == ("inputs" in body):
-        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, 'expected exactly one of "instances" or "inputs"')
-    if "instances" in body:
-        return _row_inputs(body["instances"], inputs_spec), True
-    return _columnar_inputs(body["inputs"], inputs_spec), False
-
-
-def _row_inputs(instances, inputs_spec: dict) -> dict[str, np.ndarray]:
-    """A list of instances: bare values for a single-input signature, else objects keyed by input."""
-    names = sorted(inputs_spec)
-    if not isinstance(instances, list):
-        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, '"instances" must be a list')
-    if len(names) == 1 and not (instances and isinstance(instances[0], dict)):
-        return {names[0]: _input_array(inputs_spec, names[0], instances)}
-    if not all(isinstance(i, dict) for i in instances):
-        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"each instance must be an object with keys {names}")
-    keys = set().union(*(i.keys() for i in instances)) if instances else set(names)
-    return {k: _input_array(inputs_spec, k, [i.get(k) for i in instances]) for k in keys}
-
-
-def _columnar_inputs(columns, inputs_spec: dict) -> dict[str, np.ndarray]:
-    """An object of whole input tensors, or one bare tensor for a single-input signature."""
-    names = sorted(inputs_spec)
-    if isinstance(columns, dict):
-        return {k: _input_array(inputs_spec, k, v) for k, v in columns.items()}
-    if len(names) != 1:
-        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f'"inputs" must be an object with keys {names}')
-    return {names[0]: _input_array(inputs_spec, names[0], columns)}
-
-
-def _input_array(inputs_spec: dict, key: str, value) -> np.ndarray:
-    spec = inputs_spec.get(key)
-    if spec is None:
-        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown input {key!r}: expected {sorted(inputs_spec)}")
-    try:
-        return np.asarray(value, dtype=spec.dtype)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise ServingError(
-            grpc.StatusCode.INVALID_ARGUMENT, f"input {key!r}: {exc}: expected {spec.describe()}"
-        ) from None
+def json_string(value, as_b64: bool):
+    """One DT_STRING value as JSON: text, or {"b64": ...} when asked or when the bytes are not UTF-8."""
+    if not isinstance(value, bytes):
+        return value
+    if not as_b64:
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            pass
+    return {"b64": base64.b64encode(value).decode()}
 
 
 def predict_json(outputs: dict[str, np.ndarray], row: bool) -> dict:
     """The answer in the request's format: `predictions` (one per instance) or columnar `outputs`;
     a single output is written bare, without its name."""
-    if row:
+    if not row:
         if len(outputs) == 1:
-            return {"predictions": json_value(next(iter(outputs.values())))}
-        columns = {k: json_value(v) for k, v in outputs.items()}
-        count = len(next(iter(columns.values())))
-        return {"predictions": [{k: v[i] for k, v in columns.items()} for i in range(count)]}
+            return {"outputs": json_value(*_only(outputs))}
+        return {"outputs": {k: json_value(v, k) for k, v in outputs.items()}}
+    count = _batch_size(outputs)
     if len(outputs) == 1:
-        return {"outputs": json_value(next(iter(outputs.values())))}
-    return {"outputs": {k: json_value(v) for k, v in outputs.items()}}
+        return {"predictions": json_value(*_only(outputs))}
+    columns = {k: json_value(v, k) for k, v in outputs.items()}
+    return {"predictions": [{k: v[i] for k, v in columns.items()} for i in range(count)]}
+
+
+def _only(outputs: dict[str, np.ndarray]) -> tuple[np.ndarray, str]:
+    name, array = next(iter(outputs.items()))
+    return array, name
+
+
+def _batch_size(outputs: dict[str, np.ndarray]) -> int:
+    """Rows need one batch size across the outputs (MakeRowFormatJsonFromTensors): else INVALID_ARGUMENT."""
+    sizes = {k: v.shape[0] if v.ndim else None for k, v in outputs.items()}
+    for key, size in sizes.items():
+        if size is None:
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"output {key!r} has no batch dimension: ask for "
+                               '"inputs" (columnar) to get it')  # fmt: skip
+    if len(set(sizes.values())) > 1:
+        raise ServingError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f'outputs have different batch sizes {sizes}: expected one, or ask for "inputs" (columnar)',
+        )
+    return next(iter(sizes.values()))
 
 
 def status_json(states: list[VersionState]) -> dict:
@@ -134,11 +134,14 @@ def metadata_json(name: str, version: int, signature_map) -> dict:
 
 def parse_json_body(raw: bytes) -> dict:
     try:
-        body = json.loads(raw or b"{}")
-    except ValueError as exc:
-        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"JSON parse error: {exc}") from None
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser recurses
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"JSON parse error: {first_line(exc)}") from None
     if not isinstance(body, dict):
-        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "expected a JSON object body")
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "the body is not a JSON object: expected one")
+    signature = body.get("signature_name", "")
+    if not isinstance(signature, str):
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, '"signature_name" is not a string: expected one')
     return body
 
 
@@ -173,6 +176,9 @@ class RestHandler(BaseHTTPRequestHandler):
             method()
         except ServingError as exc:
             self._send(HTTP_STATUS.get(exc.code, HTTPStatus.INTERNAL_SERVER_ERROR), {"error": str(exc)})
+        except Exception as exc:  # a fault of ours: the client still gets an answer, the log the traceback
+            log.exception("REST %s %s failed", self.command, self.path)
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {first_line(exc)}"})
 
     def do_GET(self):
         if self.metrics_path and self.path.split("?")[0] == self.metrics_path:
@@ -195,10 +201,17 @@ class RestHandler(BaseHTTPRequestHandler):
     def do_POST(self):
         self._handle(self._post)
 
+    def _read_body(self) -> bytes:
+        """Read even when the request fails: the connection is kept alive (HTTP/1.1)."""
+        length = self.headers.get("Content-Length") or "0"
+        if not length.isdigit():
+            self.close_connection = True  # the body's end is unknown: the connection cannot carry another request
+            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"Content-Length {length!r}: expected a size in bytes")
+        return self.rfile.read(int(length))
+
     def _post(self):
         name, version, label, verb = self._route()
-        # Read the body even when the request fails: the connection is kept alive (HTTP/1.1).
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        raw = self._read_body()
         if verb in (":classify", ":regress"):
             raise ServingError(grpc.StatusCode.UNIMPLEMENTED, f"serve-local does not implement {verb}")
         if verb != ":predict":

@@ -25,7 +25,7 @@ import grpc
 from trainserve.errors import TrainserveError, first_line
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.protos import get_model_metadata_pb2
-from trainserve.savedmodel import LoadedModel, UnknownSignature
+from trainserve.savedmodel import LoadedModel, RunError, UnknownSignature
 from trainserve.serving.batching import Arrays, BatchScheduler, QueueFull, shape_key, task_size
 from trainserve.serving.config import Batching
 from trainserve.serving.manager import ModelManager, NotFound, ServableHandle, UnknownLabel, VersionState
@@ -48,19 +48,26 @@ def unknown_signature(signature: str) -> ServingError:
 LATENCY_API = {"predict": "Predict", "metadata": "GetModelMetadata", "status": "GetModelStatus"}
 
 
+# TensorFlow's canonical error codes are gRPC's status codes, number for number.
+STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
 @contextlib.contextmanager
 def tf_errors(signature: str):
-    """A model's failure as the ServingError TF Serving answers with."""
+    """A model's failure as the ServingError TF Serving answers with: a TensorFlow error keeps its code
+    (TF Serving passes the run's Status through), a request the checks refuse is INVALID_ARGUMENT."""
     try:
         yield
     except ServingError:
         raise
     except UnknownSignature:
         raise unknown_signature(signature) from None
+    except RunError as exc:
+        raise ServingError(STATUS_CODES.get(exc.code, grpc.StatusCode.UNKNOWN), str(exc)) from None
     except TrainserveError as exc:
         raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-    except Exception as exc:  # a TF runtime error inside the graph
-        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, first_line(exc)) from None
+    except Exception as exc:  # not TensorFlow's and not a check's: a fault of the server, not of the request
+        raise ServingError(grpc.StatusCode.INTERNAL, first_line(exc)) from None
 
 
 @contextlib.contextmanager
