@@ -11,7 +11,6 @@ import urllib.request
 import grpc
 import numpy as np
 import pytest
-from wire_model import broken, save_csv_model, save_wire_model, serve_models
 
 from conftest import DIRECT
 from trainserve.protos import predict_pb2, types_pb2
@@ -19,6 +18,7 @@ from trainserve.protos.prediction_service_pb2_grpc import PredictionServiceStub
 from trainserve.serving.rest_api import predict_json
 from trainserve.serving.servables import ServingError
 from trainserve.tensors import to_tensor_proto
+from wire_model import broken, save_csv_model, save_wire_model, serve_models
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-from wire_model import save_failing_model, serve_models
 
 from conftest import assert_one_line_error, run_cli
 from trainserve.protos import predict_pb2
@@ -16,6 +15,7 @@ from trainserve.savedmodel import LoadedModel, RunError
 from trainserve.serving.rest_api import HTTP_STATUS
 from trainserve.serving.servables import ServingError, tf_errors
 from trainserve.tensors import to_tensor_proto
+from wire_model import save_failing_model, serve_models
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from wire_model import broken
 
 from trainserve.errors import TrainserveError
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
+from wire_model import broken
 
 pytestmark = pytest.mark.unit
 

@@ -22,7 +22,6 @@ from google.protobuf.descriptor import FieldDescriptor as Field
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-from wire_model import save_wire_model
 
 from conftest import DIRECT
 from serving_fixtures import InProcessServer
@@ -30,6 +29,7 @@ from trainserve.protos import predict_pb2, tensor_pb2, types_pb2
 from trainserve.protos.prediction_service_pb2_grpc import PredictionServiceStub
 from trainserve.serving.rest_api import json_string
 from trainserve.tensors import to_tensor_proto
+from wire_model import save_wire_model
 
 pytestmark = pytest.mark.unit
 
