@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
@@ -56,6 +57,20 @@ class Hold:
         if taken:
             self.caught.set()
             assert self.release.wait(120), "the test never released the held request"
+
+
+@pytest.fixture(name="hold")
+def hold_fixture(monkeypatch) -> Hold:
+    """Every version resolution passes through a Hold the test arms."""
+    hold, resolve = Hold(), ServedModel.resolve
+
+    def resolve_then_hold(self, version=None, label=None):
+        servable = resolve(self, version, label)
+        hold.after_resolve(servable)
+        return servable
+
+    monkeypatch.setattr(ServedModel, "resolve", resolve_then_hold)
+    return hold
 
 
 @dataclass
@@ -149,17 +164,8 @@ def versions_on_disk_fixture(model_versions, tmp_path):
 @pytest.mark.parametrize(
     "batching", [None, Batching(max_batch_size=64, max_enqueued_batches=1000)], ids=["alone", "batched"]
 )
-def test_requests_racing_unloads_finish_on_their_version_or_get_not_found(versions_on_disk, batching, monkeypatch):
+def test_requests_racing_unloads_finish_on_their_version_or_get_not_found(versions_on_disk, batching, hold):
     base, answers = versions_on_disk
-    hold = Hold()
-    resolve = ServedModel.resolve
-
-    def resolve_then_hold(self, version=None, label=None):
-        servable = resolve(self, version, label)
-        hold.after_resolve(servable)
-        return servable
-
-    monkeypatch.setattr(ServedModel, "resolve", resolve_then_hold)
     manager = ModelManager()
     manager.configure(policy(base, {1}))
     manager.poll()
@@ -213,3 +219,46 @@ def drive_cycles(manager: ModelManager, base, hold: Hold, clients: Clients) -> N
         )
         clients.wait_each_answered_after(counts)
         current = following
+
+
+def test_a_rest_request_held_across_the_unload_of_its_version_finishes_on_it(versions_on_disk, hold):
+    """REST resolves first (to read the signature's dtypes) and predicts after: the version it resolved must
+    still answer, although it unloaded in between."""
+    from serving_fixtures import IMAGES
+    from trainserve.serving.rest_api import start_rest_server
+
+    base, answers = versions_on_disk
+    manager = ModelManager()
+    manager.configure(policy(base, {1}))
+    manager.poll()
+    servables = Servables(manager, None)
+    rest = start_rest_server(servables, 0, None)
+    url = f"http://127.0.0.1:{rest.server_address[1]}/v1/models/m:predict"
+    hold.arm(1)
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(post_json, url, {"instances": IMAGES.tolist()})
+        assert hold.caught.wait(120), "the request never resolved version 1"
+        manager.configure(policy(base, {2}))
+        manager.poll()  # loads 2, unloads 1: the held request's version
+        assert manager.models["m"].versions[1].state == State.END
+        hold.release.set()
+        status, body = answer.result(120)
+    rest.shutdown()
+    rest.server_close()
+    manager.close()
+    assert status == 200, body
+    probabilities = np.array([row["probabilities"] for row in body["predictions"]])
+    np.testing.assert_allclose(probabilities, answers[1]["probabilities"], atol=1e-5)
+
+
+def post_json(url: str, body) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())

@@ -218,10 +218,11 @@ class RestHandler(BaseHTTPRequestHandler):
             raise ServingError(grpc.StatusCode.NOT_FOUND, f"Malformed request: POST {self.path}")
         body = parse_json_body(raw)
         signature = body.get("signature_name") or DEFAULT_SIGNATURE
-        # Resolve once and predict on that version: the JSON is converted with its signature's dtypes.
-        state = self.servables.resolve(name, version, label)
-        inputs, row = rest_inputs(body, self.servables.inputs_spec(state, signature))
-        _, _, outputs = self.servables.predict(name, state.version, None, signature, inputs, entrypoint="REST")
+        # Resolve once and predict on that version (held, so an unload in between cannot take it): the JSON is
+        # converted with its signature's dtypes.
+        servable = self.servables.resolve(name, version, label)
+        inputs, row = rest_inputs(body, self.servables.inputs_spec(servable, signature))
+        _, _, outputs = self.servables.predict(name, servable, signature, inputs)
         return self._send(200, predict_json(outputs, row))
 
 

@@ -162,10 +162,12 @@ class Servables:
             raise unknown_signature(signature) from None
         return inputs_spec
 
-    def predict(self, name, version, label, signature, inputs, output_filter=(), entrypoint="GRPC"):
-        """Returns (version, signature name, outputs); blocks until they are computed."""
+    def predict(self, name, servable: ServableHandle, signature, inputs, output_filter=(), entrypoint="REST"):
+        """Returns (version, signature name, outputs); blocks until they are computed. `servable`: the version
+        the caller resolved (REST converts the JSON with its signature's dtypes first) and holds until the answer,
+        so an unload in between cannot take it away."""
         with Tracked(self, name, "predict", entrypoint):
-            call = self._prepare(name, version, label, signature, inputs, output_filter)
+            call = self._prepare(servable, signature, inputs, output_filter)
             if call.key is None:
                 return call.version, call.signature, call.run(inputs)
             with unavailable_when_full():
@@ -174,7 +176,8 @@ class Servables:
     async def predict_async(self, name, version, label, signature, inputs, output_filter, executor: Executor):
         """`predict` for an event loop: waits for its batch, or runs alone on `executor`."""
         with Tracked(self, name, "predict", "GRPC"):
-            call = self._prepare(name, version, label, signature, inputs, output_filter)
+            servable = self.resolve(name, version, label)  # held until the request ends, even across an unload
+            call = self._prepare(servable, signature, inputs, output_filter)
             loop = asyncio.get_running_loop()
             if call.key is not None:
                 with unavailable_when_full():
@@ -183,10 +186,9 @@ class Servables:
                     return call.version, call.signature, await task.future
             return call.version, call.signature, await loop.run_in_executor(executor, call.run, inputs)
 
-    def _prepare(self, name, version, label, signature, inputs, output_filter) -> PredictCall:
-        """Resolve the version and check the request; with batching, pick the queue it joins."""
+    def _prepare(self, servable: ServableHandle, signature, inputs, output_filter) -> PredictCall:
+        """Check the request against the resolved version; with batching, pick the queue it joins."""
         signature = signature or DEFAULT_SIGNATURE
-        servable = self.resolve(name, version, label)  # held until the request ends, even across an unload
         model, output_filter = servable.model, tuple(output_filter)
         self._check_batch_size(inputs)
         run = functools.partial(self._run, model, signature, output_filter=output_filter)
