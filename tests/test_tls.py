@@ -63,8 +63,8 @@ def write(root: Path, name: str, data: bytes) -> Path:
     return root / name
 
 
-@pytest.fixture(scope="session")
-def pki(tmp_path_factory) -> Pki:
+@pytest.fixture(scope="session", name="pki")
+def make_pki(tmp_path_factory) -> Pki:
     root = tmp_path_factory.mktemp("pki")
     ca, other = certs.make_ca(), certs.make_ca("another CA")
     write(root, "ca.crt", certs.cert_pem(ca[0]))
