@@ -165,6 +165,7 @@ bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/loop.py
 	$(BIN)/python bench/train_input.py
 	$(BIN)/python bench/eval_throughput.py
+	$(BIN)/python bench/tls_cost.py
 	$(BIN)/python bench/serve_batching.py
 
 # One export per image, from the same lock: eval is the core install (no TensorFlow); the GPU image keeps its

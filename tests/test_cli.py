@@ -157,3 +157,75 @@ def test_cli_only_dispatches():
     import trainserve.cli
 
     assert "add_parser(" not in inspect.getsource(trainserve.cli)
+
+
+# --- TLS towards the server: one declaration (trainserve.tls.ClientTls), every client ---------------------------
+CLIENTS = {"eval": [], "load": [], "candidate": [], "promote": ["--report", "r.json"], "rollback": []}
+TLS_VARIABLES = {
+    "TRAINSERVE_TLS_CA": "/run/ca.crt", "TRAINSERVE_TLS_CERT": "/run/tls.crt", "TRAINSERVE_TLS_KEY": "/run/tls.key",
+    "TRAINSERVE_TLS_SERVER_NAME": "serve-cpu",
+}  # fmt: skip
+
+
+def client_config(command: str, args: list[str]):
+    from trainserve.evaluation.config import EvalConfig
+    from trainserve.evaluation.load.config import LoadConfig
+    from trainserve.options import config_from_args
+    from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
+
+    classes = {"eval": EvalConfig, "load": LoadConfig, "candidate": CandidateConfig, "promote": PromoteConfig,
+               "rollback": RollbackConfig}  # fmt: skip
+    return config_from_args(classes[command], build_parser().parse_args([command, *args]))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("command", CLIENTS)
+def test_every_client_takes_the_tls_flags_and_their_variables(command, monkeypatch):
+    from pathlib import Path
+
+    from trainserve.tls import ClientTls
+
+    flags = ["--tls-ca", "ca.pem", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-server-name", "serving"]
+    assert client_config(command, flags).tls == ClientTls(Path("ca.pem"), Path("c.pem"), Path("k.pem"), "serving")
+    assert client_config(command, []).tls == ClientTls(), "no flag: plaintext"
+    for name, value in TLS_VARIABLES.items():
+        monkeypatch.setenv(name, value)
+    assert client_config(command, []).tls == ClientTls(Path("/run/ca.crt"), Path("/run/tls.crt"), Path("/run/tls.key"),
+                                                       "serve-cpu")  # fmt: skip
+    assert client_config(command, ["--tls-server-name", "other"]).tls.server_name == "other", "the flag wins"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("command", CLIENTS)
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--tls-cert", "c.pem"], "--tls-cert without --tls-key: expected both (mutual TLS) or neither"),
+        (["--tls-key", "k.pem"], "--tls-key without --tls-cert"),
+        (["--tls-server-name", "serving"], "--tls-server-name needs TLS: expected --tls-ca"),
+    ],
+    ids=["cert-without-key", "key-without-cert", "name-without-tls"],
+)
+def test_a_half_given_tls_is_one_line_before_any_request(command, flags, fragment, tmp_path, capsys, monkeypatch):
+    """The server (port 1) is never asked: a request would end in 'not AVAILABLE', not in this line."""
+    monkeypatch.chdir(tmp_path)
+    code = main([command, *CLIENTS[command], "--server", "127.0.0.1:1", "--wait", "0", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and fragment in err[0], err
+    assert not list(tmp_path.iterdir()), "nothing written"
+
+
+@pytest.mark.unit
+def test_compose_and_kubernetes_set_exactly_the_variables_the_clients_read():
+    import yaml
+
+    from conftest import REPO
+
+    sub = build_parser()._subparsers._group_actions[0].choices["eval"]
+    read = {f"TRAINSERVE_{a.dest.upper()}" for a in sub._actions if a.dest.startswith("tls_")}
+    assert read == set(TLS_VARIABLES)
+    compose = yaml.safe_load((REPO / "compose.tls.yaml").read_text())
+    assert set(compose["x-client-tls"]["environment"]) == read
+    kustomization = yaml.safe_load((REPO / "k8s" / "components" / "tls" / "kustomization.yaml").read_text())
+    (client_tls,) = kustomization["configMapGenerator"]
+    assert {literal.partition("=")[0] for literal in client_tls["literals"]} == read

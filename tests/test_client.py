@@ -13,9 +13,10 @@ import pytest
 
 from conftest import install_version
 from trainserve.cli import main
-from trainserve.client import ServingClient, Target, Tls, open_channel
+from trainserve.client import ServingClient, Target, open_channel
 from trainserve.errors import TrainserveError
 from trainserve.protos import get_model_status_pb2, model_service_pb2_grpc, prediction_service_pb2_grpc
+from trainserve.tls import ClientTls
 
 pytestmark = pytest.mark.unit  # one in-process server; the clients are this process's own
 IMAGES = np.random.default_rng(3).integers(0, 256, (4, 8, 8, 1), dtype=np.uint8)
@@ -161,5 +162,4 @@ def test_eval_with_a_label_evaluates_the_version_behind_it(labelled, tmp_path):
 
 def test_an_unreadable_ca_file_is_one_line_before_any_request(tmp_path):
     with pytest.raises(TrainserveError, match=r"--tls-ca .*missing.pem cannot be read .*: expected a PEM file"):
-        ServingClient("127.0.0.1:1", tls=Tls.from_flags(tmp_path / "missing.pem"))
-    assert Tls.from_flags(None) is None, "no TLS flag: plaintext"
+        ServingClient("127.0.0.1:1", tls=ClientTls(tmp_path / "missing.pem"))

@@ -1,7 +1,8 @@
 """The serve-cpu image over TLS on a real Docker engine (stand-in base: serve-local as tensorflow_model_server):
 a certificate mounted where a kubernetes.io/tls Secret or compose.tls.yaml puts it turns gRPC into mutual TLS,
-answered for a client built from trainserve.tls; the REST port (healthcheck, status) stays plaintext; and the
-same image without a certificate serves plaintext as before. One container start each."""
+which `trainserve eval` (its command line, with a client certificate) evaluates through; the REST port
+(healthcheck, status) stays plaintext; and the same image without a certificate serves plaintext as before.
+One container start each."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from test_tls import predict, refusal
 
 from conftest import DIRECT, REPO, free_port, install_version
 from serving_fixtures import IMAGES
+from trainserve.cli import main
 from trainserve.savedmodel import LoadedModel
 from trainserve.tls import ClientTls
 
@@ -84,6 +86,13 @@ def test_a_mounted_certificate_serves_grpc_over_mutual_tls_and_rest_stays_plaint
         mutual = ClientTls(client / "ca.crt", client / "tls.crt", client / "tls.key", server_name="serve-cpu")
         want = LoadedModel(model_versions[0]).run("serving_default", {"images": IMAGES})["probabilities"]
         np.testing.assert_allclose(predict(target, mutual), want, rtol=1e-5)
+        evaluated = tmp_path / "eval.json"
+        np.savez(tmp_path / "test.npz", x_test=IMAGES, y_test=want.argmax(axis=1))
+        code = main(["eval", "--server", target, "--model", "m", "--data", str(tmp_path / "test.npz"), "--report",
+                     str(evaluated), "--tls-ca", str(client / "ca.crt"), "--tls-cert", str(client / "tls.crt"),
+                     "--tls-key", str(client / "tls.key"), "--tls-server-name", "serve-cpu"])  # fmt: skip
+        report = json.loads(evaluated.read_text())
+        assert code == 0 and report["metrics"]["accuracy"] == 1.0, "labels are the model's own answers"
         assert "requires TLS" in refusal(target, ClientTls())
         without_certificate = ClientTls(client / "ca.crt", server_name="serve-cpu")
         assert "requires a client certificate" in refusal(target, without_certificate)

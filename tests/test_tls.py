@@ -1,4 +1,5 @@
-"""gRPC over TLS: serve-local's --ssl_config_file (TF Serving's SSLConfig) and the client side (trainserve.tls),
+"""gRPC over TLS: serve-local's --ssl_config_file (TF Serving's SSLConfig) and the client side (trainserve.tls's
+credentials, trainserve.client's channel and refusals),
 with certificates made at test time by scripts/certs.py (what `make certs` runs).
 
 A real serve-local answers on real sockets; each refused client (plaintext, no certificate, a CA that does
@@ -22,12 +23,14 @@ from google.protobuf import text_format
 
 from conftest import REPO, assert_one_line_error, free_port, install_version, run_cli
 from serving_fixtures import IMAGES, InProcessServer, expected
+from trainserve.client import describe_refusal, open_channel
+from trainserve.client.refusal import not_after
 from trainserve.errors import TrainserveError
 from trainserve.protos import predict_pb2, ssl_config_pb2
 from trainserve.protos.prediction_service_pb2_grpc import PredictionServiceStub
 from trainserve.serving.tls import load_ssl_config
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
-from trainserve.tls import ClientTls, channel_credentials, describe_refusal, open_channel
+from trainserve.tls import ClientTls
 
 pytestmark = pytest.mark.unit
 
@@ -42,6 +45,7 @@ def load_certs_script():
 
 certs = load_certs_script()
 LONG_AGO = datetime.datetime.now(datetime.UTC) - 30 * certs.DAY
+SERVICE = "serve-cpu"  # the only name in the server's certificate: reached at 127.0.0.1, a client names it
 
 
 @dataclass(frozen=True)
@@ -59,16 +63,16 @@ def write(root: Path, name: str, data: bytes) -> Path:
     return root / name
 
 
-@pytest.fixture(scope="session")
-def pki(tmp_path_factory) -> Pki:
+@pytest.fixture(scope="session", name="pki")
+def make_pki(tmp_path_factory) -> Pki:
     root = tmp_path_factory.mktemp("pki")
     ca, other = certs.make_ca(), certs.make_ca("another CA")
     write(root, "ca.crt", certs.cert_pem(ca[0]))
     write(root, "other_ca.crt", certs.cert_pem(other[0]))
     pairs = {
-        # Issued for "localhost" only: reached at 127.0.0.1, a client must name it (--tls-server-name).
-        "server": certs.issue(ca, "serving", ["localhost"]),
-        "expired_server": certs.issue(ca, "serving", ["localhost"], days=1, start=LONG_AGO),
+        # Issued for a service name only: reached at 127.0.0.1, a client must name it (--tls-server-name).
+        "server": certs.issue(ca, "serving", [SERVICE]),
+        "expired_server": certs.issue(ca, "serving", [SERVICE], days=1, start=LONG_AGO),
         "client": certs.issue(ca, "eval", client=True),
         "stranger": certs.issue(other, "eval", client=True),
         "expired_client": certs.issue(ca, "eval", client=True, days=1, start=LONG_AGO),
@@ -93,7 +97,7 @@ def ssl_config(path: Path, pki: Pki, client_verify: bool, server: str = "server"
     return path
 
 
-def mutual(pki: Pki, client: str = "client", ca: str = "ca", server_name: str | None = "localhost") -> ClientTls:
+def mutual(pki: Pki, client: str = "client", ca: str = "ca", server_name: str | None = SERVICE) -> ClientTls:
     return ClientTls(pki.root / f"{ca}.crt", pki.root / f"{client}.crt", pki.root / f"{client}.key", server_name)
 
 
@@ -140,7 +144,7 @@ def test_a_client_with_the_right_ca_and_certificate_is_answered(mtls_server, pki
     "client, fragment",
     [
         pytest.param(lambda pki: ClientTls(), "requires TLS and this client spoke plaintext", id="plaintext"),
-        pytest.param(lambda pki: ClientTls(pki.ca_crt, server_name="localhost"), "requires a client certificate",
+        pytest.param(lambda pki: ClientTls(pki.ca_crt, server_name=SERVICE), "requires a client certificate",
                      id="no-certificate"),
         pytest.param(lambda pki: mutual(pki, ca="other_ca"), "is not trusted by --tls-ca", id="wrong-ca"),
         pytest.param(lambda pki: mutual(pki, "stranger"), "expected one signed by a CA the server trusts",
@@ -157,7 +161,7 @@ def test_each_refused_client_gets_one_line_and_the_right_one_is_still_answered(m
 def test_without_client_verify_a_client_without_a_certificate_is_answered(tmp_path, model_versions, pki):
     server = start_server(tmp_path, model_versions[0], f"--ssl_config_file={ssl_config(tmp_path / 's', pki, False)}")
     try:
-        assert predict(server.target, ClientTls(pki.ca_crt, server_name="localhost")).shape == (len(IMAGES), 10)
+        assert predict(server.target, ClientTls(pki.ca_crt, server_name=SERVICE)).shape == (len(IMAGES), 10)
         assert predict(server.target, mutual(pki)).shape == (len(IMAGES), 10)  # a certificate is not asked for
         assert "requires TLS" in refusal(server.target, ClientTls())
     finally:
@@ -189,6 +193,16 @@ def test_a_closed_port_is_no_tls_refusal(pki):
     with pytest.raises(grpc.RpcError) as err:
         predict(f"127.0.0.1:{free_port()}", ClientTls())
     assert describe_refusal(err.value, "127.0.0.1:1", ClientTls()) is None
+
+
+@pytest.mark.parametrize(
+    "start", [LONG_AGO, datetime.datetime(2049, 12, 31, 12, tzinfo=datetime.UTC)], ids=["utc-time", "generalized-time"]
+)
+def test_a_client_certificates_expiry_is_read_from_its_der_as_cryptography_reads_it(tmp_path, start):
+    """The expired-certificate line quotes this date; after 2049 X.509 writes it as GeneralizedTime."""
+    cert, _ = certs.issue(certs.make_ca(), "eval", client=True, days=2, start=start)
+    assert not_after(write(tmp_path, "c.crt", certs.cert_pem(cert))) == cert.not_valid_after_utc.replace(microsecond=0)
+    assert not_after(write(tmp_path, "no.crt", b"not a certificate")) is None
 
 
 # --- bad inputs at start: serve-local's SSLConfig --------------------------------------------------------------
@@ -253,18 +267,19 @@ def test_a_bad_ssl_config_stops_serve_local_before_models_load_or_ports_open(tmp
     "files, fragment",
     [
         (lambda pki: (pki.root / "absent.crt", None, None), "--tls-ca {root}/absent.crt cannot be read"),
-        (lambda pki: (pki.ca_crt, pki.client_crt, None), "--tls-cert and --tls-key go together"),
+        (lambda pki: (pki.ca_crt, pki.client_crt, None), "--tls-cert without --tls-key"),
+        (lambda pki: (pki.ca_crt, None, pki.client_key), "--tls-key without --tls-cert"),
         (lambda pki: (pki.client_key, None, None), "--tls-ca {root}/client.key is not a valid PEM certificate"),
         (lambda pki: (pki.ca_crt, pki.client_crt, pki.stranger_key), "is not the key of --tls-cert"),
         (lambda pki: (pki.ca_crt, pki.client_crt, pki.ca_crt), "is not a valid PEM private key"),
         (lambda pki: (pki.der, None, None), "holds no PEM block"),
     ],
-    ids=["unreadable", "cert-without-key", "key-as-ca", "key-of-another", "cert-as-key", "der"],
+    ids=["unreadable", "cert-without-key", "key-without-cert", "key-as-ca", "key-of-another", "cert-as-key", "der"],
 )
 def test_bad_client_files_are_one_line_naming_the_flag(pki, files, fragment):
     (pki.root / "der").write_bytes(b"\x30\x82\x01\x0a" + bytes(20))
     with pytest.raises(TrainserveError) as err:
-        channel_credentials(*files(pki))
+        ClientTls(*files(pki)).credentials()
     assert fragment.format(root=pki.root) in str(err.value) and "\n" not in str(err.value)
 
 
@@ -277,7 +292,7 @@ def test_an_encrypted_client_key_is_named_not_prompted_for(pki, tmp_path):
     )
     path = write(tmp_path, "encrypted.key", encrypted)
     with pytest.raises(TrainserveError, match="is encrypted: expected an unencrypted"):
-        channel_credentials(pki.ca_crt, pki.client_crt, path)
+        ClientTls(pki.ca_crt, pki.client_crt, path).credentials()
 
 
 def test_a_server_name_without_tls_is_refused():

@@ -19,9 +19,18 @@ from typing import Any, Literal, TypeVar
 T = TypeVar("T")
 
 
-def option(default: Any = None, help: str = "", *, parse=None, flag: str | None = None, factory=None) -> Any:
-    """A config field that is also a flag. `parse` converts the flag's text (default: from the type)."""
-    metadata = {"help": help, "parse": parse, "flag": flag}
+def option(
+    default: Any = None,
+    help: str = "",
+    *,
+    parse=None,
+    flag: str | None = None,
+    factory=None,
+    metavar: str | None = None,
+) -> Any:
+    """A config field that is also a flag. `parse` converts the flag's text (default: from the type); `metavar`
+    names its value in --help (default: the flag's name in capitals)."""
+    metadata = {"help": help, "parse": parse, "flag": flag, "metavar": metavar}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -112,6 +121,8 @@ def add_options(parser: argparse.ArgumentParser, cls, prefix: str = "", *, word_
         flag = f.metadata.get("flag") or "--" + dest.replace("_", word_separator)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         kwargs: dict[str, Any] = {"dest": dest, "default": default, "help": f.metadata.get("help", "")}
+        if f.metadata.get("metavar"):
+            kwargs["metavar"] = f.metadata["metavar"]
         if kind is bool and f.metadata.get("parse"):
             kwargs.update(type=f.metadata["parse"], nargs="?", const=True, metavar="BOOL")
         elif kind is bool:

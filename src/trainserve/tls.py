@@ -1,85 +1,75 @@
-"""TLS for trainserve's gRPC clients (eval, load, rollout): channel credentials from PEM files, a server name
-for certificates issued to a service reached by address, and one line saying why a server refused us.
+"""The clients' TLS towards a server: the four `--tls-*` flags, declared once for every client (eval, load, the
+rollout steps), and the channel credentials they make. trainserve.client builds its channels from them;
+serve-local's side is serving/tls.py.
 
-TensorFlow-free and free of any crypto package (the core install is the eval client): Python's ssl module
-checks the files before the first call, so a malformed PEM or a key that is not the certificate's fails at
-start with the flag's name, not at the first handshake.
-
-From the client's side every refusal is UNAVAILABLE ("failed to connect to all addresses"); what tells them
-apart is in the error's text, or nowhere: a server that refuses the client's certificate (missing, expired,
-signed by a CA it does not trust) or a plaintext client just closes the socket ("Socket closed"), so
-`describe_refusal` reads what this client sent, its certificate's dates, and asks the server for a TLS
-handshake when a plaintext call was refused.
+TLS is on when any file is given: a CA alone is server-only TLS (verifying the server with that CA), a
+certificate and key add mutual TLS; without a CA the system's roots verify the server. Python's ssl module
+checks the files before the first call (no crypto package: the core install is the eval client), so a
+malformed PEM or a key that is not the certificate's fails at start with the flag's name, not at the first
+handshake. gRPC is imported only to build the credentials, so that a config declaring these flags (and so
+`--help`) stays free of it.
 """
 
 from __future__ import annotations
 
-import datetime
-import re
-import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
 from trainserve.errors import TrainserveError
+from trainserve.options import option
 
 TARGET_NAME_OVERRIDE = "grpc.ssl_target_name_override"
-PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)
-CLOSED = ("Socket closed", "Connection reset", "End of TCP stream", "connection closed")
-PROBE_SECONDS = 5
 
 
 @dataclass(frozen=True)
 class ClientTls:
-    """What a client was given: --tls-ca, --tls-cert, --tls-key, --tls-server-name (all optional).
+    """What a client was given; a config's field `tls: ClientTls` makes the flags `--tls-ca`, `--tls-cert`,
+    `--tls-key`, `--tls-server-name` and the variables TRAINSERVE_TLS_CA, ... (trainserve.options)."""
 
-    TLS is on when any file is given; a CA alone is server-only TLS (verifying the server with that CA),
-    a certificate and key add mutual TLS. Without a CA the system's roots verify the server."""
-
-    ca: Path | None = None
-    cert: Path | None = None
-    key: Path | None = None
-    server_name: str | None = None
+    ca: Path | None = option(
+        None, "PEM root certificate(s) that verify a TLS server (default: plaintext gRPC)", metavar="FILE"
+    )
+    cert: Path | None = option(
+        None, "PEM client certificate, for a server that verifies clients (with --tls-key)", metavar="FILE"
+    )
+    key: Path | None = option(None, "PEM private key of --tls-cert, unencrypted", metavar="FILE")
+    server_name: str | None = option(
+        None, "the name the server's certificate carries, when --server reaches it by another (an address)",
+        metavar="NAME",
+    )  # fmt: skip
 
     @property
     def enabled(self) -> bool:
         return any((self.ca, self.cert, self.key))
 
-
-def channel_credentials(ca: Path | None, cert: Path | None, key: Path | None) -> grpc.ChannelCredentials:
-    """gRPC channel credentials from PEM files, each checked: readable, PEM, and the key the certificate's."""
-    if bool(cert) != bool(key):
-        raise TrainserveError("--tls-cert and --tls-key go together: expected both (mutual TLS) or neither")
-    root = _read_pem(ca, "--tls-ca") if ca else None
-    if root is not None:
-        _check_certificates(root, ca, "--tls-ca")
-    chain = private_key = None
-    if cert and key:
-        chain, private_key = _read_pem(cert, "--tls-cert"), _read_pem(key, "--tls-key")
-        _check_certificates(chain, cert, "--tls-cert")
-        _check_pair(cert, key)
-    return grpc.ssl_channel_credentials(root, private_key, chain)
-
-
-def channel_options(tls: ClientTls | None) -> list[tuple[str, str]]:
-    """The name the server's certificate must carry, when it is not the host in the target."""
-    if tls is not None and tls.server_name:
-        if not tls.enabled:
+    def check(self) -> None:
+        """The flags' combinations, judged before any file is read or any request sent."""
+        if bool(self.cert) != bool(self.key):
+            given, missing = ("--tls-cert", "--tls-key") if self.cert else ("--tls-key", "--tls-cert")
+            raise TrainserveError(f"{given} without {missing}: expected both (mutual TLS) or neither")
+        if self.server_name and not self.enabled:
             raise TrainserveError("--tls-server-name needs TLS: expected --tls-ca (and --tls-cert/--tls-key) too")
-        return [(TARGET_NAME_OVERRIDE, tls.server_name)]
-    return []
 
+    def credentials(self):
+        """grpc.ChannelCredentials from the PEM files, each checked: readable, PEM, and the key the certificate's."""
+        import grpc
 
-def open_channel(target: str, tls: ClientTls | None, options=(), aio: bool = False):
-    """A channel to `target`: TLS when `tls` names a file, plaintext otherwise; grpc.aio's when `aio`."""
-    grpc_module = grpc.aio if aio else grpc
-    options = [*options, *channel_options(tls)]
-    if tls is None or not tls.enabled:
-        return grpc_module.insecure_channel(target, options=options)
-    credentials = channel_credentials(tls.ca, tls.cert, tls.key)
-    return grpc_module.secure_channel(target, credentials, options=options)
+        self.check()
+        root = _read_pem(self.ca, "--tls-ca") if self.ca else None
+        if root is not None:
+            _check_certificates(root, self.ca, "--tls-ca")
+        chain = private_key = None
+        if self.cert and self.key:
+            chain, private_key = _read_pem(self.cert, "--tls-cert"), _read_pem(self.key, "--tls-key")
+            _check_certificates(chain, self.cert, "--tls-cert")
+            _check_pair(self.cert, self.key)
+        return grpc.ssl_channel_credentials(root, private_key, chain)
+
+    def channel_options(self) -> list[tuple[str, str]]:
+        """The name the server's certificate must carry, when it is not the host in the target."""
+        self.check()
+        return [(TARGET_NAME_OVERRIDE, self.server_name)] if self.server_name else []
 
 
 def _read_pem(path: Path, flag: str) -> bytes:
@@ -128,120 +118,3 @@ def _check_pair(cert: Path, key: Path) -> None:
 
 def _reason(exc: BaseException) -> str:
     return getattr(exc, "reason", None) or str(exc).splitlines()[0] or type(exc).__name__
-
-
-def describe_refusal(error: grpc.RpcError, target: str, tls: ClientTls | None) -> str | None:
-    """One line saying why `target` refused this client's connection over TLS (or for the lack of it), or
-    None when the error is no TLS refusal (the caller reports it as before: a closed port, a model error)."""
-    if not hasattr(error, "code") or error.code() != grpc.StatusCode.UNAVAILABLE:
-        return None
-    text = f"{error.details()} {error.debug_error_string() if hasattr(error, 'debug_error_string') else ''}"
-    tls = tls or ClientTls()
-    if tls.enabled:
-        return _handshake_failure(text, target, tls) or _certificate_refused(text, target, tls)
-    if any(mark in text for mark in CLOSED) and _speaks_tls(target):
-        return (
-            f"{target} requires TLS and this client spoke plaintext: pass --tls-ca (and --tls-cert/--tls-key "
-            "if the server verifies clients)"
-        )
-    return None
-
-
-def _handshake_failure(text: str, target: str, tls: ClientTls) -> str | None:
-    """Failures the client's own handshake reports: plaintext server, server certificate not trusted."""
-    if "WRONG_VERSION_NUMBER" in text:
-        return f"{target} speaks plaintext gRPC, not TLS: drop --tls-ca/--tls-cert/--tls-key for this server"
-    if "certificate has expired" in text:
-        return f"{target}'s certificate has expired: the server needs a renewed certificate (and a restart)"
-    if "Hostname Verification" in text or "No match found for server name" in text:
-        name = tls.server_name or _host(target) or target
-        return (
-            f"{target}'s certificate does not name {name!r}: reach it by a name in its certificate, or set "
-            "--tls-server-name to one"
-        )
-    if "CERTIFICATE_VERIFY_FAILED" in text:
-        reason = text.split("CERTIFICATE_VERIFY_FAILED:", 1)[1].split(":", 1)[0].strip()
-        trust = f"--tls-ca {tls.ca}" if tls.ca else "the system's CAs (no --tls-ca)"
-        return f"{target}'s certificate is not trusted by {trust} ({reason}): expected the CA that signed it"
-    return None
-
-
-def _certificate_refused(text: str, target: str, tls: ClientTls) -> str | None:
-    """The handshake went through, then the server closed the socket: it refused what we presented."""
-    if not any(mark in text for mark in CLOSED):
-        return None
-    if not tls.cert:
-        return (
-            f"{target} closed the connection after the TLS handshake: it requires a client certificate "
-            "(client_verify): pass --tls-cert and --tls-key"
-        )
-    expired = _not_after(tls.cert)
-    if expired is not None and expired < datetime.datetime.now(datetime.UTC):
-        return f"{target} refused the client certificate: --tls-cert {tls.cert} expired on {expired:%Y-%m-%d %H:%M} UTC"
-    return (
-        f"{target} refused the client certificate --tls-cert {tls.cert}: expected one signed by a CA the server "
-        "trusts (its custom_ca)"
-    )
-
-
-def _host(target: str) -> str | None:
-    address = re.sub(r"^(dns:(//[^/]*/)?|ipv4:|ipv6:)", "", target)
-    host, _, port = address.rpartition(":")
-    return host.strip("[]") if host and port.isdigit() else None
-
-
-def _speaks_tls(target: str) -> bool:
-    """Whether `target` answers a TLS handshake (verifying nothing: only whether the server speaks TLS)."""
-    host = _host(target)
-    if host is None:
-        return False
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-    context.set_alpn_protocols(["h2"])
-    port = int(target.rpartition(":")[2])
-    try:
-        with socket.create_connection((host, port), timeout=PROBE_SECONDS) as raw, context.wrap_socket(raw):
-            return True
-    except ssl.SSLError as exc:
-        return "ALERT" in (exc.reason or "")  # a TLS server that refused us in the handshake still speaks TLS
-    except OSError:
-        return False
-
-
-def _not_after(cert: Path) -> datetime.datetime | None:
-    """The first certificate's notAfter, read from its DER (Python's ssl decodes only a peer's certificate)."""
-    try:
-        block = PEM_CERTIFICATE.search(Path(cert).read_text())
-        der = ssl.PEM_cert_to_DER_cert(block.group(0)) if block else b""
-        _, start, end = _tlv(der, 0)  # Certificate
-        _, start, end = _tlv(der, start)  # TBSCertificate
-        fields = _children(der, start, end)
-        if fields[0][0] == 0xA0:  # [0] version, present in v3 certificates
-            fields = fields[1:]
-        validity = fields[3]  # serialNumber, signature, issuer, validity
-        tag, start, end = _children(der, validity[1], validity[2])[1]
-        text = der[start:end].decode("ascii")
-        return datetime.datetime.strptime(text, "%y%m%d%H%M%SZ" if tag == 0x17 else "%Y%m%d%H%M%SZ").replace(
-            tzinfo=datetime.UTC
-        )
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _tlv(der: bytes, at: int) -> tuple[int, int, int]:
-    """(tag, value start, value end) of the DER element at `at`."""
-    tag, length = der[at], der[at + 1]
-    at += 2
-    if length & 0x80:
-        size = length & 0x7F
-        length = int.from_bytes(der[at : at + size], "big")
-        at += size
-    return tag, at, at + length
-
-
-def _children(der: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
-    children = []
-    while start < end:
-        children.append(_tlv(der, start))
-        start = children[-1][2]
-    return children

@@ -5,35 +5,36 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from trainserve.client.channel import MAX_MESSAGE_BYTES, Tls, open_channel
+from trainserve.client.channel import MAX_MESSAGE_BYTES, open_channel
 from trainserve.client.predict import Prediction, predict, predict_request
 from trainserve.client.signature import Signature, read_signature
 from trainserve.client.status import ModelStatus
 from trainserve.client.target import Target
 from trainserve.protos import model_service_pb2_grpc, prediction_service_pb2_grpc
+from trainserve.tls import ClientTls
 
 
 class ServingClient:
     """A TF Serving (or serve-local) gRPC endpoint; thread-safe (gRPC stubs are).
 
     `channel`: one built by the caller (e.g. `open_channel` wrapped with grpc.intercept_channel); by default
-    `open_channel(server, max_message_bytes, tls)`.
+    `open_channel(server, tls, max_message_bytes)`. `tls` also tells the waits how to read a refusal.
     """
 
     def __init__(
         self,
         server: str,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
-        tls: Tls | None = None,
+        tls: ClientTls | None = None,
         timeout: float = 10.0,
         channel: grpc.Channel | None = None,
     ):
         self.server, self.timeout = server, timeout
-        self.channel = channel if channel is not None else open_channel(server, max_message_bytes, tls)
+        self.channel = channel if channel is not None else open_channel(server, tls, max_message_bytes)
         self.prediction = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         # Status and metadata calls are cheap and few: the per-Predict timeout must not starve them.
         self.status = ModelStatus(
-            model_service_pb2_grpc.ModelServiceStub(self.channel), self.prediction, server, max(timeout, 5.0)
+            model_service_pb2_grpc.ModelServiceStub(self.channel), self.prediction, server, max(timeout, 5.0), tls
         )
 
     def close(self) -> None:

@@ -4,6 +4,10 @@ GetModelStatus answers for versions only: TF Serving reads the ModelSpec's name 
 its version_label (model_servers/get_model_status_impl.cc), so a status asked "for a label" lists every version.
 A label is resolved with GetModelMetadata, which resolves it as Predict does
 (ServerCore::ServableRequestFromModelSpec) and answers with the version behind it, loaded.
+
+A server that is not up yet answers UNAVAILABLE, and the loop waits; a server that refused this client's TLS
+(or its plaintext) answers UNAVAILABLE too, but waiting will not change its mind: each UNAVAILABLE is read by
+`describe_refusal`, and a refusal ends the wait at once with the line that names it.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from functools import partial
 
 import grpc
 
+from trainserve.client.refusal import describe_refusal
 from trainserve.client.target import RETRYABLE, RequestFailed, Target, pin_version, rpc_status
 from trainserve.errors import TrainserveError
 from trainserve.protos import get_model_metadata_pb2, get_model_status_pb2
+from trainserve.tls import ClientTls
 
 POLL_S = 0.25
 State = get_model_status_pb2.ModelVersionStatus.State
@@ -49,8 +55,8 @@ def poll(look: Callable[[], Seen], done: Callable[[Seen], bool], wait_s: float) 
 class ModelStatus:
     """One server's answers about versions and labels, and the waits built on them."""
 
-    def __init__(self, models, prediction, server: str, timeout: float):
-        self.models, self.prediction, self.server, self.timeout = models, prediction, server, timeout
+    def __init__(self, models, prediction, server: str, timeout: float, tls: ClientTls | None = None):
+        self.models, self.prediction, self.server, self.timeout, self.tls = models, prediction, server, timeout, tls
 
     def version_states(self, model: str, version: int | None = None) -> list:
         """GetModelStatus: every version's ModelVersionStatus, or only `version`'s; raises grpc.RpcError."""
@@ -101,12 +107,19 @@ class ModelStatus:
             )
         return seen.version
 
+    def _not_yet(self, exc: grpc.RpcError) -> Seen:
+        """An answer worth waiting out, unless it is the server refusing this client's TLS (or its plaintext)."""
+        refused = describe_refusal(exc, self.server, self.tls)
+        if refused is not None:
+            raise RequestFailed(refused, exc.code())
+        return Seen(None, rpc_status(exc))
+
     def _look_version(self, model: str, version: int) -> Seen:
         try:
             states = self.version_states(model, version)
         except grpc.RpcError as exc:
             if exc.code() in RETRYABLE | {grpc.StatusCode.NOT_FOUND}:  # NOT_FOUND: not offered to the server yet
-                return Seen(None, rpc_status(exc))
+                return self._not_yet(exc)
             raise RequestFailed(
                 f"GetModelStatus for model {model} version {version}: {rpc_status(exc)}", exc.code()
             ) from None
@@ -125,7 +138,7 @@ class ModelStatus:
             states = self.version_states(model)
         except grpc.RpcError as exc:
             if exc.code() in RETRYABLE:
-                return Seen(None, rpc_status(exc))
+                return self._not_yet(exc)
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 raise RequestFailed(
                     f"model {model!r} not found on {self.server}: {exc.details()}", exc.code()
@@ -140,7 +153,7 @@ class ModelStatus:
             return Seen(self.label_version(model, label), f"label {label!r} resolved")
         except grpc.RpcError as exc:
             if exc.code() in RETRYABLE or (may_appear and exc.code() in LABEL_UNKNOWN):
-                return Seen(None, rpc_status(exc))
+                return self._not_yet(exc)
             if exc.code() in LABEL_UNKNOWN:
                 raise RequestFailed(
                     f"label {label!r} of model {model!r} not found on {self.server}: {exc.details()}", exc.code()

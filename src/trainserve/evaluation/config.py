@@ -18,6 +18,7 @@ from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.options import key_values, option, positive_int
 from trainserve.task import Task
+from trainserve.tls import ClientTls
 
 TaskChoice = Literal["auto", "classification", "regression"]
 # The metrics a gate may name, by task (evaluation/metrics.py computes them).
@@ -114,7 +115,7 @@ class ClientOptions:
     task: TaskChoice = option("auto", "what the labels are (auto: the shared split's task, else the labels' dtype)")
     output: str | None = option(None, "the output to judge (default: probabilities / predictions / the only float)")
     wait: float = option(60.0, "seconds to wait for the model to be AVAILABLE")
-    tls_ca: Path | None = option(None, "PEM root certificate for a TLS server")
+    tls: ClientTls = option(factory=ClientTls)  # --tls-ca, --tls-cert, --tls-key, --tls-server-name
     timeout: float = option(10.0, "seconds per request attempt")
     report: Path | None = option(None, "write the JSON report here")
     plots: Path | None = option(None, "write the plots here (a directory)")
@@ -127,6 +128,7 @@ class ClientOptions:
             raise TrainserveError(f"--wait {self.wait:g}: expected seconds >= 0")
         if self.timeout <= 0:
             raise TrainserveError(f"--timeout {self.timeout:g}: expected seconds > 0")
+        self.tls.check()
         # Before any request: an unwritable destination must not cost a whole run.
         if self.report is not None:
             ensure_writable_dir(self.report.parent, "--report")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainserve.client import ServingClient, Target, Tls
+from trainserve.client import ServingClient, Target
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.config import EvalConfig, check_gates
 from trainserve.evaluation.data import Batch, EvalData, open_eval_data
@@ -36,9 +36,7 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     start_rss = _current_rss_mb()
     data = open_eval_data(config.data, config.limit, config.synthetic, config.label_column)
     target = Target(config.model, config.version, config.label, config.signature)
-    client = ServingClient(
-        config.server, _max_message_bytes(config, data), Tls.from_flags(config.tls_ca), config.timeout
-    )
+    client = ServingClient(config.server, _max_message_bytes(config, data), config.tls, config.timeout)
     try:
         client.wait_until_available(target, config.wait)
         signature = client.signature(target, None)

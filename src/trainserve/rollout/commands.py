@@ -28,11 +28,11 @@ def add_parsers(commands) -> None:
         p.set_defaults(func=func)
 
 
-def _rollout_server(target: str | None):
-    """The server a step waits on (None: do not wait): the shared TF Serving client."""
+def _rollout_server(config):
+    """The server a step waits on (None: no --server, do not wait): the shared TF Serving client."""
     from trainserve.client import ServingClient
 
-    return ServingClient(target) if target else None
+    return ServingClient(config.server, tls=config.tls) if config.server else None
 
 
 def run_candidate(args: argparse.Namespace) -> int:
@@ -41,7 +41,7 @@ def run_candidate(args: argparse.Namespace) -> int:
 
     config = config_from_args(CandidateConfig, args)
     config.check()
-    print(f"candidate: {stage_candidate(config, _rollout_server(config.server)).describe()}")
+    print(f"candidate: {stage_candidate(config, _rollout_server(config)).describe()}")
     return 0
 
 
@@ -51,7 +51,7 @@ def run_promote(args: argparse.Namespace) -> int:
 
     config = config_from_args(PromoteConfig, args)
     config.check()
-    print(f"promoted: {promote(config, _rollout_server(config.server)).describe()}")
+    print(f"promoted: {promote(config, _rollout_server(config)).describe()}")
     return 0
 
 
@@ -61,5 +61,5 @@ def run_rollback(args: argparse.Namespace) -> int:
 
     config = config_from_args(RollbackConfig, args)
     config.check()
-    print(f"rolled back: {rollback(config, _rollout_server(config.server)).describe()}")
+    print(f"rolled back: {rollback(config, _rollout_server(config)).describe()}")
     return 0

@@ -10,10 +10,18 @@ from pathlib import Path
 
 from trainserve.errors import TrainserveError
 from trainserve.options import option, positive_int
+from trainserve.tls import ClientTls
 
 CONFIG_HELP = "the ModelServerConfig text proto serving polls (--model_config_file); rewritten atomically"
 SERVER_HELP = "gRPC HOST:PORT of the server: wait until it serves the change (default: do not wait)"
 WAIT_HELP = "seconds to wait for the server to apply the change (its config poll, a model load)"
+
+
+def check_server(wait: float, tls: ClientTls) -> None:
+    """How a step reaches the server, judged before the config file is touched."""
+    if wait < 0:
+        raise TrainserveError(f"--wait {wait}: expected >= 0")
+    tls.check()
 
 
 @dataclass
@@ -26,10 +34,10 @@ class CandidateConfig:
     version: int | None = option(None, "stage this version (default: the newest on disk)", parse=positive_int)
     server: str = option("localhost:8500", "gRPC HOST:PORT of the server that loads the candidate")
     wait: float = option(600.0, WAIT_HELP)
+    tls: ClientTls = option(factory=ClientTls)  # --tls-ca, --tls-cert, --tls-key, --tls-server-name
 
     def check(self) -> None:
-        if self.wait < 0:
-            raise TrainserveError(f"--wait {self.wait}: expected >= 0")
+        check_server(self.wait, self.tls)
         if self.base_path is not None and not self.model:
             raise TrainserveError("--base-path needs --model: the model the new config serves")
         if not self.server:
@@ -45,12 +53,12 @@ class PromoteConfig:
     force: bool = option(False, "promote even though the report did not pass (logged, and kept in the history)")
     server: str | None = option(None, SERVER_HELP)
     wait: float = option(120.0, WAIT_HELP)
+    tls: ClientTls = option(factory=ClientTls)
 
     def check(self) -> None:
         if self.report is None:
             raise TrainserveError("expected --report: the eval report of the candidate")
-        if self.wait < 0:
-            raise TrainserveError(f"--wait {self.wait}: expected >= 0")
+        check_server(self.wait, self.tls)
 
 
 @dataclass
@@ -62,7 +70,7 @@ class RollbackConfig:
     reason: str = option("", "why, for the history")
     server: str | None = option(None, SERVER_HELP)
     wait: float = option(120.0, WAIT_HELP)
+    tls: ClientTls = option(factory=ClientTls)
 
     def check(self) -> None:
-        if self.wait < 0:
-            raise TrainserveError(f"--wait {self.wait}: expected >= 0")
+        check_server(self.wait, self.tls)

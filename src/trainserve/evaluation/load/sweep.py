@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainserve.client import ServingClient, Signature, Target, Tls
+from trainserve.client import ServingClient, Signature, Target
 from trainserve.client.predict import predict_request
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.data import open_eval_data
@@ -68,7 +68,7 @@ def run_sweep(config: LoadConfig) -> LoadResult:
     """The whole sweep; raises TrainserveError with a one-line message on bad input, before any Predict."""
     config.check()
     target = Target(config.model, config.version, config.label, config.signature)
-    client = ServingClient(config.server, tls=Tls.from_flags(config.tls_ca), timeout=config.timeout)
+    client = ServingClient(config.server, tls=config.tls, timeout=config.timeout)
     try:
         version = client.wait_until_available(target, config.wait)  # the version every point pins
         signature = client.signature(target, version)
