@@ -67,7 +67,7 @@ def fingerprint_arrays(arrays: dict[str, np.ndarray]) -> str:
     """SHA-256 of a split's arrays (the provenance aside), in name order."""
     digest = hashlib.sha256()
     for name in sorted(k for k in arrays if k != PROVENANCE_KEY):
-        array = np.ascontiguousarray(arrays[name])
+        array = np.asarray(arrays[name], order="C")  # (ascontiguousarray would make a 0-d array 1-d)
         _hash_member(digest, name, array.dtype, array.shape, [array.tobytes()])
     return digest.hexdigest()
 
@@ -84,7 +84,7 @@ def fingerprint_npz(path: Path) -> str:
                 shape, fortran, dtype = read(fh)
                 if fortran or dtype.hasobject:  # not streamable row by row: hash it as it loads
                     with np.load(path, allow_pickle=False) as npz:
-                        array = np.ascontiguousarray(npz[member[:-4]])
+                        array = np.asarray(npz[member[:-4]], order="C")
                     _hash_member(digest, member[:-4], array.dtype, array.shape, [array.tobytes()])
                     continue
                 _hash_member(digest, member[:-4], dtype, shape, iter(lambda fh=fh: fh.read(_CHUNK), b""))
