@@ -104,7 +104,7 @@ def _data(report: dict) -> str:
 
 def _metrics(report: dict) -> str:
     m, comparison = report["metrics"], report.get("comparison") or {}
-    names = [k for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    names = [k for k, v in m.items() if isinstance(v, float) and k != "top_k"]
     if "metrics" not in comparison:
         return "<h2>Metrics</h2>" + _table(["metric", f"v{report['version']}"], [[k, m[k]] for k in names])
     v, b = f"v{comparison['candidate_version']}", f"v{comparison['baseline']['version']}"
