@@ -98,9 +98,9 @@ eval: ## Evaluate the served model over gRPC; report in the `reports` volume
 	$(COMPOSE) --profile eval run --rm eval
 
 .PHONY: promote
-promote: ## Gated rollout: newest version -> candidate -> eval (MIN_ACCURACY) -> stable only if it passed
+promote: ## Gated rollout: candidate -> eval (not worse than stable, MIN_ACCURACY) -> stable only if it passed
 	$(COMPOSE) --profile promote run --rm candidate
-	$(COMPOSE) --profile eval run --rm -e TRAINSERVE_LABEL=candidate -e TRAINSERVE_REPORT=/reports/candidate.json eval
+	$(COMPOSE) --profile promote run --rm promote-eval
 	$(COMPOSE) --profile promote run --rm promote
 
 .PHONY: rollback
