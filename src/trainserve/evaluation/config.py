@@ -170,7 +170,7 @@ class EvalConfig(ClientOptions):
                              parse=parse_bool)  # fmt: skip
     alpha: float = option(0.05, "significance level of the comparison's test")
     require_vs_baseline: tuple[ChangeGate, ...] = option(
-        (), "METRIC>=CHANGE or METRIC<=CHANGE[%][,...]: change thresholds vs --compare-with", parse=parse_change_gates
+        (), "METRIC>=CHANGE or METRIC<=CHANGE[%%][,...]: change thresholds vs --compare-with", parse=parse_change_gates
     )
     seed: int = option(0, "seed of the comparison's bootstrap and sign-flip resampling")
     compare_local: Path | None = option(None, "also run this SavedModel version dir in-process on CPU")

@@ -11,7 +11,7 @@ every gate fail: a version scored on its own training rows looks better than it 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
@@ -65,7 +65,7 @@ def open_for_version(config: EvalConfig, version: int) -> tuple[EvalData, DataCh
                 "`trainserve train --data-dir` published there, or --data FILE"
             )
         path = Path(config.data_dir) / config.model / split["file"]
-        data = _open(str(path), config)
+        data = replace(_open(str(path), config), name=f"held-out split of version {version}")
         return data, _check(split, fingerprint_npz(path), read_provenance(path), where), record
     if config.data == "digits":
         seed = _digits_seed(recorded, where)
