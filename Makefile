@@ -98,9 +98,9 @@ eval: ## Evaluate the served model over gRPC; report in the `reports` volume
 	$(COMPOSE) --profile eval run --rm eval
 
 .PHONY: promote
-promote: ## Gated rollout: newest version -> candidate -> eval (MIN_ACCURACY) -> stable only if it passed
+promote: ## Gated rollout: candidate -> eval (not worse than stable, MIN_ACCURACY) -> stable only if it passed
 	$(COMPOSE) --profile promote run --rm candidate
-	$(COMPOSE) --profile eval run --rm -e TRAINSERVE_LABEL=candidate -e TRAINSERVE_REPORT=/reports/candidate.json eval
+	$(COMPOSE) --profile promote run --rm promote-eval
 	$(COMPOSE) --profile promote run --rm promote
 
 .PHONY: rollback
@@ -167,6 +167,7 @@ bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/eval_throughput.py
 	$(BIN)/python bench/tls_cost.py
 	$(BIN)/python bench/serve_batching.py
+	$(BIN)/python bench/compare_cost.py
 
 # One export per image, from the same lock: eval is the core install (no TensorFlow); the GPU image keeps its
 # base's TensorFlow (no tensorflow-cpu); serve.txt is serve-local with the CPU TensorFlow (the test stand-in).

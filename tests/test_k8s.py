@@ -244,7 +244,7 @@ def assert_one_model(docs: list[dict], model: str) -> None:
     assert workloads["serve-cpu"]["env"]["MODEL_NAME"] == model
     trainer = workloads.get("train") or workloads["train-mw"]
     assert trainer["env"]["TRAINSERVE_MODEL_NAME"] == model and trainer["env"]["TRAINSERVE_EXPORT_BASE"] == "/models"
-    assert {f"--model={model}", f"--data=/data/{model}/test.npz"} <= set(workloads["eval"]["args"])
+    assert {f"--model={model}", "--data=held-out", "--data-dir=/data"} <= set(workloads["eval"]["args"])
 
 
 @pytest.mark.parametrize("overlay", KUSTOMIZATIONS[1:])

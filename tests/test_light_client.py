@@ -151,9 +151,9 @@ def test_a_whole_rollout_runs_on_the_core_install(model_versions, tmp_path):
             if version == 2:
                 install_version(model_versions[1], base, 2)
             assert f"candidate -> {version}" in light_ok("candidate", *rollout, "--wait", "120")
-            report = tmp_path / f"r{version}.json"
+            report = tmp_path / f"r{version}.json"  # with a gate: promote refuses a report without one
             light_ok("eval", "--server", server.target, "--model", "m", "--label", "candidate", "--data", data,
-                     "--report", report)  # fmt: skip
+                     "--min-accuracy", "0", "--report", report)  # fmt: skip
             assert f"stable -> {version}" in light_ok("promote", *rollout, "--report", report)
         assert "stable -> 1" in light_ok("rollback", *rollout, "--reason", "light-client test")
         # The metadata route resolves a label (the status route lists every version, as in TF Serving).

@@ -60,7 +60,9 @@ def stage(site, version=None, server=None) -> FakeServer:
 
 def report(site, version, passed=True, model="m", name="eval.json") -> Path:
     body = {"model": model, "version": version, "label": "candidate", "passed": passed, "created": "now",
-            "metrics": {"accuracy": 0.95 if passed else 0.1}, "min_accuracy": 0.9}  # fmt: skip
+            "metrics": {"accuracy": 0.95 if passed else 0.1}, "min_accuracy": 0.9,
+            "gates": [{"metric": "accuracy", "op": ">=", "threshold": 0.9, "value": 0.95 if passed else 0.1,
+                       "passed": passed}]}  # fmt: skip
     path = site / name
     path.write_text(json.dumps(body))
     return path

@@ -32,6 +32,7 @@ def add_eval_parser(commands) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from trainserve.evaluation.html_report import write_html
     from trainserve.evaluation.report import summary_table, write_plots, write_report
     from trainserve.evaluation.run import EvalConfig, evaluate
 
@@ -40,12 +41,19 @@ def run_eval(args: argparse.Namespace) -> int:
     print(summary_table(result.report))
     if config.report:
         print(f"report: {write_report(result.report, config.report)}")
+        print(f"report: {write_html(result, config.report.with_suffix('.html'))}")
     if config.plots:
         for path in write_plots(result, config.plots):
             print(f"plot: {path}")
+    check = result.report["data_check"]
+    if check and check["overlaps_training"]:
+        print(f"trainserve eval: gates refused: the data is {check['note']}", file=sys.stderr)
+        return 1
     failed = [g for g in result.report["gates"] if not g["passed"]]
     if failed:
-        said = "; ".join(f"{g['metric']} {g['value']} is not {g['op']} {g['threshold']:g}" for g in failed)
+        said = "; ".join(
+            g.get("said") or f"{g['metric']} {g['value']} is not {g['op']} {g['threshold']:g}" for g in failed
+        )
         print(f"trainserve eval: gate failed: {said}", file=sys.stderr)
         return 1
     return 0

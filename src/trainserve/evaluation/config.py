@@ -14,9 +14,10 @@ from typing import Literal
 
 from trainserve.data import SyntheticSpec
 from trainserve.errors import TrainserveError
+from trainserve.evaluation.gates import ChangeGate, parse_change_gates
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
-from trainserve.options import key_values, option, positive_int
+from trainserve.options import key_values, option, parse_bool, positive_int
 from trainserve.task import Task
 from trainserve.tls import ClientTls
 
@@ -87,6 +88,15 @@ def parse_input_map(text: str) -> dict[str, str]:
     return key_values(text, str, "KEY=INPUT (a data key, a signature input)")
 
 
+def optional_text(text: str) -> str | None:
+    """An empty value (`TRAINSERVE_COMPARE_WITH=`) is none: how a Makefile or compose turns an option off."""
+    return text.strip() or None
+
+
+def optional_float(text: str) -> float | None:
+    return float(text) if text.strip() else None
+
+
 def check_gates(gates: tuple[Gate, ...], task: Task) -> None:
     """Before the first request: every gate names a metric this task reports."""
     for gate in gates:
@@ -140,7 +150,10 @@ class ClientOptions:
 class EvalConfig(ClientOptions):
     """Everything `trainserve eval` takes; each field is the flag of the same name."""
 
-    data: str = option("digits", "digits | synthetic | FILE.npz (x_test or x_test/<input>, y_test) | FILE.csv")
+    data: str = option("digits", "held-out (the served version's own split, from --data-dir) | digits | synthetic | "
+                       "FILE.npz (x_test or x_test/<input>, y_test) | FILE.csv")  # fmt: skip
+    data_dir: Path | None = option(Path("data"), "where training shares each version's held-out split and record "
+                                   "(DIR/<model>/versions/<version>.json): the data is checked against it")  # fmt: skip
     batch_size: int = option(256, "examples per request", parse=positive_int)
     concurrency: int = option(4, "requests in flight", parse=positive_int)
     retries: int = option(5, "retries of UNAVAILABLE/DEADLINE_EXCEEDED/RESOURCE_EXHAUSTED")
@@ -148,13 +161,26 @@ class EvalConfig(ClientOptions):
     shard: Shard | None = option(None, "I/N: evaluate every N-th batch from batch I (merge: trainserve report merge)",
                                  parse=parse_shard)  # fmt: skip
     top_k: int = option(5, "k of the top-k accuracy", parse=positive_int)
-    min_accuracy: float | None = option(None, "exit 1 when accuracy is below this (the same as --require accuracy>=X)")
+    min_accuracy: float | None = option(None, "exit 1 when accuracy is below this (the same as --require accuracy>=X)",
+                                        parse=optional_float)  # fmt: skip
     require: tuple[Gate, ...] = option((), "METRIC>=X or METRIC<=X[,...]: exit 1 unless all hold", parse=parse_gates)
+    compare_with: str | None = option(None, "VERSION|LABEL: send every batch to this version too; paired comparison, "
+                                      "gated on not being significantly worse", parse=optional_text)  # fmt: skip
+    allow_no_baseline: bool = option(False, "with --compare-with LABEL: a label that names no version yet (the first "
+                                     "rollout) leaves the value gates alone to decide")  # fmt: skip
+    not_worse: bool = option(True, "with --compare-with: exit 1 when significantly worse (false: report only)",
+                             parse=parse_bool)  # fmt: skip
+    alpha: float = option(0.05, "significance level of the comparison's test")
+    require_vs_baseline: tuple[ChangeGate, ...] = option(
+        (), "METRIC>=CHANGE or METRIC<=CHANGE[%%][,...]: change thresholds vs --compare-with", parse=parse_change_gates
+    )
+    seed: int = option(0, "seed of the comparison's bootstrap and sign-flip resampling")
     compare_local: Path | None = option(None, "also run this SavedModel version dir in-process on CPU")
     synthetic: SyntheticSpec = option(factory=SyntheticSpec)
 
     def check(self) -> None:
         self.check_client()
+        self.check_comparison()
         for name in ("batch_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise TrainserveError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
@@ -166,6 +192,18 @@ class EvalConfig(ClientOptions):
             require_tensorflow("--compare-local")  # before waiting on the server, not after
             if not (self.compare_local / "saved_model.pb").is_file():
                 raise TrainserveError(f"--compare-local {self.compare_local}: expected a SavedModel version directory")
+
+    def check_comparison(self) -> None:
+        if self.compare_with is None:
+            if self.require_vs_baseline or self.allow_no_baseline:
+                raise TrainserveError("--require-vs-baseline/--allow-no-baseline without --compare-with: expected the "
+                                      "version or label to compare with")  # fmt: skip
+            return
+        if self.shard is not None or self.compare_local is not None:
+            raise TrainserveError("--compare-with compares two versions on every example: expected no --shard and no "
+                                  "--compare-local with it")  # fmt: skip
+        if not 0 < self.alpha < 1:
+            raise TrainserveError(f"--alpha {self.alpha:g}: expected a significance level between 0 and 1")
 
     @property
     def gates(self) -> tuple[Gate, ...]:

@@ -101,9 +101,14 @@ class SyntheticData(EvalData):
 
 
 def open_eval_data(
-    source: str, limit: int | None = None, synthetic: SyntheticSpec | None = None, label_column: str | None = None
+    source: str,
+    limit: int | None = None,
+    synthetic: SyntheticSpec | None = None,
+    label_column: str | None = None,
+    seed: int = 0,
 ) -> EvalData:
-    """`digits`, `synthetic`, `FILE.npz` (x_test or x_test/<input>, y_test) or `FILE.csv` (--label-column)."""
+    """`digits` (the split training draws with `seed`), `synthetic`, `FILE.npz` (x_test or x_test/<input>,
+    y_test) or `FILE.csv` (--label-column)."""
     if source == "synthetic":
         spec = synthetic or SyntheticSpec()
         count = min(spec.size, limit or spec.size)
@@ -113,7 +118,7 @@ def open_eval_data(
         task = Task("classification", classes=spec.classes, label_names=tuple(names))
         return SyntheticData("synthetic", {IMAGES: column}, labels, count, names, task, spec=spec)
     if source == "digits":
-        ds = load_dataset("digits")
+        ds = load_dataset("digits", seed=seed)
         return _in_memory("digits", ds.test, ds.y_test, limit, ds.label_names, ds.task)
     if source.endswith(".csv"):
         return _open_csv(Path(source), label_column, limit)

@@ -86,6 +86,8 @@ class FinishedRun:
     totals: RunTotals
     start_rss_mb: float
     peak_rss_mb: float
+    data_check: object | None = None  # held_out.DataCheck: the data against the version's record
+    comparison: dict | None = None  # comparison.summarize / no_baseline, with --compare-with
 
 
 @dataclass
@@ -94,3 +96,4 @@ class EvalResult:
     passed: bool
     latencies_ms: list[float]
     tally: Tally  # what the plots are drawn from
+    baseline: Tally | None = None  # the --compare-with version's, on the same examples

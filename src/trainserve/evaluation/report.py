@@ -16,7 +16,7 @@ from trainserve.evaluation.metrics import latency_histogram, precision_recall_cu
 from trainserve.evaluation.records import EvalResult, FinishedRun
 from trainserve.files import write_file_atomic
 
-SCHEMA_ID = "trainserve.eval/2"  # /1 plus task, output, inputs, regression metrics and gates (fields only added)
+SCHEMA_ID = "trainserve.eval/3"  # /2 plus data_check, comparison and comparison gates (fields are only added)
 SCHEMA_PATH = Path(__file__).with_name("eval_report.schema.json")
 
 
@@ -44,7 +44,9 @@ def build_report(run: FinishedRun) -> dict:
     """The report's JSON document, its gates judged on its own metrics."""
     config, totals, task = run.config, run.totals, run.plan.task
     metrics = totals.tally.quality.summary()
-    gates = [gate.judge(metrics) for gate in config.gates]
+    gates = [gate.judge(metrics) for gate in config.gates] + _comparison_gates(run.comparison, config)
+    check = run.data_check.to_json() if run.data_check is not None else None
+    refused = bool(check and check["overlaps_training"])  # scored on its own training rows: no gate may pass
     report = {
         **report_header(SCHEMA_ID, config, totals.version),
         "task": task.to_json(),
@@ -63,7 +65,10 @@ def build_report(run: FinishedRun) -> dict:
         "compare_local": None,
         "min_accuracy": config.min_accuracy,
         "gates": gates,
-        "passed": all(g["passed"] for g in gates),
+        "passed": all(g["passed"] for g in gates) and not refused,
+        "data_matches_version": check["matches"] if check else None,
+        "data_check": check,
+        "comparison": run.comparison,
     }
     if config.compare_local is not None:
         agree = totals.tally.local_agree
@@ -73,6 +78,17 @@ def build_report(run: FinishedRun) -> dict:
             "class_agreement": None if agree is None else agree / max(totals.tally.examples, 1),
         }
     return json.loads(json.dumps(report, default=float))  # numpy scalars -> plain JSON numbers
+
+
+def _comparison_gates(comparison: dict | None, config) -> list[dict]:
+    """--compare-with's gates: not significantly worse (unless --not-worse=false), and the change thresholds;
+    none without a baseline (a first rollout), which the report's comparison says."""
+    if comparison is None or comparison["baseline"]["version"] is None:
+        return []
+    from trainserve.evaluation.gates import change_gates, not_worse_gate
+
+    significance = [not_worse_gate(comparison, config.alpha)] if config.not_worse else []
+    return significance + change_gates(config.require_vs_baseline, comparison)
 
 
 def _data_section(run: FinishedRun) -> dict:
@@ -152,10 +168,30 @@ def summary_table(report: dict) -> str:
         agreement = "" if c["class_agreement"] is None else f"  class agreement {c['class_agreement']:.4f}"
         lines.append(f"  vs local CPU    max |diff| {c['max_abs_diff']:.2e}{agreement}")
     for gate in report["gates"]:
-        value = "n/a" if gate["value"] is None else f"{gate['value']:.4f}"
-        verdict = "PASS" if gate["passed"] else "FAIL"
-        lines.append(f"  gate            {gate['metric']} {value} {gate['op']} {gate['threshold']:g}: {verdict}")
+        lines.append(f"  gate            {describe_gate(gate)}: {'PASS' if gate['passed'] else 'FAIL'}")
+    if not report["gates"]:
+        lines.append("  gate            none (promote refuses this report: --min-accuracy, --require, --compare-with)")
+    check = report.get("data_check")
+    if check and check["matches"] is not True:
+        lines.append(f"  data            {check['note']}")
+    if report.get("comparison"):
+        from trainserve.evaluation.comparison import comparison_lines
+
+        lines = comparison_lines(report["comparison"]) + lines
     return "\n".join(lines)
+
+
+def describe_gate(gate: dict) -> str:
+    """One gate as a line says it: value gates `accuracy 0.95 >= 0.9`, comparison gates in their own words."""
+    value = "n/a" if gate["value"] is None else f"{gate['value']:.4f}"
+    if gate.get("kind") == "significance":
+        p, alpha = gate["value"], gate["threshold"]
+        return f"not significantly worse than v{gate['baseline_version']} (p={p:.3g}, alpha {alpha:g})"
+    if gate.get("kind") == "change":
+        unit = "%" if gate["relative"] else ""
+        change, threshold = f"{gate['value']:+.4g}{unit}", f"{gate['threshold']:+g}{unit}"
+        return f"{gate['metric']} change {change} {gate['op']} {threshold} vs v{gate['baseline_version']}"
+    return f"{gate['metric']} {value} {gate['op']} {gate['threshold']:g}"
 
 
 def _classification_lines(m: dict) -> list[str]:

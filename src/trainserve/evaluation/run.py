@@ -20,8 +20,11 @@ import numpy as np
 
 from trainserve.client import ServingClient, Target
 from trainserve.errors import TrainserveError
+from trainserve.evaluation.compare import PairedRun, check_comparable, resolve_baseline, run_paired, totals_of
+from trainserve.evaluation.comparison import no_baseline, summarize
 from trainserve.evaluation.config import EvalConfig, check_gates
-from trainserve.evaluation.data import Batch, EvalData, open_eval_data
+from trainserve.evaluation.data import Batch, EvalData
+from trainserve.evaluation.held_out import open_for_version
 from trainserve.evaluation.metrics import predicted_classes, task_metrics
 from trainserve.evaluation.plan import Plan, plan_requests, with_class_ids
 from trainserve.evaluation.records import BatchAnswer, EvalResult, FinishedRun, LocalComparison, RunTotals, Tally
@@ -34,29 +37,50 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     """Run the whole evaluation; raises TrainserveError with a one-line message on any failure."""
     config.check()
     start_rss = _current_rss_mb()
-    data = open_eval_data(config.data, config.limit, config.synthetic, config.label_column)
     target = Target(config.model, config.version, config.label, config.signature)
-    client = ServingClient(config.server, _max_message_bytes(config, data), config.tls, config.timeout)
+    client = ServingClient(config.server, tls=config.tls, timeout=config.timeout)
+    show = sys.stderr.isatty() if progress is None else progress
+    paired = None
     try:
-        client.wait_until_available(target, config.wait)
-        signature = client.signature(target, None)
-        data = with_class_ids(client, target, signature, data, config.input_map, config.retries)
+        # The version first: its own held-out split, and its record to check other data against.
+        version = client.wait_until_available(target, config.wait)
+        data, data_check, _ = open_for_version(config, version)
+        baseline = resolve_baseline(client, config, target, version) if config.compare_with else None
+        signature = client.signature(target, version)
+        data = with_class_ids(client, target, signature, data, config.input_map, config.retries, version)
         plan, data = plan_requests(signature, data, target, config.task, config.output, config.input_map)
         check_gates(config.gates, plan.task)
+        if baseline is not None:
+            check_comparable(client, config, target, plan, data, (version, baseline))
         local_model = _local_model(config.compare_local)
         log.info(
-            "evaluating %s on %s: %d examples of %s (%s, output %r), batches of %d, %d in flight",
+            "evaluating %s on %s: %d examples of %s (%s, output %r), batches of %d, %d in flight%s",
             target.describe(), config.server, data.count, data.name, plan.task.kind, plan.output,
-            config.batch_size, config.concurrency,
+            config.batch_size, config.concurrency, f", each beside version {baseline}" if baseline else "",
         )  # fmt: skip
         predictor = _BatchPredictor(client, target, plan, config.retries, local_model)
-        totals = _run_batches(predictor, data, config, progress)
+        if baseline is None:
+            totals = _run_batches(predictor, data, config, show, version)
+        else:
+            paired = PairedRun(plan, config.top_k, (version, baseline))
+            totals, _ = totals_of(paired, run_paired(predictor.predict, data, config, paired, show))
     finally:
         client.close()
-    report = build_report(FinishedRun(config, data, plan, totals, start_rss, _peak_rss_mb()))
+    comparison = _comparison(config, paired, totals.version)
+    report = build_report(FinishedRun(config, data, plan, totals, start_rss, _peak_rss_mb(), data_check, comparison))
     if report["metrics"].get("output_kind") == "logits":
         log.warning("output %r holds logits, not probabilities: loss and curves use their softmax", plan.output)
-    return EvalResult(report, report["passed"], [t * 1000 for t in totals.tally.latencies], totals.tally)
+    latencies = [t * 1000 for t in totals.tally.latencies]
+    return EvalResult(report, report["passed"], latencies, totals.tally, paired.tallies[1] if paired else None)
+
+
+def _comparison(config: EvalConfig, paired: PairedRun | None, version: int | None) -> dict | None:
+    if config.compare_with is None:
+        return None
+    if paired is None:
+        return no_baseline(config.compare_with, version)
+    values = (paired.per_example(0), paired.per_example(1))
+    return summarize(config.compare_with, paired.versions, paired.tallies, values, config.alpha, config.seed)
 
 
 def _local_model(version_dir: Path | None):
@@ -65,13 +89,6 @@ def _local_model(version_dir: Path | None):
     from trainserve.savedmodel import LoadedModel
 
     return LoadedModel(version_dir)
-
-
-def _max_message_bytes(config: EvalConfig, data: EvalData) -> int:
-    """Room for a request of `batch_size` examples (and its answer), at least 4 MiB, at most INT32_MAX,
-    the largest message gRPC and TF Serving accept."""
-    example_bytes = sum(int(np.prod(c.shape)) * c.dtype.itemsize for c in data.columns.values())
-    return min(2**31 - 1, max(4 << 20, 2 * config.batch_size * max(example_bytes, 16 * 1024) + (1 << 20)))
 
 
 def _current_rss_mb() -> float:
@@ -129,13 +146,15 @@ def _predicted(outputs: dict[str, np.ndarray], plan: Plan) -> np.ndarray:
     return predicted_classes(outputs[plan.output], plan.output)
 
 
-def _run_batches(predictor: _BatchPredictor, data: EvalData, config: EvalConfig, progress: bool | None) -> RunTotals:
-    """The first batch alone, then the rest concurrently, all pinned to the version that answered the first."""
+def _run_batches(
+    predictor: _BatchPredictor, data: EvalData, config: EvalConfig, show: bool, version: int | None = None
+) -> RunTotals:
+    """The first batch alone, then the rest concurrently, all pinned to the version that answered the first
+    (the resolved `version`, where given)."""
     from tqdm import tqdm
 
     tally = Tally(predictor.plan, task_metrics(predictor.plan.task, config.top_k))
     pinned: int | None = None
-    show = sys.stderr.isatty() if progress is None else progress
     total = data.count if config.shard is None else None  # a shard's share is known only batch by batch
     bar = tqdm(total=total, unit="ex", disable=not show, desc=f"eval {predictor.target.model}")
 
@@ -154,7 +173,7 @@ def _run_batches(predictor: _BatchPredictor, data: EvalData, config: EvalConfig,
         first = next(batches, None)
         if first is not None:
             # Alone: a version published mid-run must not mix into the metrics, so its answer pins the rest.
-            answer = predictor.predict(*first, version=None)
+            answer = predictor.predict(*first, version=version)
             pinned = answer.version
             record(answer)
             _predict_concurrently(lambda x, y: predictor.predict(x, y, pinned), batches, config.concurrency, record)

@@ -155,6 +155,14 @@ def _check_report(report: dict, config: PromoteConfig, model, current: Rollout) 
         )
     if not (Path(model.base_path) / str(version)).is_dir():
         raise TrainserveError(f"model {model.name} version {version} is not on disk under {model.base_path}")
+    if not report.get("gates"):
+        # `all([])` is true: a report that judged nothing "passes"; no gate, no promotion.
+        if not config.force:
+            raise TrainserveError(
+                f"eval report {config.report} applied no gate: expected trainserve eval with --min-accuracy, "
+                "--require or --compare-with (--force promotes anyway, and says so in the history)"
+            )
+        log.warning("promoting model %s version %d on a report that applied no gate: --force", model.name, version)
     if not report["passed"]:
         why = _failed_gates(report)
         if not config.force:
@@ -213,4 +221,15 @@ def _report_fields(path: Path, report: dict) -> dict:
         "accuracy": report.get("metrics", {}).get("accuracy"),
         "min_accuracy": report.get("min_accuracy"),
         "passed": report["passed"],
+        "gates": [_gate_said(g) for g in report.get("gates") or [] if isinstance(g, dict)],
+        "verdict": (report.get("comparison") or {}).get("verdict_line"),
+        "data_matches_version": report.get("data_matches_version"),
     }
+
+
+def _gate_said(gate: dict) -> str:
+    """A gate in a few words, for the history: `accuracy >= 0.9: passed`."""
+    said = f"{gate.get('metric')} {gate.get('op')} {gate.get('threshold')}"
+    if gate.get("baseline_version") is not None:
+        said += f" vs version {gate['baseline_version']}"
+    return f"{said}: {'passed' if gate.get('passed') else 'failed'}"

@@ -19,10 +19,11 @@ from typing import Any
 import keras
 import numpy as np
 
-from trainserve.data import Dataset, load_dataset, write_test_split
+from trainserve.data import Dataset, load_dataset
 from trainserve.errors import TrainserveError
 from trainserve.layout import DEFAULT_SIGNATURE, UNKNOWN_CATEGORIES, write_warmup_requests
 from trainserve.plots import plot_training_curves
+from trainserve.splits import HeldOutSplit, provenance, write_version_record
 from trainserve.training.callbacks import FitCallbacks, backup_dir_for, make_callbacks
 from trainserve.training.config import TrainConfig
 from trainserve.training.devices import DevicePlan, make_strategy
@@ -83,9 +84,11 @@ def train(config: TrainConfig) -> TrainResult:
     devices = _set_up_devices(config)
     plan = devices.plan
     backup_dir = backup_dir_for(config, plan)
+    # Held out per version: content-addressed, so a later training never overwrites what this version is judged on.
+    split = HeldOutSplit(dataset.test, dataset.y_test, dataset.task, dataset.single,
+                         provenance(config.data, config.seed, config.test_fraction))  # fmt: skip
     if config.data_dir is not None and plan.is_chief:
-        shared = write_test_split(dataset, config.data_dir, config.model_name)
-        log.info("held-out split written to %s", shared)
+        log.info("held-out split written to %s", split.share(config.data_dir, config.model_name))
 
     spec = data_spec(dataset.train, dataset.task, tabular=dataset.tabular)
     # Under multi-worker, a lost peer ends this worker too, with the exit code that restarts the group.
@@ -99,7 +102,8 @@ def train(config: TrainConfig) -> TrainResult:
         outcome = _fit_and_evaluate(config, devices, model, batches, callbacks, spec, backup_dir)
 
         # Named once (the fingerprint hashes every array) for the run summary and the published metadata.
-        data_info = {"source": config.data, "name": dataset.name, "fingerprint": dataset.fingerprint()}
+        data_info = {"source": config.data, "name": dataset.name, "fingerprint": dataset.fingerprint(),
+                     "test_split": split.record(shared=config.data_dir is not None)}  # fmt: skip
         published = (
             _export_and_publish(config, dataset, spec, data_info, model, plan, outcome.metrics)
             if plan.is_chief
@@ -246,7 +250,11 @@ def _export_and_publish(
     prepare = functools.partial(
         _export_and_gate, job=job, in_process=in_process, dataset=dataset, model_name=config.model_name
     )
-    return publish_or_discard(staging_dir(config.export_base / config.model_name), prepare, metadata, config.retention)
+    published = publish_or_discard(staging_dir(config.export_base / config.model_name), prepare, metadata,
+                                   config.retention)  # fmt: skip
+    if config.data_dir is not None:  # eval finds the version's split here, without the models volume
+        write_version_record(config.data_dir, config.model_name, published.version, metadata)
+    return published
 
 
 def _golden_batch(model: keras.Model, inputs: dict[str, np.ndarray], spec: DataSpec) -> GoldenBatch:

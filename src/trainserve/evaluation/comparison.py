@@ -1,0 +1,166 @@
+"""The comparison section of a report: per metric both versions' values, the paired difference with its
+bootstrap interval, the test that decides the verdict, and the verdict line a person reads first.
+
+Classification is decided by accuracy with McNemar's exact test; regression by MSE with a paired sign-flip
+test on the per-example squared errors (paired_stats.py says why those). "better" or "worse" only when the
+test's p-value is below --alpha; otherwise "no significant difference", whatever the point estimates say.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainserve.evaluation.gates import HIGHER_IS_BETTER, PAIRED_METRICS
+from trainserve.evaluation.metrics import ClassificationMetrics, RegressionMetrics, log_probabilities
+from trainserve.evaluation.paired_stats import (
+    FLIPS,
+    RESAMPLES,
+    bootstrap_interval,
+    mcnemar_exact,
+    mean,
+    root_mean,
+    sign_flip_test,
+)
+from trainserve.evaluation.plan import Plan
+from trainserve.evaluation.records import BatchAnswer, Tally
+
+MCNEMAR, SIGN_FLIP = "McNemar's exact test", "paired sign-flip test on squared errors"
+
+
+def per_example(answer: BatchAnswer, plan: Plan, quality: ClassificationMetrics | RegressionMetrics) -> dict:
+    """What one answer says of each example, for the metrics compared example by example (their mean is the
+    metric: RMSE is the root of the mean of `rmse`'s squared errors)."""
+    labels, n = answer.labels, len(answer.labels)
+    if plan.task.kind == "classification":
+        log_p = log_probabilities(answer.output.reshape(n, -1), quality.kind or "probabilities")
+        predicted = answer.classes.astype(np.int64) if answer.classes is not None else log_p.argmax(axis=1)
+        k = min(quality.top_k, plan.task.classes)
+        top = np.argpartition(-log_p, k - 1, axis=1)[:, :k]
+        return {
+            "accuracy": (predicted == labels).astype(np.float64),
+            "top_k_accuracy": np.any(top == labels[:, None], axis=1).astype(np.float64),
+            "loss": -log_p[np.arange(n), labels],
+            "truth": labels,  # for the discordant pairs per class
+        }
+    error = answer.output.reshape(labels.shape).astype(np.float64) - labels
+    squared = np.mean(error**2, axis=1)
+    return {"mse": squared, "rmse": squared, "mae": np.mean(np.abs(error), axis=1)}
+
+
+def summarize(
+    ref: str,
+    versions: tuple[int, int],
+    tallies: tuple[Tally, Tally],
+    values: tuple[dict, dict],
+    alpha: float,
+    seed: int,
+) -> dict:
+    """The report's `comparison`: evaluated (candidate) vs baseline on the same examples."""
+    kind = tallies[0].plan.task.kind
+    metrics = {name: _metric(name, values[0][name], values[1][name], seed) for name in PAIRED_METRICS[kind]}
+    if kind == "classification":
+        test = _mcnemar(values, tallies[0])
+    else:
+        p = sign_flip_test(values[0]["mse"] - values[1]["mse"], seed=seed)
+        test = {"name": SIGN_FLIP, "p_value": p, "flips": FLIPS}
+    primary = PAIRED_METRICS[kind][0]
+    verdict = _verdict(metrics[primary], test["p_value"], alpha)
+    return {
+        "baseline": {"reference": ref, "version": versions[1]},
+        "candidate_version": versions[0],
+        "primary_metric": primary,
+        "metrics": metrics,
+        "test": test,
+        "verdict": verdict,
+        "verdict_line": verdict_line(versions, verdict, primary, metrics[primary], test),
+        "alpha": alpha,
+        "bootstrap": {"resamples": RESAMPLES, "seed": seed, "level": 0.95},
+        "latency_ms": {"candidate": latency(tallies[0]), "baseline": latency(tallies[1])},
+        "baseline_metrics": tallies[1].quality.summary(),
+    }
+
+
+def no_baseline(ref: str, version: int) -> dict:
+    """A first rollout: nothing is served under `ref` yet, so the value gates alone decide, and the report says so."""
+    line = f"v{version}: nothing to compare with ({ref!r} names no version yet): first rollout, value gates decide"
+    return {"baseline": {"reference": ref, "version": None}, "candidate_version": version, "verdict": "no baseline",
+            "verdict_line": line}  # fmt: skip
+
+
+def latency(tally: Tally) -> dict:
+    ms = np.asarray(tally.latencies, np.float64) * 1000 if tally.latencies else np.zeros(1)
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(ms.max()), "mean": float(ms.mean())}
+
+
+def _metric(name: str, a: np.ndarray, b: np.ndarray, seed: int) -> dict:
+    statistic = root_mean if name == "rmse" else mean
+    candidate, baseline = float(statistic(a)), float(statistic(b))
+    low, high = bootstrap_interval(a, b, statistic, seed=seed)
+    return {"candidate": candidate, "baseline": baseline, "difference": candidate - baseline,
+            "interval": [low, high], "higher_is_better": name in HIGHER_IS_BETTER}  # fmt: skip
+
+
+def _mcnemar(values: tuple[dict, dict], tally: Tally) -> dict:
+    mine, theirs = (v["accuracy"].astype(bool) for v in values)
+    table = {
+        "both_right": int(np.sum(mine & theirs)),
+        "candidate_only": int(np.sum(mine & ~theirs)),
+        "baseline_only": int(np.sum(~mine & theirs)),
+        "both_wrong": int(np.sum(~mine & ~theirs)),
+    }
+    names = list(tally.plan.task.label_names)
+    truth = values[0]["truth"]
+    per_class = [
+        {"label": names[c], "candidate_only": int(np.sum(mine & ~theirs & (truth == c))),
+         "baseline_only": int(np.sum(~mine & theirs & (truth == c)))}
+        for c in range(len(names))
+    ]  # fmt: skip
+    p = mcnemar_exact(table["candidate_only"], table["baseline_only"])
+    return {"name": MCNEMAR, "p_value": p, "discordant": table, "discordant_per_class": per_class}
+
+
+def _verdict(metric: dict, p: float, alpha: float) -> str:
+    if p >= alpha or metric["difference"] == 0:
+        return "no significant difference"
+    improved = metric["difference"] > 0 if metric["higher_is_better"] else metric["difference"] < 0
+    return "better" if improved else "worse"
+
+
+def verdict_line(versions: tuple[int, int], verdict: str, primary: str, metric: dict, test: dict) -> str:
+    """`v7 vs v6: worse (p=0.0012, McNemar's exact test; accuracy 0.9100 vs 0.9600, ...)`."""
+    low, high = metric["interval"]
+    said = (
+        f"v{versions[0]} vs v{versions[1]}: {verdict} (p={test['p_value']:.3g}, {test['name']}; {primary} "
+        f"{metric['candidate']:.4f} vs {metric['baseline']:.4f}, difference {metric['difference']:+.4f}, "
+        f"95% CI [{low:+.4f}, {high:+.4f}]"
+    )
+    if "discordant" in test:
+        d = test["discordant"]
+        said += f"; right only in v{versions[0]}: {d['candidate_only']}, only in v{versions[1]}: {d['baseline_only']}"
+    return said + ")"
+
+
+def comparison_lines(c: dict) -> list[str]:
+    """The summary's first lines: the verdict, then both versions side by side."""
+    lines = [c["verdict_line"]]
+    if c["baseline"]["version"] is None:
+        return lines
+    v, b = f"v{c['candidate_version']}", f"v{c['baseline']['version']}"
+    lines.append(f"  {'':<15} {v:>10} {b:>10} {'difference':>11}  95% CI (paired bootstrap)")
+    for name, m in c["metrics"].items():
+        low, high = m["interval"]
+        lines.append(
+            f"  {name:<15} {m['candidate']:>10.4f} {m['baseline']:>10.4f} {m['difference']:>+11.4f}  "
+            f"[{low:+.4f}, {high:+.4f}]"
+        )
+    mine, theirs = c["latency_ms"]["candidate"], c["latency_ms"]["baseline"]
+    for q in ("p50", "p99"):
+        lines.append(f"  latency ms {q:<4} {mine[q]:>10.1f} {theirs[q]:>10.1f}")
+    if "discordant" in c["test"]:
+        d = c["test"]["discordant"]
+        lines.append(
+            f"  pairs           right only in {v}: {d['candidate_only']}, only in {b}: {d['baseline_only']}, "
+            f"both: {d['both_right']}, neither: {d['both_wrong']}"
+        )
+    return lines

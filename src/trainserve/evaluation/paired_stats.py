@@ -1,0 +1,90 @@
+"""Statistics of two versions judged on the same examples, in numpy and the standard library only (the eval
+image has no scipy).
+
+- McNemar's exact test: of the examples exactly one version gets right (the discordant pairs), how likely is a
+  split at least this uneven if each were equally likely to be the one? A two-sided exact binomial test with
+  p = 1/2 on b + c trials; the examples both get right or both get wrong say nothing about which is better.
+- A paired sign-flip (randomization) test for per-example differences (regression errors): under "no
+  difference" each example's difference is as likely to have either sign, so the observed mean is compared with
+  the means of randomly sign-flipped copies. Exact in its assumptions (symmetry, not normality: squared errors
+  are heavy-tailed, where a t-test's normal approximation is least trustworthy), seeded, Monte Carlo.
+- A paired bootstrap interval for a metric's difference: resample examples (the same ones for both versions),
+  recompute the metric of each version, take the 2.5th and 97.5th percentiles of the differences.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+EXACT_LIMIT = 5000  # discordant pairs up to which the binomial tail is summed in exact integers
+RESAMPLES, FLIPS, CHUNK = 2000, 10000, 250
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact p-value of b against c discordant pairs (binomial, p = 1/2): twice the smaller tail."""
+    n, k = b + c, min(b, c)
+    if n == 0 or b == c:
+        return 1.0
+    if n <= EXACT_LIMIT:
+        term, tail = 1, 1  # C(n, 0); each next term C(n, i) = C(n, i - 1) * (n - i + 1) / i, exactly
+        for i in range(1, k + 1):
+            term = term * (n - i + 1) // i
+            tail += term
+        return min(1.0, 2 * tail / 2**n)
+    # Large n: the same sum in log space (lgamma), to double precision.
+    i = np.arange(k + 1, dtype=np.float64)
+    logs = math.lgamma(n + 1) - np.array([math.lgamma(x + 1) + math.lgamma(n - x + 1) for x in i]) - n * math.log(2)
+    peak = logs.max()
+    return min(1.0, 2 * math.exp(peak) * float(np.exp(logs - peak).sum()))
+
+
+def sign_flip_test(differences: np.ndarray, flips: int = FLIPS, seed: int = 0) -> float:
+    """Two-sided p-value that the mean of paired `differences` is 0: the share of random sign flips whose mean is
+    at least as far from 0 as the observed one, counting the observed arrangement itself ((1 + k) / (1 + flips))."""
+    d = np.asarray(differences, np.float64)
+    if not d.size or not np.any(d):
+        return 1.0
+    observed = abs(d.mean())
+    rng = np.random.default_rng(seed)
+    extreme = 0
+    for start in range(0, flips, CHUNK):
+        signs = rng.integers(0, 2, (min(CHUNK, flips - start), d.size), dtype=np.int8) * 2 - 1
+        means = np.abs(signs @ d) / d.size
+        extreme += int(np.sum(means >= observed * (1 - 1e-12)))  # ties (to rounding) count as extreme
+    return (1 + extreme) / (1 + flips)
+
+
+def mean(values: np.ndarray) -> np.ndarray:
+    """Per resample (rows): the mean over examples."""
+    return values.mean(axis=-1)
+
+
+def root_mean(values: np.ndarray) -> np.ndarray:
+    """Per resample: the square root of the mean (RMSE from squared errors)."""
+    return np.sqrt(values.mean(axis=-1))
+
+
+def bootstrap_interval(
+    a: np.ndarray,
+    b: np.ndarray,
+    statistic: Callable[[np.ndarray], np.ndarray] = mean,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval of statistic(a) - statistic(b) over paired resamples of the examples (rows of a and b
+    are the same examples)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if not a.size:
+        return (0.0, 0.0)
+    rng = np.random.default_rng(seed)
+    differences = []
+    for start in range(0, resamples, CHUNK):
+        rows = rng.integers(0, len(a), (min(CHUNK, resamples - start), len(a)))
+        differences.append(statistic(a[rows]) - statistic(b[rows]))
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(np.concatenate(differences), [tail, 100 - tail])
+    return float(low), float(high)

@@ -1,0 +1,162 @@
+"""`trainserve eval --compare-with`: two versions served side by side (`model_version_policy { all {} }`) on a
+real serve-local, every batch sent to both, and the paired verdict checked against an independent computation.
+
+- digits v1 is the session's 5-epoch model, v2 the same network after one epoch: v2 must be called worse.
+- syn v1 and v2 are one training run twice with different seeds on a task both learn (templates plus noise,
+  2,000 evaluated examples): neither gets an example wrong that the other gets right often enough to be a
+  difference, so the verdict must be "no significant difference". What this shows: the comparison does not
+  invent a difference between equally good versions; it does not show the test's power against small ones
+  (test_gates.py checks the statistics themselves against scipy).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from conftest import install_version, predict_count, save_foreign_model
+from serving_fixtures import InProcessServer
+from trainserve.cli import main
+from trainserve.data import SyntheticSpec, load_dataset, synthetic_examples
+from trainserve.evaluation.report import validate_report
+from trainserve.savedmodel import LoadedModel
+
+pytestmark = pytest.mark.unit  # serve-local on a thread of this process, real gRPC
+SYN = SyntheticSpec((8, 8, 1), 10, 2000)
+
+
+def fit_cnn(x: np.ndarray, y: np.ndarray, epochs: int, seed: int, path):
+    """The built-in CNN fitted as `trainserve train` compiles it, exported with trainserve's signature."""
+    import keras
+
+    from trainserve.training.export import export_savedmodel
+    from trainserve.training.model import build_model
+
+    keras.utils.set_random_seed(seed)
+    model = build_model("cnn", (8, 8, 1), 10)
+    model.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=64, epochs=epochs, verbose=0, shuffle=True)
+    export_savedmodel(model, path, (8, 8, 1))
+    return path
+
+
+@pytest.fixture(scope="module")
+def side_by_side(trained_digits, tmp_path_factory):
+    """serve-local with digits v1 (5 epochs), v2 (1 epoch), v3 (another signature) and syn v1, v2 (two seeds),
+    every version loaded, `stable` on digits v1."""
+    root = tmp_path_factory.mktemp("compare")
+    digits = load_dataset("digits")
+    install_version(trained_digits / "models" / "digits" / "1", root / "digits", 1)
+    install_version(fit_cnn(digits.x_train, digits.y_train, 1, 0, root / "one-epoch"), root / "digits", 2)
+    install_version(save_foreign_model(root / "foreign"), root / "digits", 3)
+    x, y = synthetic_examples(SYN, 1500, 7)
+    for version in (1, 2):
+        install_version(fit_cnn(x, y, 3, version, root / f"syn-{version}"), root / "syn", version)
+    config = root / "models.config"
+    config.write_text("model_config_list {\n" + "".join(
+        f'  config {{ name: "{m}" base_path: "{root / m}" model_platform: "tensorflow" '
+        f"model_version_policy {{ all {{}} }} {labels} }}\n"
+        for m, labels in (("digits", 'version_labels { key: "stable" value: 1 }'), ("syn", ""))
+    ) + "}\n")  # fmt: skip
+    (root / "monitoring.config").write_text("prometheus_config { enable: true }\n")
+    server = InProcessServer(
+        f"--model_config_file={config}", "--allow_version_labels_for_unavailable_models",
+        f"--monitoring_config_file={root / 'monitoring.config'}",
+    )  # fmt: skip
+    for model, version in (("digits", 1), ("digits", 2), ("digits", 3), ("syn", 1), ("syn", 2)):
+        server.wait_available(model, version)
+    yield server, root, trained_digits / "data" / "digits" / "test.npz"
+    assert server.stop() == 0
+
+
+def eval_cli(server, tmp_path, *args) -> tuple[int, dict | None]:
+    report = tmp_path / "eval.json"
+    code = main(["eval", "--server", server.target, "--report", str(report), "--batch-size", "64", *map(str, args)])
+    return code, json.loads(report.read_text()) if report.is_file() else None
+
+
+def test_one_epoch_version_is_worse_than_the_trained_one(side_by_side, tmp_path, capsys):
+    server, root, split = side_by_side
+    code, report = eval_cli(server, tmp_path, "--model", "digits", "--version", 2, "--compare-with", 1, "--data", split)
+    out = capsys.readouterr()
+    validate_report(report)
+    c = report["comparison"]
+    assert code == 1 and "not significantly worse" in out.out and "FAIL" in out.out
+    assert c["verdict"] == "worse" and c["test"]["p_value"] < 0.05
+    assert out.out.splitlines()[0].startswith("v2 vs v1: worse (p=") and "McNemar" in out.out.splitlines()[0]
+    assert "is significantly worse than version 1" in out.err.strip().splitlines()[-1]
+    # Independently: both SavedModels run in this process on the same split, McNemar by scipy.
+    with np.load(split) as npz:
+        images, labels = npz["x_test"], npz["y_test"]
+    right = [LoadedModel(root / "digits" / str(v)).run("serving_default", {"images": images})["classes"] == labels
+             for v in (2, 1)]  # fmt: skip
+    b, d = int(np.sum(right[0] & ~right[1])), int(np.sum(~right[0] & right[1]))
+    assert (c["test"]["discordant"]["candidate_only"], c["test"]["discordant"]["baseline_only"]) == (b, d)
+    assert c["test"]["p_value"] == pytest.approx(stats.binomtest(b, b + d, 0.5).pvalue, rel=1e-9)
+    accuracy = c["metrics"]["accuracy"]
+    assert (accuracy["candidate"], accuracy["baseline"]) == pytest.approx((right[0].mean(), right[1].mean()))
+    assert accuracy["interval"][0] <= accuracy["difference"] <= accuracy["interval"][1] < 0
+    assert report["metrics"]["accuracy"] == pytest.approx(right[0].mean())
+    # Both versions answered every batch: latency of each, side by side.
+    assert c["latency_ms"]["candidate"]["p50"] > 0 and c["latency_ms"]["baseline"]["p50"] > 0
+    assert (tmp_path / "eval.html").is_file()
+
+
+def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, tmp_path, capsys):
+    server, _, _ = side_by_side
+    code, report = eval_cli(
+        server, tmp_path, "--model", "syn", "--version", 2, "--compare-with", 1, "--data", "synthetic",
+        "--synthetic-shape", "8,8,1", "--synthetic-size", SYN.size,
+    )  # fmt: skip
+    c = report["comparison"]
+    assert code == 0, capsys.readouterr()
+    assert c["verdict"] == "no significant difference" and c["test"]["p_value"] >= 0.05
+    assert min(c["metrics"]["accuracy"]["candidate"], c["metrics"]["accuracy"]["baseline"]) >= 0.98
+    assert report["data"]["examples"] == SYN.size
+    assert [g["kind"] for g in report["gates"]] == ["significance"] and report["passed"] is True
+
+
+def test_a_label_names_the_baseline_and_change_thresholds_gate(side_by_side, tmp_path):
+    server, _, split = side_by_side
+    flags = ("--not-worse=false", "--require-vs-baseline", "accuracy>=-90%")  # report-only significance
+    code, report = eval_cli(server, tmp_path, "--model", "digits", "--version", 2, "--compare-with", "stable",
+                            "--data", split, *flags)  # fmt: skip
+    assert report["comparison"]["baseline"] == {"reference": "stable", "version": 1}
+    assert [g["kind"] for g in report["gates"]] == ["change"] and code == 0, report["gates"]
+
+
+def test_first_rollout_passes_on_its_value_gates_and_says_so(side_by_side, tmp_path):
+    server, _, split = side_by_side
+    code, report = eval_cli(server, tmp_path, "--model", "syn", "--compare-with", "stable", "--allow-no-baseline",
+                            "--data", "synthetic", "--synthetic-shape", "8,8,1", "--limit", 64,
+                            "--min-accuracy", "0.5")  # fmt: skip
+    assert code == 0 and report["comparison"]["verdict"] == "no baseline"
+    assert "first rollout" in report["comparison"]["verdict_line"]
+    assert [g["metric"] for g in report["gates"]] == ["accuracy"] and "kind" not in report["gates"][0]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        pytest.param(("--version", 2, "--compare-with", 9), "has no version 9 on", id="version-not-served"),
+        pytest.param(("--version", 2, "--compare-with", "nope"), "has no label 'nope'", id="label-not-served"),
+        pytest.param(("--version", 1, "--compare-with", "stable"), "the version evaluated", id="itself"),
+        pytest.param(("--version", 1, "--compare-with", 3), "differ in inputs", id="other-signature"),
+        pytest.param(("--version", 2, "--compare-with", 1, "--require-vs-baseline", "mse<=0"),
+                     "classification compares accuracy, top_k_accuracy, loss", id="gate-on-another-task"),
+        pytest.param(("--version", 2, "--require-vs-baseline", "accuracy>=0"), "without --compare-with",
+                     id="change-gate-alone"),
+        pytest.param(("--version", 2, "--compare-with", 1, "--shard", "0/2"), "expected no --shard", id="shard"),
+    ],
+)  # fmt: skip
+def test_bad_comparisons_fail_in_one_line_before_any_predict(side_by_side, tmp_path, capsys, args, fragment):
+    server, _, split = side_by_side
+    before = predict_count(server)
+    code, report = eval_cli(server, tmp_path, "--model", "digits", "--data", split, "--wait", 5, *args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and report is None
+    assert err[-1].startswith("trainserve eval: error:") and fragment in err[-1], err
+    assert predict_count(server) == before, "refused before any Predict"

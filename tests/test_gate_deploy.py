@@ -1,0 +1,87 @@
+"""The gated rollout as deployed: `make promote`, compose's promote profile and the Kubernetes promote Job gate the
+candidate on its own held-out split, on "not significantly worse than stable" and MIN_ACCURACY by default, and a
+user can turn either off. Rendered (kustomize, `docker-compose config`, `make -n`) and read, not run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_k8s import all_containers, flag, render, volume_path
+
+from conftest import REPO
+from trainserve.cli import build_parser
+from trainserve.evaluation.config import EvalConfig
+from trainserve.options import config_from_args
+
+pytestmark = pytest.mark.unit  # kubectl, docker-compose config and make -n run as subprocesses; nothing is started
+COMPOSE = Path(sys.executable).parent / "docker-compose"
+
+
+def eval_config(args: list[str], env: dict[str, str] | None = None) -> EvalConfig:
+    """What `trainserve eval` makes of these flags and TRAINSERVE_* variables."""
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env or {})
+        return config_from_args(EvalConfig, build_parser().parse_args(["eval", *args]))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_the_promote_job_compares_with_stable_on_the_candidates_own_split():
+    docs = render("k8s/base")
+    (cronjob,) = [d for d in docs if d["kind"] == "CronJob" and d["metadata"]["name"] == "promote"]
+    spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    step = {c["name"]: c for c in all_containers(spec)}["eval"]
+    config = eval_config([a.replace("$(MODEL_NAME)", "digits").replace("$(JOB_NAME)", "p") for a in step["args"]])
+    assert (config.label, config.compare_with, config.allow_no_baseline, config.not_worse) == (
+        "candidate", "stable", True, True)  # fmt: skip
+    assert config.min_accuracy and config.min_accuracy > 0
+    assert config.data == "held-out"
+    claim, inside, _ = volume_path(spec, step, f"{flag(step, 'data-dir')}/digits/versions/3.json")
+    assert (claim, inside) == ("data", "digits/versions/3.json"), "where training writes the version records"
+    (job,) = [d for d in docs if d["kind"] == "Job" and d["metadata"]["name"] == "eval"]
+    assert {"--data=held-out", "--data-dir=/data"} <= set(job["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def compose_config(**env: str) -> dict:
+    proc = subprocess.run(
+        [COMPOSE, "-f", REPO / "compose.yaml", "--profile", "promote", "config", "--format", "yaml"], cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k not in ("COMPARE_WITH", "MIN_ACCURACY")} | env,
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if proc.returncode != 0 and not COMPOSE.exists():
+        pytest.skip("docker-compose is not installed in the venv")
+    assert proc.returncode == 0, proc.stderr
+    return yaml.safe_load(proc.stdout)
+
+
+@pytest.mark.parametrize(
+    ("env", "compare_with", "min_accuracy"),
+    [
+        pytest.param({}, "stable", 0.9, id="default-both-gates"),
+        pytest.param({"COMPARE_WITH": ""}, None, 0.9, id="comparison-off"),
+        pytest.param({"MIN_ACCURACY": ""}, "stable", None, id="min-accuracy-off"),
+    ],
+)
+def test_compose_promote_eval_gates_by_default_and_each_gate_turns_off(env, compare_with, min_accuracy):
+    service = compose_config(**env)["services"]["promote-eval"]
+    variables = {k: str(v) for k, v in service["environment"].items() if k.startswith("TRAINSERVE_")}
+    config = eval_config([], variables)
+    assert (config.compare_with, config.min_accuracy, config.label) == (compare_with, min_accuracy, "candidate")
+    assert config.data == "held-out" and config.allow_no_baseline is True
+    mounts = {m["target"]: m["source"] for m in service["volumes"]}
+    assert mounts[str(config.data_dir)] == "data" and mounts[str(config.report.parent)] == "reports"
+
+
+def test_make_promote_runs_candidate_then_the_gate_then_promote():
+    proc = subprocess.run(["make", "-n", "--no-print-directory", "promote", "COMPOSE=compose"], cwd=REPO,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    steps = [line.split()[-1] for line in proc.stdout.splitlines() if line.startswith("compose ")]
+    assert steps == ["candidate", "promote-eval", "promote"]
