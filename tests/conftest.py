@@ -302,9 +302,12 @@ def save_gated_model(path: Path) -> Path:
     class Gated(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string)])
         def serve(self, arrived, release):
-            with tf.control_dependencies([tf.io.write_file(arrived, "arrived")]):
-                with tf.control_dependencies([tf.io.write_file(release, "released")]):
-                    return {"arrived": tf.identity(arrived)}
+            # The second write is made inside the first's dependencies: it opens `release` only after `arrived`.
+            first = tf.io.write_file(arrived, "arrived")
+            with tf.control_dependencies([first]):
+                second = tf.io.write_file(release, "released")
+            with tf.control_dependencies([second]):
+                return {"arrived": tf.identity(arrived)}
 
     module = Gated()
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})

@@ -19,7 +19,6 @@ from trainserve.serving.batching import BatchScheduler, QueueFull, padded_size, 
 from trainserve.serving.config import Batching
 from trainserve.tensors import from_tensor_proto
 
-
 HOUR_MICROS = 3_600_000_000  # a batch timeout no test waits for: a batch that runs sooner was not timed out
 
 
