@@ -118,8 +118,11 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(serve_local, model_ve
     monkeypatch.setattr(client, "backoff_delay", noted_backoff)
 
     def run():
+        # Retries enough to outlast any restart (each waits out its 10 s deadline, then backs off up to 8 s): how
+        # long a busy machine takes to start a server must not decide the test; the join below bounds a broken run.
+        config = EvalConfig(server=server.target, model="m", **LONG_RUN, limit=16000, retries=40)
         try:
-            result["report"] = evaluate(EvalConfig(server=server.target, model="m", **LONG_RUN, limit=16000)).report
+            result["report"] = evaluate(config).report
         except Exception as exc:  # the assertion below shows it
             errors.append(exc)
 
@@ -131,8 +134,8 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(serve_local, model_ve
     server.proc.kill()
     server.proc.wait()
     assert retried.wait(60), "the run retried a request the dead server did not answer"
-    serve_local(*flags, f"--port={server.port}")  # same gRPC port, new process
-    worker.join(timeout=180)
+    serve_local(*flags, f"--port={server.port}").wait_available("m", 1, timeout=600)  # same gRPC port
+    worker.join(timeout=600)
     assert not worker.is_alive() and not errors, errors
     report = result["report"]
     assert report["data"]["examples"] == 16000 == baseline["data"]["examples"]
