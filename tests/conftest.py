@@ -292,6 +292,56 @@ def save_foreign_model(path: Path, pin_device: str | None = None) -> Path:
     return path
 
 
+def save_gated_model(path: Path) -> Path:
+    """A SavedModel whose one signature holds a request until the test lets it go: it writes to the FIFO its
+    `arrived` input names (blocking until the test reads it: the request is running), then to `release`
+    (blocking until the test reads that one). Its answer echoes `arrived`. A server in another process cannot
+    share a Python event with the test; two FIFOs can, so no step of the test waits for a clock."""
+    import tensorflow as tf
+
+    class Gated(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string)])
+        def serve(self, arrived, release):
+            # The second write is made inside the first's dependencies: it opens `release` only after `arrived`.
+            first = tf.io.write_file(arrived, "arrived")
+            with tf.control_dependencies([first]):
+                second = tf.io.write_file(release, "released")
+            with tf.control_dependencies([second]):
+                return {"arrived": tf.identity(arrived)}
+
+    module = Gated()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    return path
+
+
+class Gate:
+    """The test's side of save_gated_model: two FIFOs in `directory`, named in the request by `inputs`."""
+
+    def __init__(self, directory: Path):
+        self.arrived, self.release = directory / "arrived", directory / "release"
+        os.mkfifo(self.arrived)
+        os.mkfifo(self.release)
+        self.inputs = {"arrived": np.array(str(self.arrived)), "release": np.array(str(self.release))}
+
+    def wait_arrived(self) -> None:
+        """Returns once the model runs the request (it opened `arrived` to write)."""
+        self._read(self.arrived, "the request to reach the model")
+
+    def open(self) -> None:
+        """Lets the held request finish."""
+        self._read(self.release, "the model to write its release FIFO")
+
+    @staticmethod
+    def _read(fifo: Path, what: str) -> None:
+        import threading
+
+        # Opening a FIFO blocks until its writer opens it; a thread keeps a broken run from hanging the test.
+        reader = threading.Thread(target=fifo.read_bytes, daemon=True)
+        reader.start()
+        reader.join(60)  # generous: only a broken run takes more than milliseconds here
+        assert not reader.is_alive(), f"timed out waiting for {what}"
+
+
 def install_version(template: Path, model_base: Path, version: int) -> Path:
     """Place a SavedModel as `model_base/<version>` atomically (staged copy, one rename)."""
     import shutil

@@ -1,12 +1,11 @@
 """Request batching: the scheduler alone (a fake model), then serve-local with `--enable_batching` as clients
-see it: in process (serve() on a thread, real gRPC), and as a process for what needs SIGTERM."""
+see it, in process (serve() on a thread, real gRPC). No test waits for a batch timeout: the timeouts are an hour
+long, so a batch that runs was closed, full or drained, and the tests wait on what the scheduler queued."""
 
 from __future__ import annotations
 
 import re
-import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -20,17 +19,46 @@ from trainserve.serving.batching import BatchScheduler, QueueFull, padded_size, 
 from trainserve.serving.config import Batching
 from trainserve.tensors import from_tensor_proto
 
+HOUR_MICROS = 3_600_000_000  # a batch timeout no test waits for: a batch that runs sooner was not timed out
 
-def doubling_run(calls: list, gate: threading.Event | None = None):
-    """A fake model: records each batch's rows, waits for `gate`, answers 2x and a per-row sum."""
+
+def doubling_run(calls: list, gate: threading.Event | None = None, running: threading.Event | None = None):
+    """A fake model: records each batch's rows, sets `running`, waits for `gate`, answers 2x and a per-row sum."""
 
     def run(inputs):
         calls.append(len(inputs["x"]))
+        if running is not None:
+            running.set()
         if gate is not None:
-            gate.wait(10)
+            assert gate.wait(60), "the test never opened the gate"
         return {"double": inputs["x"] * 2, "total": inputs["x"].sum(axis=1)}
 
     return run
+
+
+class QueuedTasks:
+    """Counts the tasks every BatchScheduler in this process queued (the in-process server's too), so that a
+    test waits until requests sit in their batch instead of sleeping for it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self._changed = threading.Condition()
+        enqueue = BatchScheduler.enqueue
+
+        def counting_enqueue(scheduler, *args, **kwargs):
+            task = enqueue(scheduler, *args, **kwargs)  # raises QueueFull for a refused task: not counted
+            if task is not None:
+                with self._changed:
+                    self.count += 1
+                    self._changed.notify_all()
+            return task
+
+        monkeypatch.setattr(BatchScheduler, "enqueue", counting_enqueue)
+
+    def wait_for(self, count: int) -> None:
+        with self._changed:
+            # The bound only ends a broken run: a request reaches its queue in milliseconds.
+            assert self._changed.wait_for(lambda: self.count >= count, 60), f"{self.count} of {count} tasks queued"
 
 
 @pytest.mark.unit
@@ -45,19 +73,20 @@ def test_task_size_and_padding_rules():
 
 @pytest.mark.unit
 def test_concurrent_tasks_are_merged_and_each_gets_its_own_rows():
-    calls, gate = [], threading.Event()
+    calls, running, gate = [], threading.Event(), threading.Event()
     scheduler = BatchScheduler(Batching(max_batch_size=64, num_batch_threads=1), None)
+    run = doubling_run(calls, gate, running)
     rows = [np.full((1 + i % 3, 2), i, np.float32) for i in range(20)]
-    with ThreadPoolExecutor(20) as pool:
-        results = [pool.submit(scheduler.submit, "k", doubling_run(calls, gate), {"x": x}, len(x)) for x in rows]
-        time.sleep(0.3)  # the first batch holds the only thread; the rest queue up behind it
-        gate.set()
-        answers = [r.result(timeout=10) for r in results]
+    first = scheduler.enqueue("k", run, {"x": rows[0]}, len(rows[0]))
+    assert running.wait(60), "the first task's batch runs at once (no timeout) on the only batch thread"
+    rest = [scheduler.enqueue("k", run, {"x": x}, len(x)) for x in rows[1:]]  # queued behind it: one batch
+    gate.set()
+    answers = [task.future.result(timeout=60) for task in (first, *rest)]
     scheduler.close()
     for x, answer in zip(rows, answers):
         np.testing.assert_array_equal(answer["double"], x * 2)
         np.testing.assert_array_equal(answer["total"], x.sum(axis=1))
-    assert len(calls) < len(rows) and max(calls) > 3, f"batches run: {calls}"
+    assert calls == [len(rows[0]), sum(map(len, rows[1:]))], f"batches run: {calls}"
 
 
 @pytest.mark.unit
@@ -81,18 +110,20 @@ def test_padding_is_stripped_and_unsplittable_outputs_run_alone():
 @pytest.mark.unit
 def test_a_full_queue_refuses_and_close_drains_what_is_queued():
     calls = []
-    options = Batching(max_batch_size=2, batch_timeout_micros=60_000_000, max_enqueued_batches=1, num_batch_threads=1)
+    options = Batching(max_batch_size=2, batch_timeout_micros=HOUR_MICROS, max_enqueued_batches=1, num_batch_threads=1)
     scheduler = BatchScheduler(options, None)
     run = doubling_run(calls)
-    with ThreadPoolExecutor(2) as pool:
-        waiting = pool.submit(scheduler.submit, "k", run, {"x": np.ones((1, 2), np.float32)}, 1)
-        time.sleep(0.2)  # its batch is open and waits for its 60 s timeout
-        with pytest.raises(QueueFull, match="queue to which this task was submitted is full"):
-            scheduler.submit("k", run, {"x": np.ones((2, 2), np.float32)}, 2)
-        started = time.monotonic()
-        scheduler.close()
-        assert waiting.result(timeout=5)["double"].tolist() == [[2, 2]]
-        assert time.monotonic() - started < 5, "the drain does not wait for the batch timeout"
+    waiting = scheduler.enqueue("k", run, {"x": np.ones((1, 2), np.float32)}, 1)  # opens a batch of 1 row of 2
+    with pytest.raises(QueueFull, match="queue to which this task was submitted is full"):
+        scheduler.submit("k", run, {"x": np.ones((2, 2), np.float32)}, 2)  # does not fit: a second batch
+    assert not waiting.future.done() and calls == [], "its batch waits for its timeout"
+    closing = threading.Thread(target=scheduler.close)
+    closing.start()
+    # The timeout is an hour: an answer now comes from the drain, which does not wait for it.
+    assert waiting.future.result(timeout=60)["double"].tolist() == [[2, 2]]
+    closing.join(60)
+    assert not closing.is_alive() and calls == [1]
+    assert scheduler.enqueue("k", run, {"x": np.ones((1, 2), np.float32)}, 1) is None, "closed: the caller runs it"
 
 
 # --- serve-local with --enable_batching -------------------------------------------------------------
@@ -151,19 +182,22 @@ def test_concurrent_clients_get_unbatched_answers_without_padding(serve_in_proce
     assert metric(text, ':tensorflow:serving:request_count{model_name="m",api="predict",status="OK"}') == len(requests)
 
 
-@pytest.mark.integration
-def test_full_queue_is_unavailable_and_sigterm_drains_queued_requests(serve_local, model_versions, tmp_path):
+@pytest.mark.unit
+def test_full_queue_is_unavailable_and_stopping_drains_queued_requests(
+    serve_in_process, model_versions, tmp_path, monkeypatch
+):
+    tasks = QueuedTasks(monkeypatch)
     install_version(model_versions[0], tmp_path / "m", 1)
     params = (
-        "max_batch_size { value: 4 }\nbatch_timeout_micros { value: 60000000 }\nnum_batch_threads { value: 1 }\n"
-        "max_enqueued_batches { value: 1 }\n"
+        f"max_batch_size {{ value: 4 }}\nbatch_timeout_micros {{ value: {HOUR_MICROS} }}\n"
+        "num_batch_threads { value: 1 }\nmax_enqueued_batches { value: 1 }\n"
     )
-    server = start_batching(serve_local, tmp_path, tmp_path / "m", params)
+    server = start_batching(serve_in_process, tmp_path, tmp_path / "m", params)
     predict, _ = stubs(server)
     images = np.random.default_rng(3).integers(0, 256, (3, 8, 8, 1), dtype=np.uint8)
     queued = [predict.Predict.future(predict_request(images=images[i : i + 1]), timeout=120) for i in range(2)]
-    time.sleep(1)
-    assert not any(f.done() for f in queued), "both wait in the open batch for its 60 s timeout"
+    tasks.wait_for(2)
+    assert not any(f.done() for f in queued), "both wait in the open batch for its hour-long timeout"
     with pytest.raises(grpc.RpcError) as err:  # 3 rows do not fit the open batch: a second one is refused
         predict.Predict(predict_request(images=images), timeout=30)
     error = err.value
@@ -172,12 +206,13 @@ def test_full_queue_is_unavailable_and_sigterm_drains_queued_requests(serve_loca
     assert status == 503 and "is full" in body["error"], (status, body)
     refused = ':tensorflow:serving:request_count{model_name="m",api="predict",status="UNAVAILABLE"}'
     assert metric(scrape(server), refused) == 2, "the gRPC and the REST refusal, each counted by its status"
-    started = time.monotonic()
-    server.proc.send_signal(signal.SIGTERM)
+    # Stop as SIGTERM does (test_serve_local sends the signal to a process): the drain runs the open batch now,
+    # so the answers come although its timeout is an hour away.
+    assert server.stop() == 0
     want = LoadedModel(model_versions[0]).run("serving_default", {"images": images[:2]})["probabilities"]
     for i, future in enumerate(queued):
-        np.testing.assert_allclose(from_tensor_proto(future.result().outputs["probabilities"]), want[i : i + 1], 1e-5)
-    assert server.proc.wait(timeout=60) == 0 and time.monotonic() - started < 30
+        answer = future.result(timeout=60).outputs["probabilities"]
+        np.testing.assert_allclose(from_tensor_proto(answer), want[i : i + 1], 1e-5)
     assert "finishing 2 in-flight request(s)" in server.log() and "stopped cleanly" in server.log()
 
 

@@ -81,6 +81,14 @@ def health(client, service: str) -> str:
     return found.attrs["State"].get("Health", {}).get("Status", "none")
 
 
+def failed_health_checks(found) -> int:
+    """Health checks Docker has run on the container so far, each of which must have failed (not serving yet)."""
+    found.reload()
+    checks = (found.attrs["State"].get("Health") or {}).get("Log") or []
+    assert all(check["ExitCode"] != 0 for check in checks), checks
+    return len(checks)
+
+
 def rest_status(env: dict, model: str) -> dict:
     try:
         with DIRECT.open(f"http://127.0.0.1:{env['REST_PORT']}/v1/models/{model}", timeout=5) as response:
@@ -100,8 +108,7 @@ def test_train_serve_eval_and_a_second_version_without_restart(docker_client, en
         logs = serve.logs().decode()
         assert f"started the rollout config /rollout/models.config from MODEL_NAME '{MODEL}'" in logs, logs
         assert f"serving the models named in /rollout/models.config: {MODEL}" in logs, logs
-        time.sleep(6)
-        serve.reload()
+        wait_until(lambda: failed_health_checks(serve) >= 1, "a health check while it waits", 60)
         assert serve.status == "running" and serve.attrs["RestartCount"] == 0
         assert health(docker_client, "serve-cpu") != "healthy"
         live = serve.exec_run(["/usr/local/bin/healthcheck.sh", "live"])
@@ -244,8 +251,7 @@ def test_a_mounted_models_config_rules_and_health_follows_every_model(docker_cli
     )  # fmt: skip
     try:
         wait_until(lambda: "digits affine (MODEL_NAME is not used)" in serve.logs().decode(), "the config's models", 60)
-        time.sleep(8)
-        serve.reload()
+        wait_until(lambda: failed_health_checks(serve) >= 1, "a health check while affine has no version", 60)
         assert serve.status == "running" and serve.attrs["State"]["Health"]["Status"] != "healthy"
         assert serve.exec_run(["/usr/local/bin/healthcheck.sh", "ready"]).exit_code == 1
         assert serve.exec_run(["/usr/local/bin/healthcheck.sh", "live"]).exit_code == 0

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import numpy as np
 import pytest
 
-from conftest import assert_one_line_error, install_version, predict_count, run_cli, serve_counted
+from conftest import MONITORING, assert_one_line_error, install_version, predict_count, run_cli, serve_counted
 from trainserve.cli import main
 from trainserve.data import SyntheticSpec, load_dataset
+from trainserve.evaluation import client
 from trainserve.evaluation.config import EvalConfig
 from trainserve.evaluation.data import open_eval_data
 from trainserve.evaluation.report import validate_report
@@ -100,30 +100,43 @@ def test_float_val_and_tensor_content_decode_to_the_same_numbers(model_versions)
 
 
 @pytest.mark.integration
-def test_server_killed_and_restarted_mid_run_loses_nothing(serve_local, model_versions, tmp_path):
+def test_server_killed_and_restarted_mid_run_loses_nothing(serve_local, model_versions, tmp_path, monkeypatch):
     install_version(model_versions[0], tmp_path / "m", 1)
-    flags = ("--model_name=m", f"--model_base_path={tmp_path / 'm'}")
+    (tmp_path / "monitoring.config").write_text(MONITORING)
+    flags = ("--model_name=m", f"--model_base_path={tmp_path / 'm'}",
+             f"--monitoring_config_file={tmp_path / 'monitoring.config'}")  # fmt: skip
     server = serve_local(*flags)
     server.wait_available("m", 1)
     baseline = evaluate(EvalConfig(server=server.target, model="m", **LONG_RUN, limit=16000)).report
-    result, errors = {}, []
+    result, errors, retried = {}, [], threading.Event()
+    backoff_delay = client.backoff_delay
+
+    def noted_backoff(attempt, *args):  # called before each retry: the outage has been seen
+        retried.set()
+        return backoff_delay(attempt, *args)
+
+    monkeypatch.setattr(client, "backoff_delay", noted_backoff)
 
     def run():
+        # Retries enough to outlast any restart (each waits out its 10 s deadline, then backs off up to 8 s): how
+        # long a busy machine takes to start a server must not decide the test; the join below bounds a broken run.
+        config = EvalConfig(server=server.target, model="m", **LONG_RUN, limit=16000, retries=40)
         try:
-            result["report"] = evaluate(EvalConfig(server=server.target, model="m", **LONG_RUN, limit=16000)).report
+            result["report"] = evaluate(config).report
         except Exception as exc:  # the assertion below shows it
             errors.append(exc)
 
-    # A slower copy of the same run: small batches, one at a time, long enough to be killed in the middle.
     worker = threading.Thread(target=run)
+    before = predict_count(server)
     worker.start()
-    time.sleep(0.6)
-    assert worker.is_alive(), "still evaluating when the server dies"
+    # Killed in the middle: after the run's first 10 answers, with 990 of its 1000 requests still to send.
+    server.wait_for(lambda: predict_count(server) >= before + 10, "the run to get its first answers")
     server.proc.kill()
     server.proc.wait()
-    serve_local(*flags, f"--port={server.port}")  # same gRPC port, new process
-    worker.join(timeout=120)
-    assert not errors, errors
+    assert retried.wait(60), "the run retried a request the dead server did not answer"
+    serve_local(*flags, f"--port={server.port}").wait_available("m", 1, timeout=600)  # same gRPC port
+    worker.join(timeout=600)
+    assert not worker.is_alive() and not errors, errors
     report = result["report"]
     assert report["data"]["examples"] == 16000 == baseline["data"]["examples"]
     assert report["metrics"]["confusion_matrix"] == baseline["metrics"]["confusion_matrix"]
@@ -132,7 +145,7 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(serve_local, model_ve
 
 
 @pytest.mark.unit
-def test_version_published_mid_run_does_not_mix_versions(serve_in_process, model_versions, tmp_path):
+def test_version_published_mid_run_does_not_mix_versions(serve_in_process, model_versions, tmp_path, monkeypatch):
     install_version(model_versions[0], tmp_path / "m", 1)
     config = tmp_path / "models.config"
     config.write_text(
@@ -141,14 +154,28 @@ def test_version_published_mid_run_does_not_mix_versions(serve_in_process, model
     )
     server = serve_in_process(f"--model_config_file={config}")
     server.wait_available("m", 1)
+    # Version 1 answers the run's first request (which pins it), then holds the rest until version 2 is served.
+    held, release, v1_runs, run = threading.Event(), threading.Event(), [], LoadedModel.run
+
+    def held_after_the_first(model, *args, **kwargs):
+        if model.path.name == "1":
+            v1_runs.append(1)
+            if len(v1_runs) > 1:
+                held.set()
+                assert release.wait(60), "the test never released version 1"
+        return run(model, *args, **kwargs)
+
+    monkeypatch.setattr(LoadedModel, "run", held_after_the_first)
     result = {}
     worker = threading.Thread(
         target=lambda: result.update(report=evaluate(EvalConfig(server=server.target, model="m", **LONG_RUN)).report)
     )
     worker.start()
+    assert held.wait(60), "the run got its first answer and sent the next requests"
     install_version(model_versions[1], tmp_path / "m", 2)
     server.wait_available("m", 2)
     assert worker.is_alive(), "version 2 arrived while the evaluation was running"
+    release.set()
     worker.join(timeout=180)
     report = result["report"]
     assert report["version"] == 1 and report["performance"]["failed_requests"] == 0

@@ -268,7 +268,6 @@ def test_serving_image_starts_the_rollout_config_or_waits_for_it(serving_image_b
     """images/serve-cpu/entrypoint.sh with ROLLOUT_CONFIG_FILE: started from MODEL_NAME where writable (compose),
     never replaced once there, waited for where read-only (Kubernetes); labels allowed at restart."""
     import subprocess
-    import time
 
     box, entrypoint, server_flags = serving_image_box, serve_cpu_scripts.entrypoint, serve_cpu_scripts.server_flags
     config = tmp_path / "rollout" / "models.config"
@@ -289,11 +288,10 @@ def test_serving_image_starts_the_rollout_config_or_waits_for_it(serving_image_b
         [serve_cpu_scripts.SERVE_CPU / "entrypoint.sh"], env={**box, "ROLLOUT_CONFIG_FILE":
         str(not_writable / "models.config"), "ROLLOUT_WAIT_SECONDS": "0.2"}, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(1.5)
-    assert waiting.poll() is None, "waits for the promote Job's config"
+    # The script says it waits just before its wait loop; it can leave the loop only once the config exists.
+    said = next((line for line in iter(waiting.stderr.readline, "") if "waiting for" in line), None)  # None: it ended
+    assert said is not None and waiting.poll() is None, "waits for the promote Job's config"
     not_writable.mkdir()
     (not_writable / "models.config").write_text(config.read_text())
     assert waiting.wait(timeout=30) == 0
-    assert "waiting for" in waiting.stderr.read() and server_flags(box)["model_config_file"].startswith(
-        str(not_writable)
-    )
+    assert server_flags(box)["model_config_file"].startswith(str(not_writable))

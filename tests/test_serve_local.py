@@ -4,12 +4,10 @@ errors for bad flags). Request and response behaviour is tested in process (test
 from __future__ import annotations
 
 import signal
-import time
 
-import numpy as np
 import pytest
 
-from conftest import run_cli, save_foreign_model
+from conftest import Gate, run_cli, save_gated_model
 from serving_fixtures import predict_request, stubs
 from trainserve.tensors import from_tensor_proto
 
@@ -17,19 +15,21 @@ pytestmark = pytest.mark.integration
 
 
 def test_sigterm_during_a_long_request_finishes_it_and_exits_zero(serve_local, tmp_path):
-    save_foreign_model(tmp_path / "f" / "1")
-    server = serve_local("--model_name=f", f"--model_base_path={tmp_path / 'f'}")
-    server.wait_available("f", 1)
+    save_gated_model(tmp_path / "g" / "1")
+    server = serve_local("--model_name=g", f"--model_base_path={tmp_path / 'g'}")
+    server.wait_available("g", 1)
     predict, _ = stubs(server)
-    request = predict_request("f", signature="slow", steps=np.array(1500, np.int32))
-    future = predict.Predict.future(request, timeout=120)
-    time.sleep(0.5)
-    assert not future.done(), "the request is still running when SIGTERM arrives"
+    gate = Gate(tmp_path)
+    future = predict.Predict.future(predict_request("g", **gate.inputs), timeout=120)
+    gate.wait_arrived()
     server.proc.send_signal(signal.SIGTERM)
+    server.wait_for(lambda: "finishing 1 in-flight request(s)" in server.log(), "the drain to begin")
+    assert not future.done(), "the request waits for the test, SIGTERM or not"
+    gate.open()
     response = future.result()
-    assert np.isfinite(from_tensor_proto(response.outputs["checksum"]))
+    assert from_tensor_proto(response.outputs["arrived"]) == str(gate.arrived).encode()
     assert server.proc.wait(timeout=60) == 0
-    assert "finishing 1 in-flight request(s)" in server.log() and "stopped cleanly" in server.log()
+    assert "stopped cleanly" in server.log()
 
 
 @pytest.mark.parametrize(

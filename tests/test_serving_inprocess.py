@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 import urllib.error
 
 import grpc
@@ -51,28 +50,31 @@ def test_new_version_swaps_in_without_failures_and_broken_one_keeps_old(serve_in
     server = serve_in_process("--model_name=m", f"--model_base_path={base}")
     server.wait_available("m", 1)
     predict, status = stubs(server)
-    seen, failures, stop = [], [], threading.Event()
+    # Each thread records the versions it was answered by, in its own order (sequential calls): one shared list
+    # would interleave a late v1 answer of one thread after a v2 answer of the other.
+    seen, failures, stop = ([], []), [], threading.Event()
 
-    def hammer():
+    def hammer(answers: list[int]):
         while not stop.is_set():
             try:
-                seen.append(predict.Predict(predict_request(), timeout=30).model_spec.version.value)
+                answers.append(predict.Predict(predict_request(), timeout=30).model_spec.version.value)
             except grpc.RpcError as exc:
                 failures.append(exc)
 
-    threads = [threading.Thread(target=hammer) for _ in range(2)]
+    threads = [threading.Thread(target=hammer, args=(answers,)) for answers in seen]
     for thread in threads:
         thread.start()
-    time.sleep(1)
+    server.wait_for(lambda: all(len(a) >= 5 for a in seen), "answers from version 1")
     publish_or_discard(staging_dir(base), lambda p: shutil.copytree(model_versions[1], p, dirs_exist_ok=True), {}, None)
-    server.wait_for(lambda: seen and seen[-1] == 2, "responses from version 2")
-    time.sleep(1)
+    after_v2 = lambda a: a[a.index(2) :] if 2 in a else []  # noqa: E731
+    server.wait_for(lambda: all(len(after_v2(a)) >= 20 for a in seen), "20 answers per thread from version 2 on")
     stop.set()
     for thread in threads:
         thread.join()
     assert not failures, failures[:3]
-    assert seen[0] == 1 and seen[-1] == 2 and sorted(set(seen)) == [1, 2]
-    assert seen.index(2) > 0 and 1 not in seen[seen.index(2) + 20 :], "once on v2, stays on v2"
+    for answers in seen:
+        assert answers[0] == 1 and set(answers) == {1, 2}
+        assert 1 not in after_v2(answers), "once on v2, stays on v2"
     server.wait_for(lambda: server.versions("m").get(1) == "END", "version 1 unloaded")
 
     broken = install_version(model_versions[2], base, 3)
