@@ -11,8 +11,8 @@ import pytest
 
 from conftest import MONITORING, assert_one_line_error, install_version, predict_count, run_cli, serve_counted
 from trainserve.cli import main
+from trainserve.client import predict as client_predict
 from trainserve.data import SyntheticSpec, load_dataset
-from trainserve.evaluation import client
 from trainserve.evaluation.config import EvalConfig
 from trainserve.evaluation.data import open_eval_data
 from trainserve.evaluation.report import validate_report
@@ -109,13 +109,13 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(serve_local, model_ve
     server.wait_available("m", 1)
     baseline = evaluate(EvalConfig(server=server.target, model="m", **LONG_RUN, limit=16000)).report
     result, errors, retried = {}, [], threading.Event()
-    backoff_delay = client.backoff_delay
+    backoff_delay = client_predict.backoff_delay
 
     def noted_backoff(attempt, *args):  # called before each retry: the outage has been seen
         retried.set()
         return backoff_delay(attempt, *args)
 
-    monkeypatch.setattr(client, "backoff_delay", noted_backoff)
+    monkeypatch.setattr(client_predict, "backoff_delay", noted_backoff)
 
     def run():
         # Retries enough to outlast any restart (each waits out its 10 s deadline, then backs off up to 8 s): how
