@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from trainserve.data import SyntheticSpec
 from trainserve.errors import TrainserveError
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.options import key_values, option, positive_int
+from trainserve.sources.synthetic import SyntheticSpec
 from trainserve.task import Task
 
 TaskChoice = Literal["auto", "classification", "regression"]

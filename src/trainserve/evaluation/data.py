@@ -19,10 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from trainserve.data import IMAGES, SyntheticSpec, load_dataset, single_input_name, synthetic_examples
-from trainserve.data_files import label_column_values, read_csv_text
+from trainserve.data import IMAGES, single_input_name
 from trainserve.errors import TrainserveError
 from trainserve.layout import SPLIT_INPUTS, SPLIT_LABEL_NAMES, SPLIT_LABELS, split_task
+from trainserve.sources import load_dataset
+from trainserve.sources.csv_table import label_column_values, read_csv_text
+from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples
 from trainserve.task import Task
 
 Batch = tuple[dict[str, np.ndarray], np.ndarray]

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from trainserve.data import SyntheticSpec
 from trainserve.errors import TrainserveError
 from trainserve.options import choices_of, option, positive_int
+from trainserve.sources.synthetic import SyntheticSpec
 
 if TYPE_CHECKING:
     from trainserve.training.publish import Retention

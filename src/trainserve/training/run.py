@@ -19,10 +19,11 @@ from typing import Any
 import keras
 import numpy as np
 
-from trainserve.data import Dataset, load_dataset, write_test_split
+from trainserve.data import Dataset, write_test_split
 from trainserve.errors import TrainserveError
 from trainserve.layout import DEFAULT_SIGNATURE, UNKNOWN_CATEGORIES, write_warmup_requests
 from trainserve.plots import plot_training_curves
+from trainserve.sources import load_dataset
 from trainserve.training.callbacks import FitCallbacks, backup_dir_for, make_callbacks
 from trainserve.training.config import TrainConfig
 from trainserve.training.devices import DevicePlan, make_strategy
