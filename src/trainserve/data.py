@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,22 @@ SINGLE = "x"  # the input name of any other single array (`x_train` in an .npz)
 INPUT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 
 
+@dataclass(frozen=True)
+class ImageFormat:
+    """What a model sees of an image file: `height` x `width` pixels, `channels` (1 gray, 3 RGB), uint8."""
+
+    height: int
+    width: int
+    channels: int = 3
+
+    def to_json(self) -> dict:
+        return {"height": self.height, "width": self.width, "channels": self.channels}
+
+    @classmethod
+    def from_json(cls, raw: dict) -> ImageFormat:
+        return cls(int(raw["height"]), int(raw["width"]), int(raw.get("channels", 3)))
+
+
 @dataclass
 class Dataset:
     """Named inputs and labels, split into train and test; `single` when the file held one `x_train`."""
@@ -40,6 +56,9 @@ class Dataset:
     task: Task
     single: bool = True
     tabular: bool = False  # CSV columns: float32 with NaN for missing, str categories; preprocessed in the model
+    image: ImageFormat | None = None  # image files: the one input holds their paths, decoded in the model
+    content_digest: str | None = None  # image files: sha256 over their bytes (the paths say nothing of them)
+    skipped: dict = field(default_factory=dict)  # image files: what the scan left out, for the run summary
 
     @property
     def x_train(self) -> np.ndarray:
@@ -71,6 +90,8 @@ class Dataset:
 
     def fingerprint(self) -> str:
         """sha256 over every array: names exactly which data a model was trained and tested on."""
+        if self.content_digest is not None:
+            return self.content_digest
         digest = hashlib.sha256()
         arrays = [*self.train.values(), self.y_train, *self.test.values(), self.y_test]
         if not self.single:
@@ -107,6 +128,7 @@ def build_dataset(
     label_names: list[str] | None = None,
     source: str = "",
     tabular: bool = False,
+    image: ImageFormat | None = None,
 ) -> Dataset:
     """Check every array against the others; decide the task from the labels. One array (not a dict) is a
     single input: `images` when uint8 [N, H, W] (gains a channel axis) or [N, H, W, C], else `x`. Arrays are
@@ -120,11 +142,12 @@ def build_dataset(
             f"{where}: x_train has inputs {sorted(train)} but x_test has {sorted(test)}: expected the same inputs"
         )
     for input_name in train:
-        _check_input(where, input_name, train[input_name], test[input_name], (y_train, y_test), single, tabular)
+        text = tabular or image is not None  # a CSV's categories, image files' paths
+        _check_input(where, input_name, train[input_name], test[input_name], (y_train, y_test), single, text)
     if not len(y_test):
         raise TrainserveError(f"{where}: x_test is empty: expected at least one held-out example")
     y_train, y_test, task = labels_and_task(y_train, y_test, label_names, where)
-    return Dataset(name, train, y_train, test, y_test, task, single, tabular)
+    return Dataset(name, train, y_train, test, y_test, task, single, tabular, image)
 
 
 def _check_input(
@@ -136,7 +159,7 @@ def _check_input(
     for x, key in ((a, keys["train"]), (b, keys["test"])):
         if not (tabular and x.dtype.kind == "U"):
             _numeric(x, f"{where}: {key}", finite=not tabular)
-    if a.dtype != b.dtype:
+    if a.dtype != b.dtype and not a.dtype.kind == b.dtype.kind == "U":  # text: numpy's width may differ
         raise TrainserveError(f"{where}: {keys['test']} has dtype {b.dtype}: expected {a.dtype}, as {keys['train']}")
     if a.shape[1:] != b.shape[1:]:
         what = "image" if name == IMAGES else "example"

@@ -12,7 +12,7 @@ from trainserve.errors import TrainserveError
 from trainserve.sources.synthetic import SyntheticSpec
 
 if TYPE_CHECKING:
-    from trainserve.data import Dataset
+    from trainserve.data import Dataset, ImageFormat
 
 
 def load_dataset(
@@ -22,10 +22,18 @@ def load_dataset(
     label_column: str | None = None,
     test_fraction: float = 0.2,
     categorical: tuple[str, ...] = (),
+    image: ImageFormat | None = None,
+    skip_bad_images: bool = False,
 ) -> Dataset:
-    """Load `digits`, `synthetic`, a keras data set name, an `.npz` or a `.csv` file, validated."""
+    """Load `digits`, `synthetic`, a keras data set name, an `.npz` or a `.csv` file, or a folder of images
+    (`image`: the size its images are resized to), validated."""
     from trainserve.sources import builtin
 
+    if os.path.isdir(source):
+        from trainserve.data import ImageFormat
+        from trainserve.sources.image_folder import load_image_folder
+
+        return load_image_folder(Path(source), image or ImageFormat(64, 64), test_fraction, seed, skip_bad_images)
     if source == "digits":
         return builtin.digits(seed)
     if source == "synthetic":
@@ -44,5 +52,5 @@ def load_dataset(
         return load_npz(Path(source))
     raise TrainserveError(
         f"unknown data source {source!r}: expected digits, synthetic, {', '.join(builtin.KERAS_DATASETS)}, "
-        "a FILE.npz or a FILE.csv"
+        "a FILE.npz, a FILE.csv or a DIR/ of images (one sub-folder per class)"
     )
