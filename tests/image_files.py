@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-CLASSES = ("горизонталь", "vertical_é", "正方形")  # sorted: the order trainserve and Keras give them
+CLASSES = ("rayures_é", "вертикаль", "正方形")  # sorted: the order trainserve and Keras give them
 FORMATS = ("jpeg-rgb", "jpeg-cmyk", "png-rgb", "png-rgba", "png-gray", "png-16bit", "png-palette", "bmp", "gif")
 SIZES = ((40, 40), (48, 32), (30, 44), (64, 64))
 
