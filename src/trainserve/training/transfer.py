@@ -132,9 +132,9 @@ def fit_frozen_then_fine_tuned(model, fit, epochs: int, frozen_epochs: int, fine
         fit(epochs=epochs, initial_epoch=0)
         return
     layer = model.get_layer(BACKBONE)
-    loss, metrics = model.loss, ["accuracy"]
+    loss, metrics, learning_rate = model.loss, ["accuracy"], float(model.optimizer.learning_rate.numpy())
     layer.trainable = False
-    model.compile(optimizer=keras.optimizers.Adam(model.optimizer.learning_rate.numpy()), loss=loss, metrics=metrics)
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss=loss, metrics=metrics)
     log.info("backbone frozen for %d epoch(s)", min(frozen_epochs, epochs))
     fit(epochs=min(frozen_epochs, epochs), initial_epoch=0)
     if epochs <= frozen_epochs:
