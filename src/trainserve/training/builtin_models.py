@@ -44,6 +44,11 @@ def default_architecture(spec: DataSpec) -> str:
     return "cnn" if image and spec.task.kind == "classification" else "mlp"
 
 
+def auto(spec: DataSpec) -> keras.Model:
+    """`--architecture auto`: the model `default_architecture` picks for the data."""
+    return cnn(spec) if default_architecture(spec) == "cnn" else mlp(spec)
+
+
 def mlp(spec: DataSpec) -> keras.Model:
     if spec.preprocessing is not None:
         return _tabular_mlp(spec)

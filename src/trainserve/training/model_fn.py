@@ -35,7 +35,7 @@ from trainserve.training.preprocessing import FEATURES, Preprocessing, plan_prep
 BUILTIN = {
     name: f"trainserve.training.{module}:{name}"
     for module, names in (
-        ("builtin_models", ("cnn", "mlp")),
+        ("builtin_models", ("auto", "cnn", "mlp")),
         ("transfer", ("mobilenet_v3_small", "efficientnet_b0", "resnet50")),
     )
     for name in names

@@ -17,7 +17,6 @@ from trainserve.training.model_fn import dtype_name
 if TYPE_CHECKING:
     from trainserve.training.callbacks import FitCallbacks
     from trainserve.training.publish import PublishedVersion
-    from trainserve.training.run import Devices, TrainingOutcome
 
 
 def version_metadata(
@@ -63,9 +62,9 @@ def write_run_summary(
     config: TrainConfig,
     started: float,
     data_info: dict,
-    devices: Devices,
+    devices,  # run.Devices
     callbacks: FitCallbacks,
-    outcome: TrainingOutcome,
+    outcome,  # run.TrainingOutcome
     published: PublishedVersion | None,
 ) -> Path:
     """Write this worker's run_summary.json; returns its path."""
