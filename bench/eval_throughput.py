@@ -38,8 +38,8 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 from loopback import free_port, process_cpu_s  # noqa: E402
 
-from trainserve.data import SyntheticSpec, synthetic_examples  # noqa: E402
 from trainserve.protos import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
+from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples  # noqa: E402
 from trainserve.tensors import to_tensor_proto  # noqa: E402
 
 SPEC = SyntheticSpec((28, 28, 1), 10)

@@ -20,7 +20,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from trainserve.data import SyntheticSpec, load_dataset  # noqa: E402
+from trainserve.sources import SyntheticSpec, load_dataset  # noqa: E402
 from trainserve.training.callbacks import ThroughputCallback  # noqa: E402
 from trainserve.training.model import build_model  # noqa: E402
 from trainserve.training.pipeline import make_input_pipeline  # noqa: E402

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make examples`: the four examples/ models (tabular regression, two-input binary classification, an
-# LSTM over digit rows, a CSV with text categories, empty cells and named classes), each train -> CPU gate
+# `make examples`: the five examples/ models (tabular regression, two-input binary classification, an
+# LSTM over digit rows, a CSV with text categories, empty cells and named classes, a folder of image files
+# per class with the default model), each train -> CPU gate
 # -> publish -> served together by one serve-local -> `trainserve eval` on its held-out data with the task's
 # gate (the CSV example on its raw test.csv, labels by name). No Docker, no GPU.
 set -euo pipefail
@@ -15,18 +16,21 @@ EXAMPLES=(
   "breast_cancer_two_inputs:20:accuracy>=0.9,roc_auc>=0.95"
   "digits_rows_lstm:15:accuracy>=0.5"
   "iris_categories:60:accuracy>=0.85"
+  "image_shapes:8:accuracy>=0.9"
 )
 
 # What each example trains and is evaluated on: its .npz and the shared split, or (CSV) its own files.
 train_data() {
   case $1 in
-    iris_categories) echo --data "$DIR/$1/train.csv" --label-column species --batch-size 16 ;;
-    *) echo --data "$DIR/$1.npz" ;;
+    iris_categories) echo --data "$DIR/$1/train.csv" --label-column species --batch-size 16 --model-fn "examples/$1.py:build_model" ;;
+    image_shapes) echo --data "$DIR/$1/" --image-size 32,32 --batch-size 16 ;;
+    *) echo --data "$DIR/$1.npz" --model-fn "examples/$1.py:build_model" ;;
   esac
 }
 eval_data() {
   case $1 in
     iris_categories) echo --data "$DIR/$1/test.csv" --label-column species ;;
+    image_shapes) echo --data "$DIR/data/$1/test/" ;;
     *) echo --data "$DIR/data/$1/test.npz" ;;
   esac
 }
@@ -38,11 +42,11 @@ echo "model_config_list {" >"$config"
 for example in "${EXAMPLES[@]}"; do
   IFS=: read -r name epochs _ <<<"$example"
   case $name in
-    iris_categories) "$BIN/python" "examples/$name.py" "$DIR/$name" ;;
+    iris_categories | image_shapes) "$BIN/python" "examples/$name.py" "$DIR/$name" ;;
     *) "$BIN/python" "examples/$name.py" "$DIR/$name.npz" ;;
   esac
   # shellcheck disable=SC2046  # word splitting of the flags is intended (no spaces in $DIR)
-  "$BIN/trainserve" train $(train_data "$name") --model-fn "examples/$name.py:build_model" --model-name "$name" \
+  "$BIN/trainserve" train $(train_data "$name") --model-name "$name" \
     --epochs "$epochs" --learning-rate 0.01 --export-base "$DIR/models" --data-dir "$DIR/data" --logs-dir "$DIR/logs/$name"
   echo "  config { name: \"$name\" base_path: \"$models/$name\" model_platform: \"tensorflow\" }" >>"$config"
 done

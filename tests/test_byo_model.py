@@ -183,7 +183,11 @@ def wrong_width(spec):
         pytest.param(["--data", "labels.npz"], "expected 1-D integer labels (classification) or float", id="labels"),
         pytest.param(["--data", "t.csv"], "needs --label-column NAME", id="csv-no-label-flag"),
         pytest.param(["--data", "t.csv", "--label-column", "y"], "has no column 'y'", id="csv-no-label-column"),
-        pytest.param(["--data", "t.csv", "--label-column", "b"], "built-in cnn classifies images", id="csv-cnn"),
+        pytest.param(
+            ["--data", "t.csv", "--label-column", "b", "--architecture", "cnn"],
+            "built-in cnn classifies images",
+            id="csv-cnn",
+        ),
     ],
 )
 def test_bad_model_or_data_is_one_line(args, fragment, tmp_path, capsys, monkeypatch):

@@ -109,7 +109,7 @@ def test_unknown_flag_is_rejected(capsys):
 def test_a_variable_meant_for_one_command_does_not_break_another(monkeypatch):
     monkeypatch.setenv("TRAINSERVE_MODEL", "digits")  # eval's --model is a name; train's is cnn|mlp
     assert build_parser().parse_args(["eval"]).model == "digits"
-    assert build_parser().parse_args(["train"]).architecture == "cnn"
+    assert build_parser().parse_args(["train"]).architecture == "auto"
 
 
 @pytest.mark.unit

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainserve.data import SyntheticSpec, load_dataset, write_test_split
+from trainserve.data import write_test_split
 from trainserve.errors import TrainserveError
+from trainserve.sources import SyntheticSpec, load_dataset
 from trainserve.training.pipeline import make_input_pipeline
 
 pytestmark = pytest.mark.unit

@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import free_port
-from trainserve.data import Dataset, load_dataset, write_test_split
+from trainserve.data import Dataset, write_test_split
 from trainserve.errors import TrainserveError
+from trainserve.sources import load_dataset
 
 pytestmark = pytest.mark.unit
 

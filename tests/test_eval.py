@@ -12,12 +12,12 @@ import pytest
 from conftest import MONITORING, assert_one_line_error, install_version, predict_count, run_cli, serve_counted
 from trainserve.cli import main
 from trainserve.client import predict as client_predict
-from trainserve.data import SyntheticSpec, load_dataset
 from trainserve.evaluation.config import EvalConfig
 from trainserve.evaluation.data import open_eval_data
 from trainserve.evaluation.report import validate_report
 from trainserve.evaluation.run import evaluate
 from trainserve.savedmodel import LoadedModel
+from trainserve.sources import SyntheticSpec, load_dataset
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
 
 LONG_RUN = {"data": "synthetic", "synthetic": SyntheticSpec((8, 8, 1), 10, 40000), "batch_size": 16, "concurrency": 2}

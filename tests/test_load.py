@@ -91,8 +91,8 @@ def _request(model: str, signature: str = "serving_default", **inputs) -> predic
 
 @pytest.mark.integration
 def test_closed_loop_counts_like_a_plain_timed_loop(served_m, model_versions):
-    from trainserve.data import load_dataset
     from trainserve.savedmodel import LoadedModel
+    from trainserve.sources import load_dataset
 
     digits = load_dataset("digits")
     images, labels = digits.x_test[:8], digits.y_test[:8]

@@ -104,7 +104,7 @@ def test_the_default_model_learns_the_bundled_digits_in_five_epochs(seed):
     """`trainserve train`'s defaults (CNN, learning rate, batch, validation split) on the digits it ships:
     above 0.9 held-out accuracy after 5 epochs, in seconds on a CPU, whatever the seed (measured: 0.95,
     0.95, 0.93, 0.94; Keras' default learning rate, 1e-3, gave 0.91, 0.91, 0.85, 0.86)."""
-    from trainserve.data import load_dataset
+    from trainserve.sources import load_dataset
     from trainserve.training.config import TrainConfig
     from trainserve.training.model import build_for_training
     from trainserve.training.model_fn import data_spec, input_structure

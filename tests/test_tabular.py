@@ -154,7 +154,7 @@ def test_the_export_child_a_gpu_machine_uses_carries_the_preprocessing_and_the_s
     statistics) and the golden batch's text go through files, and the gate still passes."""
     import keras
 
-    from trainserve.data import load_dataset
+    from trainserve.sources import load_dataset
     from trainserve.training.export import ExportJob, export_and_gate, serving_outputs
     from trainserve.training.gate import GoldenBatch
     from trainserve.training.model import build_network

@@ -1,9 +1,9 @@
-"""Data sets: load, validate, fingerprint and share the held-out split (training and evaluation both).
+"""Data sets: the Dataset type, its checks and fingerprint, and the held-out split training shares.
 
 A data set is named inputs (each any numeric dtype, shape and memory order) and labels: integer labels make
-a classification task (K classes), float labels a regression one (T targets). The built-in image sources
-(`digits`, `synthetic`, keras sets) give one uint8 input `images` [N, H, W, C]; files are read into arrays by
-`trainserve.data_files` (`.npz`, `.csv`) and built into a Dataset here. A CSV makes a `tabular` data set:
+a classification task (K classes), float labels a regression one (T targets). Where data comes from is
+`trainserve.sources`: one module per kind (built-in sets, `.npz`, `.csv`, folders of images), each building
+its Dataset with `build_dataset` here, so every source is checked alike. A CSV makes a `tabular` data set:
 float32 (NaN: missing) and str columns, preprocessed in the model (training/preprocessing.py).
 """
 
@@ -11,33 +11,37 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from trainserve import data_files
 from trainserve.errors import TrainserveError
 from trainserve.files import write_file_atomic
 from trainserve.layout import split_arrays
-from trainserve.options import image_shape, option, positive_int
+from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples  # noqa: F401  (re-exported)
 from trainserve.task import Task
 
-KERAS_DATASETS = ("mnist", "fashion_mnist", "cifar10")
 IMAGES = "images"  # the input name of image data (the built-in sources, and a single uint8 [N, H, W(, C)] array)
 SINGLE = "x"  # the input name of any other single array (`x_train` in an .npz)
-CIFAR10_LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-FASHION_LABELS = ["t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot"]
+INPUT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 
 
 @dataclass(frozen=True)
-class SyntheticSpec:
-    """Shape of `--data synthetic`: learnable class templates plus noise, for load and speed runs."""
+class ImageFormat:
+    """What a model sees of an image file: `height` x `width` pixels, `channels` (1 gray, 3 RGB), uint8."""
 
-    shape: tuple[int, int, int] = option((28, 28, 1), "H,W,C of --data synthetic", parse=image_shape)
-    classes: int = option(10, "classes of --data synthetic", parse=positive_int)
-    size: int = option(10000, "examples of --data synthetic", parse=positive_int)
+    height: int
+    width: int
+    channels: int = 3
+
+    def to_json(self) -> dict:
+        return {"height": self.height, "width": self.width, "channels": self.channels}
+
+    @classmethod
+    def from_json(cls, raw: dict) -> ImageFormat:
+        return cls(int(raw["height"]), int(raw["width"]), int(raw.get("channels", 3)))
 
 
 @dataclass
@@ -52,6 +56,9 @@ class Dataset:
     task: Task
     single: bool = True
     tabular: bool = False  # CSV columns: float32 with NaN for missing, str categories; preprocessed in the model
+    image: ImageFormat | None = None  # image files: the one input holds their paths, decoded in the model
+    content_digest: str | None = None  # image files: sha256 over their bytes (the paths say nothing of them)
+    skipped: dict = field(default_factory=dict)  # image files: what the scan left out, for the run summary
 
     @property
     def x_train(self) -> np.ndarray:
@@ -83,6 +90,8 @@ class Dataset:
 
     def fingerprint(self) -> str:
         """sha256 over every array: names exactly which data a model was trained and tested on."""
+        if self.content_digest is not None:
+            return self.content_digest
         digest = hashlib.sha256()
         arrays = [*self.train.values(), self.y_train, *self.test.values(), self.y_test]
         if not self.single:
@@ -110,48 +119,6 @@ class Dataset:
         return pick(kept), self.y_train[kept], pick(held), self.y_train[held]
 
 
-def load_dataset(
-    source: str,
-    synthetic: SyntheticSpec | None = None,
-    seed: int = 0,
-    label_column: str | None = None,
-    test_fraction: float = 0.2,
-    categorical: tuple[str, ...] = (),
-) -> Dataset:
-    """Load `digits`, `synthetic`, a keras data set name, an `.npz` or a `.csv` file, validated."""
-    if source == "digits":
-        return _digits(seed)
-    if source == "synthetic":
-        return _synthetic(synthetic or SyntheticSpec(), seed)
-    if source in KERAS_DATASETS:
-        return _keras_dataset(source)
-    if source.endswith(".csv"):
-        return load_csv(Path(source), label_column, test_fraction, seed, categorical)
-    if categorical:
-        raise TrainserveError(f"--categorical applies to a --data FILE.csv: expected none with --data {source}")
-    if source.endswith(".npz") or os.path.sep in source:
-        path = Path(source)
-        arrays = data_files.read_npz(path)
-        return build_dataset(
-            path.stem, arrays.x_train, arrays.y_train, arrays.x_test, arrays.y_test, arrays.label_names, str(path)
-        )
-    raise TrainserveError(
-        f"unknown data source {source!r}: expected digits, synthetic, {', '.join(KERAS_DATASETS)}, "
-        "a FILE.npz or a FILE.csv"
-    )
-
-
-def load_csv(path: Path, label_column: str | None, test_fraction: float, seed: int, categorical=()) -> Dataset:
-    """A CSV's columns as a tabular data set; a `test_fraction` of the rows, drawn with `seed`, held out."""
-    table = data_files.read_csv(path, label_column, tuple(categorical))
-    train, test = data_files.held_out_rows(len(table.labels), test_fraction, seed, path)
-    pick = lambda rows: {k: v[rows] for k, v in table.inputs.items()}  # noqa: E731
-    return build_dataset(
-        path.stem, pick(train), table.labels[train], pick(test), table.labels[test], table.label_names,
-        source=str(path), tabular=True,
-    )  # fmt: skip
-
-
 def build_dataset(
     name: str,
     x_train: np.ndarray | dict[str, np.ndarray],
@@ -161,6 +128,7 @@ def build_dataset(
     label_names: list[str] | None = None,
     source: str = "",
     tabular: bool = False,
+    image: ImageFormat | None = None,
 ) -> Dataset:
     """Check every array against the others; decide the task from the labels. One array (not a dict) is a
     single input: `images` when uint8 [N, H, W] (gains a channel axis) or [N, H, W, C], else `x`. Arrays are
@@ -174,11 +142,12 @@ def build_dataset(
             f"{where}: x_train has inputs {sorted(train)} but x_test has {sorted(test)}: expected the same inputs"
         )
     for input_name in train:
-        _check_input(where, input_name, train[input_name], test[input_name], (y_train, y_test), single, tabular)
+        text = tabular or image is not None  # a CSV's categories, image files' paths
+        _check_input(where, input_name, train[input_name], test[input_name], (y_train, y_test), single, text)
     if not len(y_test):
         raise TrainserveError(f"{where}: x_test is empty: expected at least one held-out example")
     y_train, y_test, task = labels_and_task(y_train, y_test, label_names, where)
-    return Dataset(name, train, y_train, test, y_test, task, single, tabular)
+    return Dataset(name, train, y_train, test, y_test, task, single, tabular, image)
 
 
 def _check_input(
@@ -190,7 +159,7 @@ def _check_input(
     for x, key in ((a, keys["train"]), (b, keys["test"])):
         if not (tabular and x.dtype.kind == "U"):
             _numeric(x, f"{where}: {key}", finite=not tabular)
-    if a.dtype != b.dtype:
+    if a.dtype != b.dtype and not a.dtype.kind == b.dtype.kind == "U":  # text: numpy's width may differ
         raise TrainserveError(f"{where}: {keys['test']} has dtype {b.dtype}: expected {a.dtype}, as {keys['train']}")
     if a.shape[1:] != b.shape[1:]:
         what = "image" if name == IMAGES else "example"
@@ -212,6 +181,14 @@ def _named(x, single: bool, first) -> dict[str, np.ndarray]:
     x, first = np.ascontiguousarray(x), np.asarray(first)
     name = single_input_name(first.dtype, first.ndim)
     return {name: x[..., np.newaxis] if name == IMAGES and x.ndim == 3 else x}
+
+
+def check_input_name(name: str, where: str) -> str:
+    if not INPUT_NAME.match(name):
+        raise TrainserveError(
+            f"{where}: input name {name!r} is not usable: expected a letter, then letters, digits, '_', '.' or '-'"
+        )
+    return name
 
 
 def single_input_name(dtype: np.dtype, ndim: int) -> str:
@@ -282,57 +259,6 @@ def as_labels(y: np.ndarray, what: str) -> np.ndarray:
     if y.min(initial=0) < 0:
         raise TrainserveError(f"{what} has negative labels: labels must be integers >= 0")
     return y.astype(np.int64)
-
-
-def _digits(seed: int) -> Dataset:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    # 8x8 images with values 0..16: scale to the uint8 range real image data uses.
-    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
-    labels = digits.target.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        images, labels, test_size=0.2, random_state=seed, stratify=labels
-    )
-    return build_dataset("digits", x_train, y_train, x_test, y_test, [str(i) for i in range(10)])
-
-
-def synthetic_examples(spec: SyntheticSpec, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """`count` images drawn around fixed per-class templates: learnable, deterministic per seed.
-
-    Integer noise keeps generation cheap enough for load runs (a client must not be slower than a server).
-    """
-    templates = np.random.default_rng(1234).integers(0, 256, (spec.classes, *spec.shape), dtype=np.int16)
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, spec.classes, count)
-    noise = rng.integers(-80, 81, (count, *spec.shape), dtype=np.int16)
-    images = np.clip(templates[labels] + noise, 0, 255).astype(np.uint8)
-    return images, labels.astype(np.int64)
-
-
-def _synthetic(spec: SyntheticSpec, seed: int) -> Dataset:
-    if spec.classes < 2 or spec.size < 2 or min(spec.shape) < 1:
-        raise TrainserveError(f"synthetic data {spec}: expected >= 2 classes, >= 2 examples, positive shape")
-    n_test = max(1, spec.size // 5)
-    x_train, y_train = synthetic_examples(spec, spec.size - n_test, seed)
-    x_test, y_test = synthetic_examples(spec, n_test, seed + 1)
-    return build_dataset("synthetic", x_train, y_train, x_test, y_test, [str(i) for i in range(spec.classes)])
-
-
-def _keras_dataset(name: str) -> Dataset:
-    import keras
-
-    loader = getattr(keras.datasets, name)
-    try:
-        (x_train, y_train), (x_test, y_test) = loader.load_data()
-    except Exception as exc:  # urllib, ssl and http errors all end here when offline
-        raise TrainserveError(
-            f"could not download keras data set {name!r} ({type(exc).__name__}): offline? "
-            "expected network access, or pass --data FILE.npz or --data digits"
-        ) from None
-    names = {"cifar10": CIFAR10_LABELS, "fashion_mnist": FASHION_LABELS}.get(name, [str(i) for i in range(10)])
-    return build_dataset(name, x_train, y_train, x_test, y_test, names)
 
 
 def write_npz_atomic(path: Path, **arrays: np.ndarray) -> Path:

@@ -100,6 +100,16 @@ def read_provenance(path: Path) -> dict | None:
         return None
 
 
+def split_record(split, shared: bool) -> dict:
+    """trainserve.json's `data.test_split` of a held-out split (`file`: None when it was not shared)."""
+    return {
+        "fingerprint": split.fingerprint,
+        "file": split.file() if shared else None,
+        "examples": split.examples,
+        "provenance": split.provenance,
+    }
+
+
 class HeldOutSplit:
     """One training's held-out split, in memory: its arrays, fingerprint and provenance."""
 
@@ -114,13 +124,7 @@ class HeldOutSplit:
         return f"{SPLITS}/{self.fingerprint}.npz"
 
     def record(self, shared: bool) -> dict:
-        """trainserve.json's `data.test_split` (`file`: None when it was not shared)."""
-        return {
-            "fingerprint": self.fingerprint,
-            "file": self.file() if shared else None,
-            "examples": self.examples,
-            "provenance": self.provenance,
-        }
+        return split_record(self, shared)
 
     def share(self, data_dir: Path, model: str) -> Path:
         """Write `splits/<fingerprint>.npz` unless it exists (same fingerprint, same rows), then the newest

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from trainserve.data import SyntheticSpec
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.gates import ChangeGate, parse_change_gates
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.options import key_values, option, parse_bool, positive_int
+from trainserve.sources.synthetic import SyntheticSpec
 from trainserve.task import Task
 from trainserve.tls import ClientTls
 

@@ -3,7 +3,8 @@
 An `.npz` (`x_test`, or `x_test/<input>` for several inputs; `y_test`) is read member by member straight
 from the zip (a 1M-example file is never loaded whole; a Fortran-ordered member, which cannot be read by
 rows, is loaded whole); a `.csv` (`--label-column`) is one input per column, kept as text [N]: the
-signature says what each column is (evaluation/plan.py converts); `digits` is the split `trainserve train`
+signature says what each column is (evaluation/plan.py converts); a `DIR/` of images per class is sent as
+the files' bytes (`image_bytes`), labelled by folder name; `digits` is the split `trainserve train`
 holds out, and `synthetic` is generated batch by batch. Labels stay as the file has them (numbers, or class
 names that `encode_labels` turns into the model's class ids): which task they fit is decided against the
 served signature (evaluation/plan.py).
@@ -19,10 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from trainserve.data import IMAGES, SyntheticSpec, load_dataset, single_input_name, synthetic_examples
-from trainserve.data_files import label_column_values, read_csv_text
+from trainserve.data import IMAGES, single_input_name
 from trainserve.errors import TrainserveError
 from trainserve.layout import SPLIT_INPUTS, SPLIT_LABEL_NAMES, SPLIT_LABELS, split_task
+from trainserve.sources import load_dataset
+from trainserve.sources.csv_table import label_column_values, read_csv_text
+from trainserve.sources.image_folder import IMAGE_BYTES, list_images, read_files
+from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples
 from trainserve.task import Task
 
 Batch = tuple[dict[str, np.ndarray], np.ndarray]
@@ -89,6 +93,31 @@ class NpzData(EvalData):
 
 
 @dataclass
+class ImageFolderData(EvalData):
+    """A folder of image files per class: each batch is the files' bytes (no decoding here: the served model
+    decodes), labelled with the folder's name (the model's class names turn them into ids)."""
+
+    paths: np.ndarray = field(default_factory=lambda: np.zeros(0, str))
+
+    def batches(self, batch_size):
+        for start in range(0, self.count, batch_size):
+            end = min(start + batch_size, self.count)
+            yield {IMAGE_BYTES: read_files(self.paths[start:end])}, self.labels[start:end]
+
+
+def _open_image_folder(root: Path, limit: int | None) -> ImageFolderData:
+    """Every image file under DIR/<class>/, in class and file order; labels are the class folders' names."""
+    files, names, other = list_images(root)
+    if not files:
+        raise TrainserveError(f"{root} holds no image files: expected DIR/<class>/<.jpg .jpeg .png .bmp .gif files>")
+    count = min(len(files), limit or len(files))
+    labels = np.array([names[label] for _, label in files], dtype=str)[:count]
+    paths = np.array([str(path) for path, _ in files], dtype=str)[:count]
+    column = Column(IMAGE_BYTES, (), np.dtype(object))
+    return ImageFolderData(root.name or str(root), {IMAGE_BYTES: column}, labels, count, paths=paths)
+
+
+@dataclass
 class SyntheticData(EvalData):
     spec: SyntheticSpec = field(default_factory=SyntheticSpec)
     seed: int = 1
@@ -108,7 +137,7 @@ def open_eval_data(
     seed: int = 0,
 ) -> EvalData:
     """`digits` (the split training draws with `seed`), `synthetic`, `FILE.npz` (x_test or x_test/<input>,
-    y_test) or `FILE.csv` (--label-column)."""
+    y_test), `FILE.csv` (--label-column) or a `DIR/` of image files per class."""
     if source == "synthetic":
         spec = synthetic or SyntheticSpec()
         count = min(spec.size, limit or spec.size)
@@ -122,6 +151,8 @@ def open_eval_data(
         return _in_memory("digits", ds.test, ds.y_test, limit, ds.label_names, ds.task)
     if source.endswith(".csv"):
         return _open_csv(Path(source), label_column, limit)
+    if Path(source).is_dir():
+        return _open_image_folder(Path(source), limit)
     return _open_npz(Path(source), limit)
 
 

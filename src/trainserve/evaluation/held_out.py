@@ -17,6 +17,7 @@ from pathlib import Path
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.config import EvalConfig
 from trainserve.evaluation.data import EvalData, open_eval_data
+from trainserve.image_splits import fingerprint_folder, read_folder_provenance
 from trainserve.splits import (
     fingerprint_arrays,
     fingerprint_npz,
@@ -66,17 +67,23 @@ def open_for_version(config: EvalConfig, version: int) -> tuple[EvalData, DataCh
             )
         path = Path(config.data_dir) / config.model / split["file"]
         data = replace(_open(str(path), config), name=f"held-out split of version {version}")
-        return data, _check(split, fingerprint_npz(path), read_provenance(path), where), record
+        return data, _check(split, *_fingerprint_split(path), where), record
     if config.data == "digits":
         seed = _digits_seed(recorded, where)
         data = _open("digits", config, seed)
         return data, _check(split, _digits_fingerprint(seed), provenance("digits", seed, 0.2), where), record
-    if config.data.endswith(".npz") and split:
-        path = Path(config.data)
+    if split and (config.data.endswith(".npz") or Path(config.data).is_dir()):
         data = _open(config.data, config)
-        return data, _check(split, fingerprint_npz(path), read_provenance(path), where), record
+        return data, _check(split, *_fingerprint_split(Path(config.data)), where), record
     data = _open(config.data, config)
     return data, _check(split, None, None, where), record
+
+
+def _fingerprint_split(path: Path) -> tuple[str, dict | None]:
+    """A split's fingerprint and provenance: an .npz of arrays, or a folder of image files per class."""
+    if path.is_dir():
+        return fingerprint_folder(path), read_folder_provenance(path)
+    return fingerprint_npz(path), read_provenance(path)
 
 
 def _open(source: str, config: EvalConfig, seed: int = 0) -> EvalData:
@@ -97,8 +104,8 @@ def _digits_seed(recorded: dict | None, where: str) -> int:
 
 
 def _digits_fingerprint(seed: int) -> str:
-    from trainserve.data import load_dataset
     from trainserve.layout import split_arrays
+    from trainserve.sources import load_dataset
 
     ds = load_dataset("digits", seed=seed)
     return fingerprint_arrays(split_arrays(ds.test, ds.y_test, ds.task, ds.single))

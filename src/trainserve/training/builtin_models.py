@@ -1,4 +1,5 @@
-"""The built-in models (`--architecture cnn|mlp`): two `--model-fn` functions like any other.
+"""The built-in models (`--architecture cnn|mlp`): two `--model-fn` functions like any other; `auto` picks
+one from the data (`default_architecture`). Transfer-learning backbones are in training/transfer.py.
 
 They take uint8 images `images` [N, H, W, C] and scale them to [0, 1] in their first layer, so training
 and the serving graph preprocess identically. `mlp` also takes tabular data (a CSV): the preprocessed
@@ -9,6 +10,7 @@ mixed_float16 the probabilities are still computed in float32 (Keras' mixed-prec
 from __future__ import annotations
 
 import keras
+import numpy as np
 
 from trainserve.errors import TrainserveError
 from trainserve.training.model_fn import DataSpec
@@ -24,14 +26,34 @@ def cnn(spec: DataSpec) -> keras.Model:
     x = keras.layers.MaxPooling2D(2)(x) if min(height, width) >= 2 else x
     x = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(x)
     x = keras.layers.MaxPooling2D(2)(x) if min(height, width) >= 4 else x
+    side = min(height, width) // 4
+    for _ in range(3):  # larger images (a folder's --image-size): one more block per halving down to 8 pixels
+        if side < 16:
+            break
+        x = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(x)
+        x = keras.layers.MaxPooling2D(2)(x)
+        side //= 2
     x = keras.layers.Flatten()(x)
     x = keras.layers.Dropout(0.5)(x)
     return _head(inputs, x, spec, "trainserve_cnn")
 
 
+def default_architecture(spec: DataSpec) -> str:
+    """What `--architecture auto` trains: cnn for images (uint8 [H, W, C], image files), mlp for the rest."""
+    image = len(spec.inputs) == 1 and len(spec.inputs[0].shape) == 3 and spec.inputs[0].dtype == "uint8"
+    return "cnn" if image and spec.task.kind == "classification" else "mlp"
+
+
+def auto(spec: DataSpec) -> keras.Model:
+    """`--architecture auto`: the model `default_architecture` picks for the data."""
+    return cnn(spec) if default_architecture(spec) == "cnn" else mlp(spec)
+
+
 def mlp(spec: DataSpec) -> keras.Model:
     if spec.preprocessing is not None:
         return _tabular_mlp(spec)
+    if default_architecture(spec) != "cnn":
+        return _array_mlp(spec)
     inputs, x = _scaled_images(spec)
     x = keras.layers.Flatten()(x)
     x = keras.layers.Dense(256, activation="relu")(x)
@@ -45,6 +67,26 @@ def _tabular_mlp(spec: DataSpec) -> keras.Model:
     inputs = spec.keras_inputs()
     x = keras.layers.Dense(32, activation="relu")(inputs[FEATURES])
     x = keras.layers.Dense(16, activation="relu")(x)
+    if spec.task.kind == "regression":
+        outputs = keras.layers.Dense(spec.task.targets, dtype="float32", name="predictions")(x)
+        return keras.Model(inputs, outputs, name="trainserve_mlp")
+    return _head(inputs, x, spec, "trainserve_mlp")
+
+
+def _array_mlp(spec: DataSpec) -> keras.Model:
+    """Numeric arrays ([N, F], or any shape, flattened): standardised with the training sample's mean and
+    variance (constructor arguments, so the export's rebuild has them), then two small hidden layers."""
+    if len(spec.inputs) != 1:
+        raise TrainserveError(
+            f"the built-in mlp takes one input: got {', '.join(spec.names)} (use --model-fn for several arrays)"
+        )
+    (only,) = spec.inputs
+    inputs = keras.Input(shape=only.shape, name=only.name)
+    x = keras.layers.Flatten()(keras.ops.cast(inputs, "float32"))
+    sample = np.asarray(spec.sample.get(only.name, np.zeros((1, *only.shape))), np.float64).reshape(-1, x.shape[-1])
+    x = keras.layers.Normalization(mean=sample.mean(axis=0), variance=sample.var(axis=0) + 1e-6)(x)
+    x = keras.layers.Dense(64, activation="relu")(x)
+    x = keras.layers.Dense(32, activation="relu")(x)
     if spec.task.kind == "regression":
         outputs = keras.layers.Dense(spec.task.targets, dtype="float32", name="predictions")(x)
         return keras.Model(inputs, outputs, name="trainserve_mlp")

@@ -5,24 +5,38 @@ Kept free of TensorFlow so that `trainserve train --help` answers at once.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from trainserve.data import SyntheticSpec
+from trainserve.data import ImageFormat
 from trainserve.errors import TrainserveError
 from trainserve.options import choices_of, option, positive_int
+from trainserve.sources.synthetic import SyntheticSpec
 
 if TYPE_CHECKING:
     from trainserve.training.publish import Retention
 
-Architecture = Literal["cnn", "mlp"]
+Architecture = Literal["auto", "cnn", "mlp", "mobilenet_v3_small", "efficientnet_b0", "resnet50"]
+Weights = str  # imagenet | none | FILE.weights.h5
 Strategy = Literal["auto", "default", "one-device", "mirrored", "multi-worker"]
 MixedPrecision = Literal["auto", "on", "off"]
 
 ARCHITECTURES: tuple[str, ...] = choices_of(Architecture)
 STRATEGIES: tuple[str, ...] = choices_of(Strategy)
 MIXED_PRECISION_MODES: tuple[str, ...] = choices_of(MixedPrecision)
+
+
+def image_size(text: str) -> tuple[int, int]:
+    """`32,32` (or `32x32`) -> (32, 32)."""
+    try:
+        dims = tuple(int(d) for d in text.lower().replace("x", ",").split(","))
+    except ValueError:
+        dims = ()
+    if len(dims) != 2 or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected H,W such as 64,64")
+    return dims  # type: ignore[return-value]
 
 
 def column_names(text: str) -> tuple[str, ...]:
@@ -39,7 +53,8 @@ class TrainConfig:
     data: str = option(
         "digits",
         "digits (bundled, offline) | synthetic | mnist | fashion_mnist | cifar10 | FILE.npz "
-        "(x_train y_train x_test y_test, or x_train/<input> x_test/<input>) | FILE.csv (with --label-column)",
+        "(x_train y_train x_test y_test, or x_train/<input> x_test/<input>) | FILE.csv (with --label-column) | "
+        "DIR/ of images, one sub-folder per class (.jpg .jpeg .png .bmp .gif)",
     )
     label_column: str | None = option(None, "the label column of a --data FILE.csv; the other columns are inputs")
     categorical: tuple[str, ...] = option(
@@ -47,14 +62,36 @@ class TrainConfig:
         "COL[,COL..]: columns of a --data FILE.csv that are categories though they hold numbers (ids)",
         parse=column_names,
     )
-    test_fraction: float = option(0.2, "held-out fraction of a --data FILE.csv (drawn with --seed)", parse=float)
+    test_fraction: float = option(
+        0.2, "held-out fraction of a --data FILE.csv or DIR/ (of each class; drawn with --seed)", parse=float
+    )
+    image_size: tuple[int, int] | None = option(
+        None,
+        "H,W the images of a --data DIR/ are resized to (aspect not kept); default 64,64, or 224,224 for a"
+        " transfer --architecture",
+        parse=image_size,
+    )
+    augment: tuple[str, ...] = option(
+        (), "flip,rotate,zoom,contrast: random augmentation of --data DIR/ images, in training only", parse=column_names
+    )
+    cache: str = option("", "cache the decoded images of a --data DIR/: memory, or a FILE (default: none, streamed)")
+    skip_bad_images: bool = option(False, "leave out image files that do not decode (listed in the run summary)")
     validation_split: float = option(
         0.1, "fraction of the training data held back for per-epoch metrics (0: none)", parse=float
     )
     data_dir: Path | None = option(Path("data"), "where the held-out split is shared")
     logs_dir: Path = option(Path("logs"), "CSV, TensorBoard, curves PNG, summary")
     backup_dir: Path | None = option(None, "resume a killed run from its last finished epoch")
-    architecture: Architecture = option("cnn", "the built-in network to train (unless --model-fn)")
+    architecture: Architecture = option(
+        "auto",
+        "the built-in network to train (unless --model-fn); auto: cnn for images, mlp for tables and [N, F] arrays;"
+        " mobilenet_v3_small | efficientnet_b0 | resnet50: a Keras Applications backbone with a new head",
+    )
+    weights: Weights = option("imagenet", "a transfer --architecture's backbone: imagenet | none | FILE.weights.h5")
+    frozen_epochs: int = option(2, "epochs a transfer backbone stays frozen before it is fine-tuned", parse=int)
+    fine_tune_learning_rate: float | None = option(
+        None, "learning rate once a transfer backbone is unfrozen (default: --learning-rate / 10)", parse=float
+    )
     model_fn: str | None = option(
         None, "your own model: path/to/file.py:function or package.module:function (see README)"
     )
@@ -95,6 +132,11 @@ class TrainConfig:
             )
         if self.architecture not in ARCHITECTURES:
             raise TrainserveError(f"--architecture {self.architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
+        if self.frozen_epochs < 0:
+            raise TrainserveError(f"--frozen-epochs {self.frozen_epochs}: expected >= 0")
+        from trainserve.training.images import check_augmentations
+
+        check_augmentations(self.augment)
         if self.retention and self.serving_config is not None:
             from trainserve.training.publish import versions_in_use
 
@@ -109,6 +151,14 @@ class TrainConfig:
         from trainserve.training.publish import Retention
 
         return Retention(self.keep, self.serving_config) if self.keep else None
+
+    @property
+    def image_format(self) -> ImageFormat:
+        """The size images are decoded to: --image-size, else the chosen architecture's default."""
+        from trainserve.training.transfer import TRANSFER_SIZES
+
+        height, width = self.image_size or TRANSFER_SIZES.get(self.architecture, (64, 64))
+        return ImageFormat(height, width, 3)
 
     @property
     def model_reference(self) -> str:

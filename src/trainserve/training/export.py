@@ -4,8 +4,10 @@ Signature `serving_default`: the data's named inputs with the data's dtypes (a C
 categories, float32 numbers with NaN for missing); outputs by task: classification -> `probabilities`
 (float32 [None, K]; one sigmoid unit becomes [1 - p, p], K = 2) and `classes` (int64 [None]), plus, when the
 classes have names, `class_names` (string [None]) and `label_names` (string [None, K], each column's name);
-regression -> `predictions` (float32 [None, T]). Tabular models with category columns also answer
-`unknown_categories` (int64 [None]: cells holding a value training never saw, served via the OOV bucket).
+regression -> `predictions` (float32 [None, T]). A model trained on image files takes their bytes instead:
+`image_bytes` (string [None]), decoded inside the graph; `serving_pixels` takes decoded uint8 images.
+Tabular models with category columns also answer `unknown_categories` (int64 [None]: cells holding a value
+training never saw, served via the OOV bucket).
 
 `export_and_gate` rebuilds the model with its `--model-fn` function under the float32 policy, loads the
 trained weights, exports and runs the CPU gate, all where no GPU is visible. Keras RNN layers pick cuDNN
@@ -59,10 +61,11 @@ def serving_outputs(y, task: Task) -> dict:
     return outputs
 
 
-def export_savedmodel(model, path: Path, inputs, task: Task | None = None, preprocessing=None) -> None:
+def export_savedmodel(model, path: Path, inputs, task: Task | None = None, preprocessing=None, image=None) -> None:
     """Export `model` (float32) with the serving signature; no device scope, so no node is pinned.
     `inputs`: the InputSpecs of the data, or (legacy) the shape of uint8 `images`; `preprocessing`: the
-    tabular plan, whose category vocabularies count unknown values."""
+    tabular plan, whose category vocabularies count unknown values; `image` (an ImageFormat): the model was
+    trained on image files, and its signatures take them (see `_add_image_endpoints`)."""
     import keras
     import tensorflow as tf
 
@@ -76,6 +79,10 @@ def export_savedmodel(model, path: Path, inputs, task: Task | None = None, prepr
     names, structure = [i.name for i in inputs], input_structure(model)
     archive = keras.export.ExportArchive()
     archive.track(model)
+    if image is not None:
+        _add_image_endpoints(archive, model, task, image)
+        archive.write_out(str(path), verbose=False)
+        return
 
     def serve(*args):
         feed = {name: tf.cast(arg, model_dtypes[name]) for name, arg in zip(names, args)}
@@ -90,6 +97,34 @@ def export_savedmodel(model, path: Path, inputs, task: Task | None = None, prepr
         input_signature=[tf.TensorSpec([None, *i.shape], tf.as_dtype(i.dtype), name=i.name) for i in inputs],
     )
     archive.write_out(str(path), verbose=False)
+
+
+def _add_image_endpoints(archive, model, task: Task, image) -> None:
+    """`serving_default`: `image_bytes` (DT_STRING [N], the files' bytes) decoded and resized by the function
+    training used (training/images.py); `serving_pixels`: `images` (uint8 [N, H', W', C], any size, decoded
+    already) resized alike. Both answer the task's outputs."""
+    import tensorflow as tf
+
+    from trainserve.data import IMAGES
+    from trainserve.sources.image_folder import IMAGE_BYTES
+    from trainserve.training.images import PIXELS_SIGNATURE, decode_batch, resize
+    from trainserve.training.model_fn import input_structure
+
+    structure, dtype = input_structure(model), model.inputs[0].dtype
+
+    def answer(pixels):
+        return serving_outputs(model(structure({IMAGES: tf.cast(pixels, dtype)}), training=False), task)
+
+    archive.add_endpoint(
+        name=DEFAULT_SIGNATURE,
+        fn=lambda encoded: answer(decode_batch(encoded, image)),
+        input_signature=[tf.TensorSpec([None], tf.string, name=IMAGE_BYTES)],
+    )
+    archive.add_endpoint(
+        name=PIXELS_SIGNATURE,
+        fn=lambda pixels: answer(resize(pixels, image)),
+        input_signature=[tf.TensorSpec([None, None, None, image.channels], tf.uint8, name=IMAGES)],
+    )
 
 
 @dataclass
@@ -128,7 +163,7 @@ def _export_and_check(job: ExportJob, path: Path) -> GateResult:
 
     try:
         model = rebuild_float32(job.reference, job.spec, job.weights)
-        export_savedmodel(model, path, job.spec.inputs, job.spec.task, job.spec.preprocessing)
+        export_savedmodel(model, path, job.spec.inputs, job.spec.task, job.spec.preprocessing, job.spec.image)
     except TrainserveError as exc:
         return GateResult(False, f"the export failed: {exc}")
     return check_on_cpu(path, job.golden, job.atol)

@@ -27,11 +27,19 @@ from pathlib import Path
 
 import numpy as np
 
+from trainserve.data import IMAGES, ImageFormat
 from trainserve.errors import TrainserveError
 from trainserve.task import Task
 from trainserve.training.preprocessing import FEATURES, Preprocessing, plan_preprocessing
 
-BUILTIN = {"cnn": "trainserve.training.builtin_models:cnn", "mlp": "trainserve.training.builtin_models:mlp"}
+BUILTIN = {
+    name: f"trainserve.training.{module}:{name}"
+    for module, names in (
+        ("builtin_models", ("auto", "cnn", "mlp")),
+        ("transfer", ("mobilenet_v3_small", "efficientnet_b0", "resnet50")),
+    )
+    for name in names
+}
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,7 @@ class DataSpec:
     task: Task
     sample: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
     preprocessing: Preprocessing | None = None  # tabular data: what the layers in front of the model do
+    image: ImageFormat | None = None  # image files: decoded (training/images.py) to uint8 `images` [H, W, C]
 
     def to_json(self) -> dict:
         """Everything but the sample (an .npz beside it)."""
@@ -76,13 +85,20 @@ class DataSpec:
             "inputs": [i.to_json() for i in self.inputs],
             "task": self.task.to_json(),
             "preprocessing": self.preprocessing.to_json() if self.preprocessing else None,
+            "image": self.image.to_json() if self.image else None,
         }
 
     @classmethod
     def from_json(cls, raw: dict, sample: dict[str, np.ndarray]) -> DataSpec:
         inputs = tuple(InputSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in raw["inputs"])
-        steps = raw.get("preprocessing")
-        return cls(inputs, Task.from_json(raw["task"]), sample, Preprocessing.from_json(steps) if steps else None)
+        steps, image = raw.get("preprocessing"), raw.get("image")
+        return cls(
+            inputs,
+            Task.from_json(raw["task"]),
+            sample,
+            Preprocessing.from_json(steps) if steps else None,
+            ImageFormat.from_json(image) if image else None,
+        )
 
     def features_spec(self) -> DataSpec:
         """What a model behind the preprocessing layers gets: `features` float32 [F], a sample of them."""
@@ -107,8 +123,17 @@ class DataSpec:
         return self.task.classes if self.task.kind == "classification" else self.task.targets
 
 
-def data_spec(inputs: dict[str, np.ndarray], task: Task, sample_size: int = 256, tabular: bool = False) -> DataSpec:
-    """The spec of the training inputs; `tabular` (a CSV's columns): with the preprocessing they need."""
+def data_spec(
+    inputs: dict[str, np.ndarray],
+    task: Task,
+    sample_size: int = 256,
+    tabular: bool = False,
+    image: ImageFormat | None = None,
+) -> DataSpec:
+    """The spec of the training inputs; `tabular` (a CSV's columns): with the preprocessing they need;
+    `image` (image files): the model takes their decoded pixels, uint8 `images` [H, W, C]."""
+    if image is not None:
+        return DataSpec((InputSpec(IMAGES, (image.height, image.width, image.channels), "uint8"),), task, image=image)
     specs = tuple(InputSpec(k, tuple(int(d) for d in v.shape[1:]), dtype_name(v)) for k, v in inputs.items())
     preprocessing = plan_preprocessing(inputs) if tabular else None
     return DataSpec(specs, task, {k: v[:sample_size] for k, v in inputs.items()}, preprocessing)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from trainserve.data import Dataset
+from trainserve.training.images import ImagePipeline, image_file_pipeline
 
 
 def make_input_pipeline(x, y: np.ndarray, global_batch: int, seed: int, training: bool, structure=None):
@@ -42,17 +43,30 @@ class Batches:
 
 
 def make_batches(
-    dataset: Dataset, global_batch: int, grad_accum: int, seed: int, validation_split: float, structure=None
+    dataset: Dataset,
+    global_batch: int,
+    grad_accum: int,
+    seed: int,
+    validation_split: float,
+    structure=None,
+    images: ImagePipeline | None = None,
 ) -> Batches:
     """The pipelines over `dataset` for a run with this global batch; `validation_split` of the training
-    examples (drawn with `seed`) become the validation set. The test split never steers training."""
+    examples (drawn with `seed`) become the validation set. The test split never steers training. Image
+    files (`dataset.image`) stream through `images`' pipeline, decoded as the served model decodes them."""
     x_train, y_train, x_val, y_val = dataset.split_validation(validation_split, seed)
     step_batch = global_batch * grad_accum
+    structure = structure or (lambda inputs: inputs)
+
+    def pipeline(x, y, batch, training):
+        if dataset.image is None:
+            return make_input_pipeline(x, y, batch, seed, training=training, structure=structure)
+        files = next(iter(x.values()))
+        return image_file_pipeline(files, y, batch, seed, training, images or ImagePipeline(dataset.image), structure)
+
     return Batches(
-        train=make_input_pipeline(x_train, y_train, step_batch, seed, training=True, structure=structure),
-        validation=make_input_pipeline(x_val, y_val, global_batch, seed, training=False, structure=structure)
-        if len(y_val)
-        else None,
-        test=make_input_pipeline(dataset.test, dataset.y_test, global_batch, seed, training=False, structure=structure),
+        train=pipeline(x_train, y_train, step_batch, True),
+        validation=pipeline(x_val, y_val, global_batch, False) if len(y_val) else None,
+        test=pipeline(dataset.test, dataset.y_test, global_batch, False),
         train_examples=len(y_train),
     )

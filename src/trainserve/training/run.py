@@ -8,29 +8,33 @@ CPU gate (where no GPU is visible) -> warmup + metadata -> atomic numbered versi
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 
-from trainserve.data import Dataset, load_dataset
+from trainserve.data import Dataset
 from trainserve.errors import TrainserveError
-from trainserve.layout import DEFAULT_SIGNATURE, UNKNOWN_CATEGORIES, write_warmup_requests
+from trainserve.image_splits import ImageHeldOutSplit
+from trainserve.layout import UNKNOWN_CATEGORIES, write_warmup_requests
 from trainserve.plots import plot_training_curves
+from trainserve.sources import load_dataset
+from trainserve.sources.image_folder import IMAGE_BYTES
 from trainserve.splits import HeldOutSplit, provenance, write_version_record
+from trainserve.training.builtin_models import default_architecture
 from trainserve.training.callbacks import FitCallbacks, backup_dir_for, make_callbacks
 from trainserve.training.config import TrainConfig
 from trainserve.training.devices import DevicePlan, make_strategy
 from trainserve.training.export import ExportJob, export_and_gate, serving_outputs
 from trainserve.training.gate import FLOAT32_ATOL, MIXED_PRECISION_ATOL, GoldenBatch
+from trainserve.training.images import ImagePipeline, model_inputs, serving_examples
 from trainserve.training.model import build_for_training
-from trainserve.training.model_fn import DataSpec, data_spec, dtype_name, input_structure
+from trainserve.training.model_fn import DataSpec, data_spec, input_structure
 from trainserve.training.multi_worker import (
     EpochCheckpoint,
     evaluate_locally,
@@ -42,6 +46,8 @@ from trainserve.training.multi_worker import (
 from trainserve.training.pipeline import Batches, make_batches
 from trainserve.training.preprocessing import counts_unknown_categories
 from trainserve.training.publish import PublishedVersion, ensure_writable, publish_or_discard, staging_dir
+from trainserve.training.run_records import version_metadata, write_run_summary
+from trainserve.training.transfer import fit_frozen_then_fine_tuned, load_backbone_weights
 
 log = logging.getLogger(__name__)
 
@@ -85,18 +91,19 @@ def train(config: TrainConfig) -> TrainResult:
     plan = devices.plan
     backup_dir = backup_dir_for(config, plan)
     # Held out per version: content-addressed, so a later training never overwrites what this version is judged on.
-    split = HeldOutSplit(dataset.test, dataset.y_test, dataset.task, dataset.single,
-                         provenance(config.data, config.seed, config.test_fraction))  # fmt: skip
+    split = _held_out_split(dataset, provenance(config.data, config.seed, config.test_fraction))
     if config.data_dir is not None and plan.is_chief:
         log.info("held-out split written to %s", split.share(config.data_dir, config.model_name))
 
-    spec = data_spec(dataset.train, dataset.task, tabular=dataset.tabular)
+    spec = data_spec(dataset.train, dataset.task, tabular=dataset.tabular, image=dataset.image)
+    config = _with_architecture(config, spec)
     # Under multi-worker, a lost peer ends this worker too, with the exit code that restarts the group.
     with exit_when_a_worker_is_lost(plan.multi_worker):
         model = _build_model(config, spec, devices)
         structure = input_structure(model)
+        images = ImagePipeline(dataset.image, config.augment, config.cache) if dataset.image else None
         batches = make_batches(
-            dataset, devices.global_batch, config.grad_accum, config.seed, config.validation_split, structure
+            dataset, devices.global_batch, config.grad_accum, config.seed, config.validation_split, structure, images
         )
         callbacks = make_callbacks(config, plan, backup_dir, batches.train_examples)
         outcome = _fit_and_evaluate(config, devices, model, batches, callbacks, spec, backup_dir)
@@ -104,6 +111,7 @@ def train(config: TrainConfig) -> TrainResult:
         # Named once (the fingerprint hashes every array) for the run summary and the published metadata.
         data_info = {"source": config.data, "name": dataset.name, "fingerprint": dataset.fingerprint(),
                      "test_split": split.record(shared=config.data_dir is not None)}  # fmt: skip
+        data_info.update({"skipped": dataset.skipped} if dataset.skipped else {})  # image files left out
         published = (
             _export_and_publish(config, dataset, spec, data_info, model, plan, outcome.metrics)
             if plan.is_chief
@@ -111,7 +119,7 @@ def train(config: TrainConfig) -> TrainResult:
         )
         if outcome.checkpoint is not None:  # kept until now: a failed export resumes after the last epoch
             outcome.checkpoint.delete()
-        summary_path = _write_run_summary(config, started, data_info, devices, callbacks, outcome, published)
+        summary_path = write_run_summary(config, started, data_info, devices, callbacks, outcome, published)
         if callbacks.history_csv.is_file():
             plot_training_curves(callbacks.history_csv, callbacks.logs_dir / "training_curves.png")
         if plan.multi_worker:
@@ -126,8 +134,9 @@ def train(config: TrainConfig) -> TrainResult:
 def _load_data(config: TrainConfig) -> Dataset:
     """Load and describe the training data; also proves the export directory writable, before training."""
     dataset = load_dataset(
-        config.data, config.synthetic, config.seed, config.label_column, config.test_fraction, config.categorical
-    )
+        config.data, config.synthetic, config.seed, config.label_column, config.test_fraction, config.categorical,
+        config.image_format, config.skip_bad_images,
+    )  # fmt: skip
     ensure_writable(config.export_base / config.model_name)  # fail now, not after training
     if len(dataset.y_train) == 0:
         raise TrainserveError(f"{config.data}: x_train is empty: expected training examples")
@@ -166,6 +175,13 @@ def _set_up_devices(config: TrainConfig) -> Devices:
     return Devices(distribution.strategy, plan, global_batch)
 
 
+def _held_out_split(dataset: Dataset, origin: dict) -> HeldOutSplit | ImageHeldOutSplit:
+    """The test split as this version keeps it: arrays, or the image files themselves (eval sends their bytes)."""
+    if dataset.image:
+        return ImageHeldOutSplit(dataset.test[IMAGE_BYTES], dataset.y_test, list(dataset.label_names), origin)
+    return HeldOutSplit(dataset.test, dataset.y_test, dataset.task, dataset.single, origin)
+
+
 def _build_model(config: TrainConfig, spec: DataSpec, devices: Devices) -> keras.Model:
     """The model its function builds under the strategy and dtype policy; compiled for Keras' fit unless
     the multi-worker loop trains it."""
@@ -177,8 +193,18 @@ def _build_model(config: TrainConfig, spec: DataSpec, devices: Devices) -> keras
             config.grad_accum,
             compile=not devices.plan.multi_worker,
         )
+    load_backbone_weights(model, config.architecture, config.weights)
     log.info("model %s from %s: %d parameters", model.name, config.model_reference, model.count_params())
     return model
+
+
+def _with_architecture(config: TrainConfig, spec: DataSpec) -> TrainConfig:
+    """`--architecture auto` resolved from the data (cnn for images, mlp for tables and arrays), logged."""
+    if config.model_fn or config.architecture != "auto":
+        return config
+    chosen = default_architecture(spec)
+    log.info("architecture %s, chosen for the data (--architecture overrides)", chosen)
+    return replace(config, architecture=chosen)
 
 
 def _fit_and_evaluate(
@@ -208,14 +234,16 @@ def _fit_and_evaluate(
             is_chief=devices.plan.is_chief,
         )
     else:
-        model.fit(
+        fit = functools.partial(
+            model.fit,
             batches.train,
             validation_data=batches.validation,
-            epochs=config.epochs,
             callbacks=callbacks.for_fit(),
             shuffle=False,  # the tf.data pipeline already reshuffles every epoch
             verbose=1 if sys.stderr.isatty() else 2,
         )
+        fine_tune_lr = config.fine_tune_learning_rate or config.learning_rate / 10
+        fit_frozen_then_fine_tuned(model, fit, config.epochs, config.frozen_epochs, fine_tune_lr, callbacks.history)
     metrics = {f"test_{k}": v for k, v in evaluate_locally(model, batches.test, spec.task).items()}
     log.info("held-out %s", ", ".join(f"{k[5:]} {v:.4f}" for k, v in metrics.items()))
     return TrainingOutcome(
@@ -236,12 +264,12 @@ def _export_and_publish(
     metrics: dict,
 ) -> PublishedVersion:
     """Export a float32 rebuild of `model`, check it on a CPU against `model`'s own outputs, then publish it."""
-    golden = _golden_batch(model, {k: v[:GOLDEN_BATCH] for k, v in dataset.test.items()}, spec)
+    golden = _golden_batch(model, serving_examples(dataset, GOLDEN_BATCH), spec)
     atol = MIXED_PRECISION_ATOL if plan.mixed_precision else FLOAT32_ATOL
     gate = {"atol": atol, "golden_batch": len(next(iter(golden.inputs.values())))}
     unknown = [UNKNOWN_CATEGORIES] if counts_unknown_categories(spec.preprocessing) else []  # the export's rule
     outputs = sorted([*golden.outputs, *unknown])
-    metadata = _version_metadata(config, dataset, data_info, plan, metrics, gate, outputs)
+    metadata = version_metadata(config, dataset, data_info, plan, metrics, gate, outputs)
     # Always a fresh float32 rebuild, traced where no GPU is visible: no fp16 compute, no distributed
     # variables, no cuDNN kernel and no device placement from training in the served graph. In this process
     # when it has no GPU; a multi-worker process also has its cluster's devices, which a server will not.
@@ -260,7 +288,8 @@ def _export_and_publish(
 def _golden_batch(model: keras.Model, inputs: dict[str, np.ndarray], spec: DataSpec) -> GoldenBatch:
     """The reference is the trained model itself, in the precision it trained in."""
     # A plain forward pass: predict() would distribute, and other workers may have finished already.
-    outputs = serving_outputs(model(input_structure(model)(inputs), training=False), spec.task)
+    pixels = model_inputs(inputs, spec.image)  # image bytes: decoded as the served graph decodes them
+    outputs = serving_outputs(model(input_structure(model)(pixels), training=False), spec.task)
     return GoldenBatch(inputs, {k: np.asarray(v) for k, v in outputs.items()})
 
 
@@ -270,80 +299,9 @@ def _export_and_gate(path: Path, *, job: ExportJob, in_process: bool, dataset: D
     gate = export_and_gate(job, path, in_process=in_process)
     if not gate.ok:
         raise TrainserveError(f"nothing published: {gate.reason}")
-    write_warmup_requests(path, model_name, dataset.test)
+    write_warmup_requests(path, model_name, serving_examples(dataset, GOLDEN_BATCH))
     log.info(
         "CPU gate passed (export and gate %s, %.1f s): %s, max abs diff %.2e (<= %g)",
         "in this process: no GPU here" if in_process else "in a child process that sees no GPU",
         time.monotonic() - started, gate.checked, gate.max_abs_diff, job.atol,
     )  # fmt: skip
-
-
-def _version_metadata(
-    config: TrainConfig,
-    dataset: Dataset,
-    data_info: dict,
-    plan: DevicePlan,
-    metrics: dict,
-    gate: dict,
-    outputs: list[str],
-) -> dict:
-    """assets.extra/trainserve.json of the new version (publishing adds its number)."""
-    return {
-        "model_name": config.model_name,
-        "tensorflow": plan.tensorflow,
-        "trained_on": {
-            "strategy": plan.strategy,
-            "replicas": plan.replicas,
-            "devices": plan.devices,
-            "gpus": [g["device_name"] for g in plan.gpus],
-            "precision": plan.precision,
-        },
-        "exported_precision": "float32",
-        "data": data_info,
-        "model_fn": config.model_reference,
-        "task": dataset.task.to_json(),
-        "label_names": dataset.label_names,
-        "inputs": [{"name": k, "dtype": dtype_name(v), "shape": list(v.shape[1:])} for k, v in dataset.test.items()],
-        **({"input_shape": list(dataset.input_shape)} if len(dataset.test) == 1 else {}),
-        "signature": {
-            "name": DEFAULT_SIGNATURE,
-            "inputs": list(dataset.test),
-            "outputs": outputs,
-        },
-        "metrics": metrics,
-        "gate": gate,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def _write_run_summary(
-    config: TrainConfig,
-    started: float,
-    data_info: dict,
-    devices: Devices,
-    callbacks: FitCallbacks,
-    outcome: TrainingOutcome,
-    published: PublishedVersion | None,
-) -> Path:
-    """Write this worker's run_summary.json; returns its path."""
-    summary = {
-        "model_name": config.model_name,
-        "version": published.version if published else None,
-        "version_dir": str(published.path) if published else None,
-        "data": data_info,
-        "devices": devices.plan.as_dict(),
-        "precision": devices.plan.precision,
-        "global_batch": devices.global_batch,
-        "grad_accum": config.grad_accum,
-        "epochs": config.epochs,
-        "resumed_from_epoch": callbacks.resuming_from + 1 if callbacks.resuming_from else None,
-        "duration_s": round(time.time() - started, 3),
-        "train_examples_per_s": round(callbacks.throughput.examples_per_second, 1),
-        "metrics": outcome.metrics,
-        "weights_sha256": outcome.weights_sha256,
-        "examples_seen_by_this_worker": outcome.examples_seen,
-        "config": json.loads(json.dumps(asdict(config), default=str)),
-    }
-    summary_path = callbacks.logs_dir / "run_summary.json"
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
-    return summary_path

@@ -1,16 +1,10 @@
-"""Your own data from files, read into arrays (`trainserve.data` builds the Dataset from them).
-
-.npz: `x_train` / `x_test` (one input) or `x_train/<input>` / `x_test/<input>` (several), each any numeric
-dtype, shape and memory order; `y_train` / `y_test`: integers -> classification, floats ([N] or [N, T]) ->
-regression; `label_names` optional (classification).
-
-.csv (`--label-column NAME`): a header row, then one example per row; every other column becomes an input of
-that name, shape [N] (one value per example: what a CSV row or a JSON instance holds), typed by its content:
-numbers -> float32 (an empty cell is NaN, a missing value), anything else -> a string category (an empty
-cell is the empty string, a missing value). Columns named by
-`--categorical` are string categories whatever they hold (ids). The label column: all integers ->
-classification with those ids, other numbers -> regression, text -> classification whose classes are the
-sorted names.
+""".csv files (`--label-column NAME`): a header row, then one example per row; every other column becomes an
+input of that name, shape [N] (one value per example: what a CSV row or a JSON instance holds), typed by its
+content: numbers -> float32 (an empty cell is NaN, a missing value), anything else -> a string category (an
+empty cell is the empty string, a missing value). Columns named by `--categorical` are string categories
+whatever they hold (ids). The label column: all integers -> classification with those ids, other numbers ->
+regression, text -> classification whose classes are the sorted names. The result is a `tabular` data set,
+preprocessed inside the model (training/preprocessing.py).
 """
 
 from __future__ import annotations
@@ -18,28 +12,15 @@ from __future__ import annotations
 import csv
 import math
 import re
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from trainserve.data import Dataset, build_dataset, check_input_name
 from trainserve.errors import TrainserveError
 
-NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
-INPUT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 INTEGER = re.compile(r"^[+-]?\d+$")
-
-
-@dataclass
-class FileArrays:
-    """What a data file holds: inputs (one array, or a dict of named ones) and labels per split."""
-
-    x_train: np.ndarray | dict[str, np.ndarray]
-    y_train: np.ndarray
-    x_test: np.ndarray | dict[str, np.ndarray]
-    y_test: np.ndarray
-    label_names: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -50,47 +31,6 @@ class CsvTable:
     inputs: dict[str, np.ndarray]
     labels: np.ndarray
     label_names: list[str] = field(default_factory=list)
-
-
-def check_input_name(name: str, where: str) -> str:
-    if not INPUT_NAME.match(name):
-        raise TrainserveError(
-            f"{where}: input name {name!r} is not usable: expected a letter, then letters, digits, '_', '.' or '-'"
-        )
-    return name
-
-
-def read_npz(path: Path) -> FileArrays:
-    """The arrays of an .npz with `x_train y_train x_test y_test` (or `x_train/<input>`, `x_test/<input>`)."""
-    if not path.is_file():
-        raise TrainserveError(f"data file {path} not found: expected an .npz with keys {', '.join(NPZ_KEYS)}")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            files = list(npz.files)
-            x = {split: _inputs(npz, files, f"x_{split}", path) for split in ("train", "test")}
-            missing = [k for k in NPZ_KEYS if (x.get(k[2:]) is None if k.startswith("x_") else k not in files)]
-            if missing:
-                raise TrainserveError(
-                    f"data file {path} lacks {', '.join(missing)}: expected keys {', '.join(NPZ_KEYS)}"
-                    f" (or x_train/<input>, x_test/<input> for several inputs; found {', '.join(files) or 'none'})"
-                )
-            y_train, y_test = npz["y_train"], npz["y_test"]
-            names = [str(n) for n in npz["label_names"]] if "label_names" in files else []
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise TrainserveError(f"data file {path} is not a readable .npz ({exc})") from None
-    return FileArrays(x["train"], y_train, x["test"], y_test, names)
-
-
-def _inputs(npz, files: list[str], key: str, path: Path):
-    """The array under `key`, or the dict of `key/<input>` arrays, or None when neither is there."""
-    named = {f[len(key) + 1 :]: f for f in files if f.startswith(key + "/")}
-    if key in files and named:
-        raise TrainserveError(f"data file {path} has both {key} and {key}/<input> keys: expected one form")
-    if key in files:
-        return npz[key]
-    if not named:
-        return None
-    return {check_input_name(name, f"data file {path}"): npz[f] for name, f in sorted(named.items())}
 
 
 def read_csv_text(path: Path, label_column: str | None) -> tuple[list[str], list[list[str]]]:
@@ -194,3 +134,14 @@ def label_column_values(values: list[str], name: str, categorical: bool, path: P
     names = sorted(set(values))
     index = {n: i for i, n in enumerate(names)}
     return np.array([index[v] for v in values], np.int64), names
+
+
+def load_csv(path: Path, label_column: str | None, test_fraction: float, seed: int, categorical=()) -> Dataset:
+    """A CSV's columns as a tabular data set; a `test_fraction` of the rows, drawn with `seed`, held out."""
+    table = read_csv(path, label_column, tuple(categorical))
+    train, test = held_out_rows(len(table.labels), test_fraction, seed, path)
+    pick = lambda rows: {k: v[rows] for k, v in table.inputs.items()}  # noqa: E731
+    return build_dataset(
+        path.stem, pick(train), table.labels[train], pick(test), table.labels[test], table.label_names,
+        source=str(path), tabular=True,
+    )  # fmt: skip
