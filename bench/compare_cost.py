@@ -28,7 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 from loopback import free_port  # noqa: E402
 
-from trainserve.data import SyntheticSpec, synthetic_examples  # noqa: E402
+from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples  # noqa: E402
 
 SPEC = SyntheticSpec((28, 28, 1), 10)
 

@@ -27,8 +27,8 @@ import numpy as np
 from google.protobuf import text_format
 from loopback import free_port
 
-from trainserve.data import SyntheticSpec, synthetic_examples
 from trainserve.protos import ssl_config_pb2
+from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = SyntheticSpec((28, 28, 1), 10)

@@ -20,9 +20,10 @@ from scipy import stats
 from conftest import install_version, predict_count, save_foreign_model
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
-from trainserve.data import SyntheticSpec, load_dataset, synthetic_examples
 from trainserve.evaluation.report import validate_report
 from trainserve.savedmodel import LoadedModel
+from trainserve.sources import load_dataset
+from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples
 
 pytestmark = pytest.mark.unit  # serve-local on a thread of this process, real gRPC
 SYN = SyntheticSpec((8, 8, 1), 10, 2000)

@@ -107,6 +107,26 @@ def test_eval_on_the_held_out_folder_and_a_third_party_client_agree(image_model,
 
 
 @pytest.mark.integration
+def test_the_held_out_files_are_the_versions_own_split(image_model, image_server, tmp_path):
+    """The folder split is kept content-addressed (a later training cannot replace it) and recorded for the
+    version; `eval --data held-out` judges the version on exactly those files, and knows them for its own."""
+    from trainserve.image_splits import fingerprint_folder
+
+    data_dir = image_model["root"] / "data"
+    record = json.loads((data_dir / MODEL / "versions" / "1.json").read_text())["test_split"]
+    kept = data_dir / MODEL / record["file"]
+    assert kept.is_dir() and fingerprint_folder(kept) == record["fingerprint"] == fingerprint_folder(
+        image_model["test_dir"]
+    )
+    report = tmp_path / "held_out.json"
+    proc = run_cli("eval", "--server", image_server.target, "--model", MODEL, "--data", "held-out",
+                   "--data-dir", data_dir, "--report", report, "--min-accuracy", "0.9")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = json.loads(report.read_text())
+    assert written["data_check"]["matches"] is True and written["data"]["examples"] == record["examples"]
+
+
+@pytest.mark.integration
 def test_eval_refuses_a_class_folder_the_model_does_not_know(image_model, image_server, tmp_path):
     (tmp_path / "unknown" / "zebra").mkdir(parents=True)
     shutil.copy(next(image_model["test_dir"].rglob("*.png")), tmp_path / "unknown" / "zebra" / "a.png")

@@ -13,8 +13,8 @@ import pytest
 from conftest import install_version
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
-from trainserve.data import load_dataset
 from trainserve.layout import read_metadata, split_arrays
+from trainserve.sources import load_dataset
 from trainserve.splits import HeldOutSplit, fingerprint_arrays, fingerprint_npz, known_overlap, provenance
 
 

@@ -5,7 +5,8 @@
 
 Files, not decoded pixels: the eval client reads the folder and sends each file's bytes, as any client would,
 so what is judged is the served graph's own decoding. The fingerprint hashes each file's class, name and bytes
-in the order an image folder is read, so eval can fingerprint a folder it was given and compare.
+in the order an image folder is read, so eval can fingerprint a folder it was given and compare. Nothing but
+the images is written into the folder (any client may list it); its provenance is in the version's record.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from trainserve.files import write_file_atomic
 from trainserve.sources.image_folder import list_images
 from trainserve.splits import SPLITS, split_record
 
-PROVENANCE_FILE = ".provenance.json"  # a dot-file beside the class folders: no class, no image
 NEWEST_FOLDER = "test"
 
 
@@ -34,13 +34,6 @@ def fingerprint_folder(root: Path) -> str:
         digest.update(json.dumps([names[label], path.name, path.stat().st_size]).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
-
-
-def read_folder_provenance(root: Path) -> dict | None:
-    try:
-        return json.loads((root / PROVENANCE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 class ImageHeldOutSplit:
@@ -83,5 +76,4 @@ class ImageHeldOutSplit:
         shutil.rmtree(folder, ignore_errors=True)
         for class_name, name, source in self.entries:
             write_file_atomic(folder / class_name / name, source.read_bytes())
-        write_file_atomic(folder / PROVENANCE_FILE, json.dumps(self.provenance, sort_keys=True).encode())
         return folder

@@ -17,7 +17,7 @@ from pathlib import Path
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.config import EvalConfig
 from trainserve.evaluation.data import EvalData, open_eval_data
-from trainserve.image_splits import fingerprint_folder, read_folder_provenance
+from trainserve.image_splits import fingerprint_folder
 from trainserve.splits import (
     fingerprint_arrays,
     fingerprint_npz,
@@ -80,9 +80,10 @@ def open_for_version(config: EvalConfig, version: int) -> tuple[EvalData, DataCh
 
 
 def _fingerprint_split(path: Path) -> tuple[str, dict | None]:
-    """A split's fingerprint and provenance: an .npz of arrays, or a folder of image files per class."""
+    """A split's fingerprint and provenance: an .npz of arrays, or a folder of image files per class (whose
+    provenance only the version's record holds)."""
     if path.is_dir():
-        return fingerprint_folder(path), read_folder_provenance(path)
+        return fingerprint_folder(path), None
     return fingerprint_npz(path), read_provenance(path)
 
 
