@@ -36,17 +36,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
-from loopback import free_port, process_cpu_s  # noqa: E402
+from loopback import free_port, process_cpu_s, train_bench_model  # noqa: E402
 
 from trainserve.protos import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples  # noqa: E402
 from trainserve.tensors import to_tensor_proto  # noqa: E402
 
 SPEC = SyntheticSpec((28, 28, 1), 10)
-
-
-def trainserve(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainserve", *args], check=True, capture_output=True, **kwargs)
 
 
 def one_per_request(target: str, x: np.ndarray) -> float:
@@ -181,11 +177,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        print("training the benchmark model (synthetic 28x28x1, CNN, 1 epoch)...", flush=True)
-        trainserve(
-            "train", "--model-name", "bench", "--data", "synthetic", "--synthetic-size", "12000", "--epochs", "1",
-            "--export-base", str(tmp / "models"), "--data-dir", str(tmp / "data"), "--logs-dir", str(tmp / "logs"),
-        )  # fmt: skip
+        train_bench_model(tmp)
         version_dir = tmp / "models" / "bench" / "1"
         x = synthetic_examples(SPEC, args.examples, seed=1)[0]
         ceiling = in_process_ceiling(version_dir, x, (64, 128, 256, 512, 1024))

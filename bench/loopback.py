@@ -1,10 +1,12 @@
-"""What the benchmarks need around a local server: a free port, an HTTP opener that ignores proxies, and a
-process's CPU time (to show who was saturated)."""
+"""What the benchmarks need around a local server: a free port, an HTTP opener that ignores proxies, a
+process's CPU time (to show who was saturated), and the model they serve."""
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -22,3 +24,13 @@ def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process so far (/proc/PID/stat fields 14 and 15)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def train_bench_model(root: Path) -> None:
+    """The served model of the eval benchmarks: a CNN trained 1 epoch on 12,000 synthetic 28x28x1 images,
+    published as `root/models/bench/1`, its held-out split under `root/data`."""
+    print("training the benchmark model (synthetic 28x28x1, CNN, 1 epoch)...", flush=True)
+    paths = ["--export-base", str(root / "models"), "--data-dir", str(root / "data"), "--logs-dir", str(root / "logs")]
+    data = ["--data", "synthetic", "--synthetic-size", "12000", "--epochs", "1"]
+    command = [sys.executable, "-m", "trainserve", "train", "--model-name", "bench", *data, *paths]
+    subprocess.run(command, check=True, capture_output=True)

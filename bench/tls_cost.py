@@ -25,17 +25,13 @@ from pathlib import Path
 
 import numpy as np
 from google.protobuf import text_format
-from loopback import free_port
+from loopback import free_port, train_bench_model
 
 from trainserve.protos import ssl_config_pb2
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = SyntheticSpec((28, 28, 1), 10)
-
-
-def trainserve(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "trainserve", *args], check=True, capture_output=True)
 
 
 def write_ssl_config(certs: Path) -> Path:
@@ -101,11 +97,7 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        print("training the benchmark model (synthetic 28x28x1, CNN, 1 epoch)...", flush=True)
-        trainserve(
-            "train", "--model-name", "bench", "--data", "synthetic", "--synthetic-size", "12000", "--epochs", "1",
-            "--export-base", str(tmp / "models"), "--data-dir", str(tmp / "data"), "--logs-dir", str(tmp / "logs"),
-        )  # fmt: skip
+        train_bench_model(tmp)
         runpy.run_path(str(REPO / "scripts" / "certs.py"))["write_development_set"](tmp / "certs")
         client = tmp / "certs" / "client"
         tls = ("--tls-ca", str(client / "ca.crt"), "--tls-cert", str(client / "tls.crt"), "--tls-key",
