@@ -75,9 +75,10 @@ def export_model(path: Path) -> None:
     """The CNN trainserve trains, exported as `trainserve train` exports it (a child process keeps
     Keras out of this one)."""
     code = (
-        "import sys; from trainserve.training.model import build_model; "
-        "from trainserve.training.export import export_savedmodel; "
-        f"export_savedmodel(build_model('cnn', {SHAPE}, 10), sys.argv[1], {SHAPE})"
+        "import sys; from trainserve.task import Task; from trainserve.training.export import export_savedmodel; "
+        "from trainserve.training.model import build_network; from trainserve.training.model_fn import DataSpec, "
+        f"InputSpec; spec = DataSpec((InputSpec('images', {SHAPE}, 'uint8'),), Task('classification', classes=10)); "
+        "export_savedmodel(build_network('cnn', spec), sys.argv[1], spec.inputs, spec.task)"
     )
     subprocess.run([sys.executable, "-c", code, str(path)], check=True, capture_output=True)
 

@@ -22,14 +22,15 @@ import tensorflow as tf  # noqa: E402
 
 from trainserve.sources import SyntheticSpec, load_dataset  # noqa: E402
 from trainserve.training.callbacks import ThroughputCallback  # noqa: E402
-from trainserve.training.model import build_model  # noqa: E402
+from trainserve.training.model import build_network  # noqa: E402
+from trainserve.training.model_fn import data_spec  # noqa: E402
 from trainserve.training.pipeline import make_input_pipeline  # noqa: E402
 
 
 def run(policy: str, pipeline: bool, data, batch: int, epochs: int, device: str | None) -> float:
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(0)
-    model = build_model("cnn", data.input_shape, data.num_classes)
+    model = build_network("cnn", data_spec(data.train, data.task))
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     meter = ThroughputCallback(len(data.x_train))
     if pipeline:

@@ -207,14 +207,36 @@ def serve_local(tmp_path):
         server.stop()
 
 
+def digits_spec():
+    """The built-in CNN's data as `trainserve train` sees 8x8 digits: uint8 `images`, 10 classes."""
+    from trainserve.task import Task
+    from trainserve.training.model_fn import DataSpec, InputSpec
+
+    return DataSpec((InputSpec("images", (8, 8, 1), "uint8"),), Task("classification", classes=10))
+
+
+def digits_cnn():
+    """The built-in CNN for 8x8x1 digits, uncompiled, as training builds it."""
+    from trainserve.training.model import build_network
+
+    return build_network("cnn", digits_spec())
+
+
+def export_digits_cnn(model, path: Path) -> Path:
+    """`model` exported with the signature `trainserve train` gives digits (images in, probabilities out)."""
+    from trainserve.training.export import export_savedmodel
+
+    spec = digits_spec()
+    export_savedmodel(model, path, spec.inputs, spec.task)
+    return path
+
+
 @pytest.fixture(scope="session")
 def model_versions(tmp_path_factory) -> list[Path]:
     """Three exports of the same 8x8x1 CNN with different weights: distinct answers per version."""
     import keras
 
     from trainserve.layout import write_warmup_requests
-    from trainserve.training.export import export_savedmodel
-    from trainserve.training.model import build_model
 
     root = tmp_path_factory.mktemp("versions")
     images = np.random.default_rng(0).integers(0, 256, (8, 8, 8, 1), dtype=np.uint8)
@@ -222,7 +244,7 @@ def model_versions(tmp_path_factory) -> list[Path]:
     for seed in range(3):
         keras.utils.set_random_seed(seed)
         path = root / f"seed{seed}"
-        export_savedmodel(build_model("cnn", (8, 8, 1), 10), path, (8, 8, 1))
+        export_digits_cnn(digits_cnn(), path)
         write_warmup_requests(path, "m", {"images": images})
         paths.append(path)
     return paths

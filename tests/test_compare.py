@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import install_version, predict_count, save_foreign_model
+from conftest import digits_cnn, export_digits_cnn, install_version, predict_count, save_foreign_model
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
 from trainserve.evaluation.report import validate_report
@@ -33,15 +33,11 @@ def fit_cnn(x: np.ndarray, y: np.ndarray, epochs: int, seed: int, path):
     """The built-in CNN fitted as `trainserve train` compiles it, exported with trainserve's signature."""
     import keras
 
-    from trainserve.training.export import export_savedmodel
-    from trainserve.training.model import build_model
-
     keras.utils.set_random_seed(seed)
-    model = build_model("cnn", (8, 8, 1), 10)
+    model = digits_cnn()
     model.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy")
     model.fit(x, y, batch_size=64, epochs=epochs, verbose=0, shuffle=True)
-    export_savedmodel(model, path, (8, 8, 1))
-    return path
+    return export_digits_cnn(model, path)
 
 
 @pytest.fixture(scope="module")

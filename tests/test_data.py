@@ -111,7 +111,7 @@ def test_test_split_is_shared_exactly(tmp_path):
 
 def test_input_pipeline_batches_the_stored_data_and_the_model_scales_it():
     """Scaling moved into the built-in models' first layer (so the served graph does what training did)."""
-    from trainserve.training.model import build_model
+    from conftest import digits_cnn
 
     ds = load_dataset("digits")
     batches = list(make_input_pipeline(ds.x_test, ds.y_test, 64, seed=0, training=False))
@@ -119,7 +119,7 @@ def test_input_pipeline_batches_the_stored_data_and_the_model_scales_it():
     assert images.dtype.name == "uint8" and images.shape == (64, 8, 8, 1)
     assert sum(len(b[1]) for b in batches) == len(ds.y_test)
     np.testing.assert_array_equal(labels.numpy(), ds.y_test[:64])
-    scale = build_model("cnn", (8, 8, 1), 10).get_layer("scale")
+    scale = digits_cnn().get_layer("scale")
     scaled = np.asarray(scale(images))
     np.testing.assert_allclose(scaled, images.numpy().astype(np.float32) / 255.0, atol=1e-7)
     assert scaled.max() == 1.0 and scaled.min() == 0.0

@@ -61,20 +61,17 @@ def serving_outputs(y, task: Task) -> dict:
     return outputs
 
 
-def export_savedmodel(model, path: Path, inputs, task: Task | None = None, preprocessing=None, image=None) -> None:
+def export_savedmodel(model, path: Path, inputs, task: Task, preprocessing=None, image=None) -> None:
     """Export `model` (float32) with the serving signature; no device scope, so no node is pinned.
-    `inputs`: the InputSpecs of the data, or (legacy) the shape of uint8 `images`; `preprocessing`: the
-    tabular plan, whose category vocabularies count unknown values; `image` (an ImageFormat): the model was
-    trained on image files, and its signatures take them (see `_add_image_endpoints`)."""
+    `inputs`: the InputSpecs of the data; `preprocessing`: the tabular plan, whose category vocabularies count
+    unknown values; `image` (an ImageFormat): the model was trained on image files, and its signatures take
+    them (see `_add_image_endpoints`)."""
     import keras
     import tensorflow as tf
 
-    from trainserve.training.model_fn import InputSpec, input_structure
+    from trainserve.training.model_fn import input_structure
     from trainserve.training.preprocessing import counts_unknown_categories, unknown_categories
 
-    if inputs and isinstance(inputs[0], int):
-        inputs = [InputSpec("images", tuple(inputs), "uint8")]
-    task = task or Task("classification", classes=int(model.output_shape[-1]))
     model_dtypes = {t.name: t.dtype for t in model.inputs}
     names, structure = [i.name for i in inputs], input_structure(model)
     archive = keras.export.ExportArchive()

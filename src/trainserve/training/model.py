@@ -10,8 +10,7 @@ import numpy as np
 from trainserve.errors import TrainserveError
 from trainserve.task import Task
 from trainserve.training import model_fn
-from trainserve.training.config import ARCHITECTURES, Architecture
-from trainserve.training.model_fn import DataSpec, InputSpec
+from trainserve.training.model_fn import DataSpec
 from trainserve.training.preprocessing import FEATURES, feature_layers
 
 
@@ -138,17 +137,3 @@ def rebuild_float32(reference: str, spec: DataSpec, weights: list[np.ndarray]) -
             " network for the same spec (no randomness in its structure)"
         ) from None
     return clone
-
-
-def build_model(
-    architecture: Architecture, input_shape: tuple[int, ...], num_classes: int, grad_accum: int = 1
-) -> keras.Model:
-    """A built-in model for uint8 images `input_shape`, uncompiled, under the current dtype policy."""
-    if architecture not in ARCHITECTURES:
-        raise TrainserveError(f"--architecture {architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
-    task = Task("classification", classes=num_classes, label_names=tuple(map(str, range(num_classes))))
-    spec = DataSpec((InputSpec("images", tuple(input_shape), "uint8"),), task)
-    model = model_fn.build(architecture, spec)
-    if grad_accum > 1:
-        return GradientAccumulationModel(model.input, model.output, name=model.name, micro_batches=grad_accum)
-    return model
