@@ -143,3 +143,17 @@ def test_export_and_gate_refuse_outputs_training_did_not_compute(export_job, tmp
     job = replace(export_job, golden=GoldenBatch(export_job.golden.inputs, outputs))
     result = export_and_gate(job, tmp_path / "v", in_process=in_process)
     assert not result.ok and "output 'probabilities' differs by 0.01" in result.reason, result.reason
+
+
+@pytest.mark.unit
+def test_a_golden_batch_keeps_every_byte_of_its_strings(tmp_path):
+    """Image files and text travel to the gate's child process exactly: numpy's fixed-width bytes would drop a
+    value's trailing NUL bytes (a BMP's row padding), and the gate would feed the export other bytes."""
+    files = np.array([b"BM\x00\x01\x00\x00", b"", b"\x89PNG\x00"], dtype=object)
+    text = np.array([["a", "\u00e9"], ["", "z\x00"]], dtype=object)  # (a numpy str array drops NULs itself)
+    saved = GoldenBatch({"image_bytes": files, "kind": text, "x": np.arange(3.0)}, {"class_names": files[:2]})
+    loaded = GoldenBatch.load(saved.save(tmp_path / "golden.npz"))
+    assert list(loaded.inputs["image_bytes"]) == list(files)
+    assert loaded.inputs["kind"].shape == (2, 2) and loaded.inputs["kind"][1, 1] == b"z\x00"
+    np.testing.assert_array_equal(loaded.inputs["x"], np.arange(3.0))
+    assert list(loaded.outputs["class_names"]) == list(files[:2])

@@ -49,20 +49,39 @@ class GoldenBatch:
     def save(self, path: Path) -> Path:
         """Store as `in:<name>` inputs and `out:<name>` outputs, for a gate in another process."""
         arrays = {f"in:{k}": v for k, v in self.inputs.items()} | {f"out:{k}": v for k, v in self.outputs.items()}
-        # Text (string inputs and outputs) as UTF-8 bytes: an object array would need pickle to be stored.
-        np.savez(path, **{k: _bytes(v) if v.dtype.kind in "OU" else v for k, v in arrays.items()})
+        stored = {}
+        for key, value in arrays.items():
+            stored.update(_packed_strings(key, value) if value.dtype.kind in "OUS" else {key: value})
+        np.savez(path, **stored)
         return path
 
     @classmethod
     def load(cls, path: Path) -> GoldenBatch:
         with np.load(path) as npz:
-            inputs = {k[3:]: npz[k] for k in npz.files if k.startswith("in:")}
-            return cls(inputs, {k[4:]: strings_as_objects(npz[k]) for k in npz.files if k.startswith("out:")})
+            arrays = {k: npz[k] for k in npz.files if STRING_PARTS[0] not in k}
+            for key in {k.split(STRING_PARTS[0])[0] for k in npz.files if STRING_PARTS[0] in k}:
+                arrays[key] = _unpacked_strings(key, npz)
+        inputs = {k[3:]: v for k, v in arrays.items() if k.startswith("in:")}
+        return cls(inputs, {k[4:]: strings_as_objects(v) for k, v in arrays.items() if k.startswith("out:")})
 
 
-def _bytes(array: np.ndarray) -> np.ndarray:
-    flat = [v if isinstance(v, bytes) else str(v).encode() for v in array.ravel()]
-    return np.array(flat, np.bytes_).reshape(array.shape)
+# Text and bytes (string inputs and outputs, image files) stored as one byte blob plus each value's length: an
+# object array needs pickle, and numpy's fixed-width bytes drop a value's trailing NUL bytes (a BMP's padding).
+STRING_PARTS = ("#blob", "#lengths", "#shape")
+
+
+def _packed_strings(key: str, array: np.ndarray) -> dict[str, np.ndarray]:
+    values = [v if isinstance(v, bytes) else str(v).encode() for v in array.ravel()]
+    blob = np.frombuffer(b"".join(values), np.uint8)
+    lengths, shape = np.array([len(v) for v in values], np.int64), np.array(array.shape, np.int64)
+    return {key + part: part_array for part, part_array in zip(STRING_PARTS, (blob, lengths, shape))}
+
+
+def _unpacked_strings(key: str, npz) -> np.ndarray:
+    blob, lengths, shape = (npz[key + part] for part in STRING_PARTS)
+    ends = np.cumsum(lengths)
+    values = [blob[end - n : end].tobytes() for end, n in zip(ends, lengths)]
+    return np.array(values, dtype=object).reshape(tuple(shape))
 
 
 def strings_as_objects(array: np.ndarray) -> np.ndarray:
