@@ -109,5 +109,14 @@ def test_candidate_over_mutual_tls_waits_on_the_server_and_labels_the_version(mo
         assert code == 0 and "candidate" in capsys.readouterr().out
         code, body = server.get("/v1/models/m/labels/candidate/metadata")
         assert code == 200 and int(body["model_spec"]["version"]) == 2
+        report = tmp_path / "candidate.json"
+        gates = [{"metric": "accuracy", "op": ">=", "threshold": 0.0, "passed": True}]
+        report.write_text(json.dumps({"model": "m", "version": 2, "passed": True, "gates": gates}))
+        staged = config.read_text()
+        promote = ["promote", "--config", str(config), "--report", str(report), "--server", server.target]
+        assert main([*promote, "--wait", "600"]) == 2, "plaintext against TLS"
+        assert "TLS" in capsys.readouterr().err and config.read_text() == staged, "refused before any rewrite"
+        assert main([*promote, "--wait", "600", *tls_flags(pki)]) == 0
+        assert int(server.get("/v1/models/m/labels/stable/metadata")[1]["model_spec"]["version"]) == 2
     finally:
         assert server.stop() == 0

@@ -129,6 +129,8 @@ def promote(config: PromoteConfig, server: Server | None = None) -> Change:
         model = find_model(served, path, None if report["model"] is None else str(report["model"]))
         before = Rollout.of(model)
         version = _check_report(report, config, model, before)
+        if server is not None:  # reachable, and serving the candidate, before anything is rewritten
+            server.wait_available(model.name, version, config.wait)
         after = before.promoted()
         apply_rollout(model, after)
         write_config(path, served)
