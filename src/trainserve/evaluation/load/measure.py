@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -122,6 +123,16 @@ def _within(values: list[float]) -> bool:
     return all(abs(v - mean) <= STABILITY_TOLERANCE * mean for v in values)
 
 
+def poisson_arrivals(rate: float, seed: int) -> Iterator[float]:
+    """The open loop's schedule: seconds after the start at which each request is due, Poisson arrivals at
+    `rate` requests/s (exponential gaps), the same for the same seed."""
+    rng = np.random.default_rng(seed)
+    due = 0.0
+    while True:
+        due += rng.exponential(1 / rate)
+        yield due
+
+
 @dataclass
 class Load:
     """How one point loads the server: `concurrency` workers (closed loop) or `rate` requests/s (open)."""
@@ -135,6 +146,7 @@ class Load:
     stop: threading.Event = field(default_factory=threading.Event)
     max_send_lag_s: float = 0.0  # open loop: how late the client sent its latest request (its own limit)
     unfinished: int = 0  # open loop: requests still outstanding when the point ended
+    clock: Callable[[], float] = time.perf_counter  # seconds; latencies and the schedule are read on it
 
     def start(self, recorder: Recorder) -> list[threading.Thread]:
         if self.rate is not None:
@@ -153,26 +165,24 @@ class Load:
             request = self.requests[n % len(self.requests)]
             n += self.concurrency or 1
             recorder.sent()
-            started = time.perf_counter()
+            started = self.clock()
             try:
                 answer, error = self.call(request.payload, timeout=self.timeout_s), None
             except grpc.RpcError as exc:
                 answer, error = None, exc.code().name
-            recorder.answered(request, time.perf_counter() - started, answer, error)
+            recorder.answered(request, self.clock() - started, answer, error)
 
     def _open_loop(self, recorder: Recorder) -> None:
         """Open loop: each request sent at its Poisson arrival time; latency from that time, not the send."""
-        rng = np.random.default_rng(self.seed)
         pending: set[grpc.Future] = set()
-        due, n = time.perf_counter(), 0
-        while True:
-            due += rng.exponential(1 / self.rate)
-            if self.stop.wait(max(0.0, due - time.perf_counter())):
+        started = self.clock()
+        for n, offset in enumerate(poisson_arrivals(self.rate, self.seed)):
+            due = started + offset
+            if self.stop.wait(max(0.0, due - self.clock())):
                 break
             request = self.requests[n % len(self.requests)]
-            n += 1
             future = self.call.future(request.payload, timeout=self.timeout_s)
-            self.max_send_lag_s = max(self.max_send_lag_s, time.perf_counter() - due)
+            self.max_send_lag_s = max(self.max_send_lag_s, self.clock() - due)
             recorder.sent()
             pending.add(future)
             future.add_done_callback(lambda f, r=request, t=due: self._done(f, r, t, recorder, pending))
@@ -181,9 +191,8 @@ class Load:
         for future in list(pending):
             future.cancel()
 
-    @staticmethod
-    def _done(future: grpc.Future, request: Request, due: float, recorder: Recorder, pending: set) -> None:
-        latency = time.perf_counter() - due
+    def _done(self, future: grpc.Future, request: Request, due: float, recorder: Recorder, pending: set) -> None:
+        latency = self.clock() - due
         pending.discard(future)
         if future.cancelled():
             return
