@@ -57,21 +57,46 @@ def main() -> None:
         print("training two versions (synthetic 28x28x1, CNN, 1 epoch, seeds 1 and 2)...", flush=True)
         for seed in (1, 2):
             trainserve(
-                "train", "--model-name", "bench", "--data", "synthetic", "--synthetic-size", "6000", "--epochs", "1",
-                "--seed", str(seed), "--export-base", str(tmp / "models"), "--data-dir", str(tmp / "data"),
-                "--logs-dir", str(tmp / "logs"),
-            ).check_returncode()  # fmt: skip
+                "train",
+                "--model-name",
+                "bench",
+                "--data",
+                "synthetic",
+                "--synthetic-size",
+                "6000",
+                "--epochs",
+                "1",
+                "--seed",
+                str(seed),
+                "--export-base",
+                str(tmp / "models"),
+                "--data-dir",
+                str(tmp / "data"),
+                "--logs-dir",
+                str(tmp / "logs"),
+            ).check_returncode()
         x, y = synthetic_examples(SPEC, args.examples, seed=5)
         np.savez(tmp / "heldout.npz", x_test=x, y_test=y)
         config = tmp / "models.config"
-        config.write_text(f'model_config_list {{ config {{ name: "bench" base_path: "{tmp / "models" / "bench"}" '
-                          'model_platform: "tensorflow" model_version_policy { all {} } } }\n')  # fmt: skip
+        config.write_text(
+            f'model_config_list {{ config {{ name: "bench" base_path: "{tmp / "models" / "bench"}" '
+            'model_platform: "tensorflow" model_version_policy { all {} } } }\n'
+        )
         port, rest_port = free_port(), free_port()
         with open(tmp / "server.log", "w") as log:
             server = subprocess.Popen(
-                [sys.executable, "-m", "trainserve", "serve-local", f"--port={port}", f"--rest_api_port={rest_port}",
-                 f"--model_config_file={config}"], stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "trainserve",
+                    "serve-local",
+                    f"--port={port}",
+                    f"--rest_api_port={rest_port}",
+                    f"--model_config_file={config}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
             try:
                 target, data = f"127.0.0.1:{port}", ("--data", str(tmp / "heldout.npz"), "--wait", "120")
                 timed_eval(target, tmp / "warm.json", *data, "--compare-with", "1")  # loads both, warms both

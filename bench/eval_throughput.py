@@ -138,10 +138,25 @@ def timed_eval(server: str, server_pid: int, report: Path, *args: str) -> EvalRu
     server_before = process_cpu_s(server_pid)
     launched = time.time()
     proc = subprocess.Popen(
-        [sys.executable, "-c", TIMED_EVAL, "eval", "--server", server, "--model", "bench", "--report", str(report),
-         "--wait", "120", *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            TIMED_EVAL,
+            "eval",
+            "--server",
+            server,
+            "--model",
+            "bench",
+            "--report",
+            str(report),
+            "--wait",
+            "120",
+            *args,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stderr = proc.stderr.read()
     if proc.wait() != 0:
         raise SystemExit(f"trainserve eval failed ({proc.returncode}):\n{stderr}")
@@ -151,9 +166,12 @@ def timed_eval(server: str, server_pid: int, report: Path, *args: str) -> EvalRu
     result = json.loads(report.read_text())
     wall = result["performance"]["wall_s"]
     return EvalRun(
-        result, float(said["first-request"]) - launched, int(said["peak-rss-kb"]) / 1024,
-        float(said["cpu-s"]) / wall, server_cpu / wall,
-    )  # fmt: skip
+        result,
+        float(said["first-request"]) - launched,
+        int(said["peak-rss-kb"]) / 1024,
+        float(said["cpu-s"]) / wall,
+        server_cpu / wall,
+    )
 
 
 def tensorflow_serving_import() -> tuple[float, float]:
@@ -185,10 +203,19 @@ def main() -> None:
         port, rest_port = free_port(), free_port()
         log = open(tmp / "server.log", "w")  # noqa: SIM115
         server = subprocess.Popen(
-            [sys.executable, "-m", "trainserve", "serve-local", f"--port={port}", f"--rest_api_port={rest_port}",
-             "--model_name=bench", f"--model_base_path={tmp / 'models' / 'bench'}"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "trainserve",
+                "serve-local",
+                f"--port={port}",
+                f"--rest_api_port={rest_port}",
+                "--model_name=bench",
+                f"--model_base_path={tmp / 'models' / 'bench'}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             # (b) reads its data from a file, as a user's run does: an uncompressed npz, streamed.
             target = f"127.0.0.1:{port}"
@@ -232,9 +259,14 @@ def main() -> None:
 
             if args.memory_examples:
                 run = timed_eval(
-                    target, server.pid, tmp / "memory.json", "--data", "synthetic", "--synthetic-size",
+                    target,
+                    server.pid,
+                    tmp / "memory.json",
+                    "--data",
+                    "synthetic",
+                    "--synthetic-size",
                     str(args.memory_examples),
-                )  # fmt: skip
+                )
                 rss = run.report["performance"]["client_rss_mb"]
                 print(
                     f"memory: {args.memory_examples:,} examples, client peak RSS {run.peak_rss_mb:.0f} MB "

@@ -75,22 +75,67 @@ def served_vs_ceiling(folder: Path, work: Path, image_size: str) -> dict:
     import tensorflow as tf
 
     cli = [sys.executable, "-m", "trainserve"]
-    subprocess.run([*cli, "train", "--data", f"{folder}/", "--image-size", image_size, "--epochs", "1", "--model-name",
-                    "pics", "--export-base", work / "models", "--data-dir", work / "data", "--logs-dir", work / "logs"],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            *cli,
+            "train",
+            "--data",
+            f"{folder}/",
+            "--image-size",
+            image_size,
+            "--epochs",
+            "1",
+            "--model-name",
+            "pics",
+            "--export-base",
+            work / "models",
+            "--data-dir",
+            work / "data",
+            "--logs-dir",
+            work / "logs",
+        ],
+        check=True,
+        capture_output=True,
+    )
     sys.path.insert(0, str(Path(__file__).parent))
     from loopback import free_port
 
     port, rest = free_port(), free_port()
-    server = subprocess.Popen([*cli, "serve-local", f"--port={port}", f"--rest_api_port={rest}",
-                               "--model_name=pics", f"--model_base_path={work / 'models' / 'pics'}"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    server = subprocess.Popen(
+        [
+            *cli,
+            "serve-local",
+            f"--port={port}",
+            f"--rest_api_port={rest}",
+            "--model_name=pics",
+            f"--model_base_path={work / 'models' / 'pics'}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         report = work / "report.json"
         for _ in range(2):  # the first run also waits for the version to load; the second is timed
-            subprocess.run([*cli, "eval", "--server", f"127.0.0.1:{port}", "--model", "pics", "--data",
-                                   f"{folder}/", "--report", report, "--batch-size", str(BATCH), "--wait", "120"],
-                           capture_output=True, check=True)  # fmt: skip
+            subprocess.run(
+                [
+                    *cli,
+                    "eval",
+                    "--server",
+                    f"127.0.0.1:{port}",
+                    "--model",
+                    "pics",
+                    "--data",
+                    f"{folder}/",
+                    "--report",
+                    report,
+                    "--batch-size",
+                    str(BATCH),
+                    "--wait",
+                    "120",
+                ],
+                capture_output=True,
+                check=True,
+            )
         served = json.loads(report.read_text())
     finally:
         server.terminate()
@@ -126,8 +171,12 @@ def main() -> int:
         folder = render_folder(Path(tmp) / "photos", args.images, args.size)
         results = {}
         for kind in ("ours", "keras"):
-            out = subprocess.run([sys.executable, __file__, "--worker", kind, "--folder", str(folder), "--image-size",
-                                  args.image_size], capture_output=True, text=True, check=True)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, __file__, "--worker", kind, "--folder", str(folder), "--image-size", args.image_size],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             results[kind] = json.loads(out.stdout.strip().splitlines()[-1])
             print(json.dumps(results[kind]))
         ratio = results["ours"]["images_per_s"] / results["keras"]["images_per_s"]

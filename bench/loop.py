@@ -43,8 +43,22 @@ def bare_import() -> float:
 
 
 def train(root: Path) -> float:
-    return timed([*TRAINSERVE, "train", "--epochs", "1", "--export-base", str(root / "models"),
-                  "--logs-dir", str(root / "logs"), "--data-dir", str(root / "data"), "--keep", "1"])  # fmt: skip
+    return timed(
+        [
+            *TRAINSERVE,
+            "train",
+            "--epochs",
+            "1",
+            "--export-base",
+            str(root / "models"),
+            "--logs-dir",
+            str(root / "logs"),
+            "--data-dir",
+            str(root / "data"),
+            "--keep",
+            "1",
+        ]
+    )
 
 
 def available(rest: str) -> bool:
@@ -61,10 +75,18 @@ def serve_local(root: Path) -> float:
     grpc_port, rest_port = free_port(), free_port()
     started = time.perf_counter()
     server = subprocess.Popen(
-        [*TRAINSERVE, "serve-local", f"--port={grpc_port}", f"--rest_api_port={rest_port}",
-         "--model_name=digits", f"--model_base_path={root / 'models' / 'digits'}"],
-        env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            *TRAINSERVE,
+            "serve-local",
+            f"--port={grpc_port}",
+            f"--rest_api_port={rest_port}",
+            "--model_name=digits",
+            f"--model_base_path={root / 'models' / 'digits'}",
+        ],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         while not available(f"http://127.0.0.1:{rest_port}"):
             if server.poll() is not None:

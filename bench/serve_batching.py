@@ -226,8 +226,10 @@ def run_clients(target: str, server_pid: int, args) -> tuple[list[float], int, f
     """The client processes over one window: (latencies, errors, client CPU share, server CPU share)."""
     start_at = time.time() + WARMUP_S + 1  # the clients' warm-up: connections, server threads, TF's first runs
     end_at = start_at + args.seconds
-    per_process = [args.clients // args.client_processes + (i < args.clients % args.client_processes)
-                   for i in range(args.client_processes)]  # fmt: skip
+    per_process = [
+        args.clients // args.client_processes + (i < args.clients % args.client_processes)
+        for i in range(args.client_processes)
+    ]
     drivers = [
         subprocess.Popen(
             [
@@ -246,7 +248,7 @@ def run_clients(target: str, server_pid: int, args) -> tuple[list[float], int, f
             ],
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for i, n in enumerate(per_process)
     ]
     time.sleep(max(0.0, start_at - time.time()))

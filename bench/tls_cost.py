@@ -49,20 +49,46 @@ def write_ssl_config(certs: Path) -> Path:
 def start_server(models: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "trainserve", "serve-local", f"--port={port}", f"--rest_api_port={free_port()}",
-         "--model_name=bench", f"--model_base_path={models}", *flags],
-        stdout=log.open("w"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "trainserve",
+            "serve-local",
+            f"--port={port}",
+            f"--rest_api_port={free_port()}",
+            "--model_name=bench",
+            f"--model_base_path={models}",
+            *flags,
+        ],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
     return server, f"127.0.0.1:{port}"
 
 
 def eval_examples_per_s(target: str, data: Path, report: Path, *tls: str) -> float:
     """One `trainserve eval` process at its default batch size and concurrency; its examples/s."""
     proc = subprocess.run(
-        [sys.executable, "-m", "trainserve", "eval", "--server", target, "--model", "bench", "--data", str(data),
-         "--report", str(report), "--wait", "120", *tls],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "trainserve",
+            "eval",
+            "--server",
+            target,
+            "--model",
+            "bench",
+            "--data",
+            str(data),
+            "--report",
+            str(report),
+            "--wait",
+            "120",
+            *tls,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"trainserve eval {' '.join(tls) or '(plaintext)'} failed ({proc.returncode}):\n{proc.stderr}")
     return json.loads(report.read_text())["performance"]["examples_per_s"]
@@ -100,8 +126,14 @@ def main() -> None:
         train_bench_model(tmp)
         runpy.run_path(str(REPO / "scripts" / "certs.py"))["write_development_set"](tmp / "certs")
         client = tmp / "certs" / "client"
-        tls = ("--tls-ca", str(client / "ca.crt"), "--tls-cert", str(client / "tls.crt"), "--tls-key",
-               str(client / "tls.key"))  # fmt: skip
+        tls = (
+            "--tls-ca",
+            str(client / "ca.crt"),
+            "--tls-cert",
+            str(client / "tls.crt"),
+            "--tls-key",
+            str(client / "tls.key"),
+        )
         x, y = synthetic_examples(SPEC, args.examples, seed=1)
         np.savez(tmp / "heldout.npz", x_test=x, y_test=y)  # uncompressed, streamed, as a user's file is
 

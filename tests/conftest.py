@@ -65,8 +65,11 @@ TIERS = ("unit", "integration", "e2e")
 
 def pytest_collection_modifyitems(config, items):
     """Every test names exactly one tier (what it needs), so `-m unit` is a complete fast tier."""
-    wrong = [f"{item.nodeid}: {tiers or 'none'}" for item in items
-             if len(tiers := [m.name for m in item.iter_markers() if m.name in TIERS]) != 1]  # fmt: skip
+    wrong = [
+        f"{item.nodeid}: {tiers or 'none'}"
+        for item in items
+        if len(tiers := [m.name for m in item.iter_markers() if m.name in TIERS]) != 1
+    ]
     if wrong:
         raise pytest.UsageError(f"tests need exactly one tier marker of {', '.join(TIERS)}:\n  " + "\n  ".join(wrong))
 
@@ -92,8 +95,11 @@ def serve_counted(root: Path, model: str, own_process: bool = False):
     from serving_fixtures import InProcessServer
 
     (root / "monitoring.config").write_text(MONITORING)
-    flags = (f"--model_name={model}", f"--model_base_path={root / model}",
-             f"--monitoring_config_file={root / 'monitoring.config'}")  # fmt: skip
+    flags = (
+        f"--model_name={model}",
+        f"--model_base_path={root / model}",
+        f"--monitoring_config_file={root / 'monitoring.config'}",
+    )
     server = ServeLocal(*flags, log_path=root / "server.log") if own_process else InProcessServer(*flags)
     server.wait_available(model, 1)
     return server
@@ -167,10 +173,20 @@ class ServeLocal(Server):
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115  (open as long as the server runs; closed in stop())
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainserve", "serve-local", f"--port={self.port}",
-             f"--rest_api_port={self.rest_port}", "--file_system_poll_wait_seconds=1", *flags],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "trainserve",
+                "serve-local",
+                f"--port={self.port}",
+                f"--rest_api_port={self.rest_port}",
+                "--file_system_poll_wait_seconds=1",
+                *flags,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )
         self.target = f"127.0.0.1:{self.port}"
         self.rest = f"http://127.0.0.1:{self.rest_port}"
 
@@ -404,14 +420,19 @@ def docker_client():
 def docker_images(docker_client) -> dict[str, str]:
     """Stand-in bases (reused when their content is unchanged) and our three images on them, built once per
     session (the e2e files share one xdist worker); returns each image's tag."""
-    subprocess.run([REPO / "scripts" / "standins" / "build.sh"], env={**os.environ, "TF_VERSION": TF_VERSION_ENV},
-                   check=True)  # fmt: skip
+    subprocess.run(
+        [REPO / "scripts" / "standins" / "build.sh"], env={**os.environ, "TF_VERSION": TF_VERSION_ENV}, check=True
+    )
     tags = {}
     for name, (dockerfile, base_image) in DOCKER_IMAGES.items():
         context = REPO / Path(dockerfile).parent if name == "serve-cpu" else REPO
         tags[name] = f"trainserve/{name}:{TF_VERSION_ENV}"
         docker_client.images.build(
-            path=str(context), dockerfile=str(REPO / dockerfile), tag=tags[name],
-            buildargs={"BASE_IMAGE": base_image, "TF_VERSION": TF_VERSION_ENV}, network_mode="host", rm=True,
-        )  # fmt: skip
+            path=str(context),
+            dockerfile=str(REPO / dockerfile),
+            tag=tags[name],
+            buildargs={"BASE_IMAGE": base_image, "TF_VERSION": TF_VERSION_ENV},
+            network_mode="host",
+            rm=True,
+        )
     return tags

@@ -91,10 +91,13 @@ def test_the_shared_packages_are_found():
 
 @pytest.mark.parametrize(
     "source",
-    ["from trainserve.evaluation.data import EvalData", "def f():\n    import trainserve.rollout.steps\n",
-     "from trainserve import serving"],
+    [
+        "from trainserve.evaluation.data import EvalData",
+        "def f():\n    import trainserve.rollout.steps\n",
+        "from trainserve import serving",
+    ],
     ids=["from-import", "lazy-import", "from-parent"],
-)  # fmt: skip
+)
 def test_checker_catches_a_shared_module_importing_a_stage(source):
     assert stage_imports(source), source
 
@@ -183,23 +186,44 @@ def test_no_import_cycle_between_modules():
 @pytest.mark.parametrize(
     "sources, cycle",
     [
-        pytest.param({"trainserve.a": "from trainserve import b", "trainserve.b": "import trainserve.a"},
-                     ["trainserve.a", "trainserve.b"], id="two-modules"),
-        pytest.param({"trainserve.a": "from trainserve.b import f", "trainserve.b": "from trainserve.c import g",
-                      "trainserve.c": "def h():\n    from trainserve.a import x\n"},
-                     ["trainserve.a", "trainserve.b", "trainserve.c"], id="loop-of-three-lazy"),
-        pytest.param({"trainserve.p": "", "trainserve.p.a": "from trainserve.p.b import X",
-                      "trainserve.p.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                      "    from trainserve.p import a\n"}, ["trainserve.p.a", "trainserve.p.b"], id="type-checking"),
+        pytest.param(
+            {"trainserve.a": "from trainserve import b", "trainserve.b": "import trainserve.a"},
+            ["trainserve.a", "trainserve.b"],
+            id="two-modules",
+        ),
+        pytest.param(
+            {
+                "trainserve.a": "from trainserve.b import f",
+                "trainserve.b": "from trainserve.c import g",
+                "trainserve.c": "def h():\n    from trainserve.a import x\n",
+            },
+            ["trainserve.a", "trainserve.b", "trainserve.c"],
+            id="loop-of-three-lazy",
+        ),
+        pytest.param(
+            {
+                "trainserve.p": "",
+                "trainserve.p.a": "from trainserve.p.b import X",
+                "trainserve.p.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                "    from trainserve.p import a\n",
+            },
+            ["trainserve.p.a", "trainserve.p.b"],
+            id="type-checking",
+        ),
     ],
-)  # fmt: skip
+)
 def test_checker_catches_a_cycle(sources, cycle):
     assert import_cycles(import_graph(sources)) == [cycle]
 
 
 def test_checker_allows_a_chain_and_a_package_importing_its_parent():
-    sources = {"trainserve": "", "trainserve.p": "", "trainserve.p.a": "from trainserve.p import b\nimport trainserve",
-               "trainserve.p.b": "from trainserve import errors", "trainserve.errors": ""}  # fmt: skip
+    sources = {
+        "trainserve": "",
+        "trainserve.p": "",
+        "trainserve.p.a": "from trainserve.p import b\nimport trainserve",
+        "trainserve.p.b": "from trainserve import errors",
+        "trainserve.errors": "",
+    }
     assert import_cycles(import_graph(sources)) == []
 
 
@@ -218,9 +242,12 @@ def test_no_module_imports_the_serving_wheel():
 
 @pytest.mark.parametrize(
     "source",
-    ["from tensorflow_serving.apis import predict_pb2", "import tensorflow_serving.config.model_server_config_pb2",
-     "def f():\n    from tensorflow_serving import apis\n"],
+    [
+        "from tensorflow_serving.apis import predict_pb2",
+        "import tensorflow_serving.config.model_server_config_pb2",
+        "def f():\n    from tensorflow_serving import apis\n",
+    ],
     ids=["from-import", "plain-import", "lazy-import"],
-)  # fmt: skip
+)
 def test_checker_catches_a_wheel_import(source):
     assert wheel_imports(source)

@@ -134,10 +134,14 @@ def start_batching(start, tmp_path, base, params: str, *flags: str):
     (tmp_path / "batching.config").write_text(params)
     (tmp_path / "monitoring.config").write_text(MONITORING)
     server = start(
-        f"--model_name={base.name}", f"--model_base_path={base}", "--enable_batching",
+        f"--model_name={base.name}",
+        f"--model_base_path={base}",
+        "--enable_batching",
         f"--batching_parameters_file={tmp_path / 'batching.config'}",
-        f"--monitoring_config_file={tmp_path / 'monitoring.config'}", "--grpc_max_threads=64", *flags,
-    )  # fmt: skip
+        f"--monitoring_config_file={tmp_path / 'monitoring.config'}",
+        "--grpc_max_threads=64",
+        *flags,
+    )
     server.wait_available(base.name, 1)
     return server
 

@@ -22,10 +22,14 @@ EXAMPLES = REPO / "examples"
 # (example file, epochs, inputs and their dtypes, task kind, the metric that shows it learned)
 CASES = {
     "diabetes_regression": (20, {"x": "float32"}, "regression", ("test_mae", lambda v: v < 0.75)),
-    "breast_cancer_two_inputs": ("8 --learning-rate 0.01", {"features": "float32", "radius_bucket": "int64"},
-                                 "classification", ("test_accuracy", lambda v: v > 0.8)),
+    "breast_cancer_two_inputs": (
+        "8 --learning-rate 0.01",
+        {"features": "float32", "radius_bucket": "int64"},
+        "classification",
+        ("test_accuracy", lambda v: v > 0.8),
+    ),
     "digits_rows_lstm": (8, {"x": "float32"}, "classification", ("test_accuracy", lambda v: v > 0.5)),
-}  # fmt: skip
+}
 
 
 @pytest.mark.integration
@@ -37,10 +41,23 @@ def test_example_trains_passes_the_gate_and_publishes(example, tmp_path):
     data = tmp_path / f"{example}.npz"
     runpy.run_path(str(EXAMPLES / f"{example}.py"))["write_data"](str(data))
     proc = run_cli(
-        "train", "--data", data, "--model-fn", f"{EXAMPLES / example}.py:build_model", "--model-name", "m",
-        "--epochs", *str(epochs).split(), "--export-base", tmp_path / "models", "--data-dir", tmp_path / "shared",
-        "--logs-dir", tmp_path / "logs", cwd=tmp_path,
-    )  # fmt: skip
+        "train",
+        "--data",
+        data,
+        "--model-fn",
+        f"{EXAMPLES / example}.py:build_model",
+        "--model-name",
+        "m",
+        "--epochs",
+        *str(epochs).split(),
+        "--export-base",
+        tmp_path / "models",
+        "--data-dir",
+        tmp_path / "shared",
+        "--logs-dir",
+        tmp_path / "logs",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "CPU gate passed" in proc.stderr
     version = tmp_path / "models" / "m" / "1"
@@ -86,8 +103,21 @@ def _served_report(tmp_path: Path, split: Path) -> dict:
     server = InProcessServer("--model_name=m", f"--model_base_path={tmp_path / 'models' / 'm'}")
     try:
         server.wait_available("m", 1)
-        code = main(["eval", "--server", server.target, "--model", "m", "--data", str(split), "--batch-size", "32",
-                     "--report", str(tmp_path / "report.json")])  # fmt: skip
+        code = main(
+            [
+                "eval",
+                "--server",
+                server.target,
+                "--model",
+                "m",
+                "--data",
+                str(split),
+                "--batch-size",
+                "32",
+                "--report",
+                str(tmp_path / "report.json"),
+            ]
+        )
         assert code == 0
     finally:
         assert server.stop() == 0
@@ -102,11 +132,16 @@ def _metrics(kind: str, y: np.ndarray, answer: dict) -> dict:
 
     if kind == "regression":
         predictions = answer["predictions"]
-        return {"mse": sk.mean_squared_error(y, predictions), "mae": sk.mean_absolute_error(y, predictions),
-                "r2": sk.r2_score(y, predictions)}  # fmt: skip
+        return {
+            "mse": sk.mean_squared_error(y, predictions),
+            "mae": sk.mean_absolute_error(y, predictions),
+            "r2": sk.r2_score(y, predictions),
+        }
     probabilities = answer["probabilities"].astype(np.float64)
-    found = {"accuracy": sk.accuracy_score(y, answer["classes"]),
-             "loss": sk.log_loss(y, probabilities, labels=range(probabilities.shape[1]))}  # fmt: skip
+    found = {
+        "accuracy": sk.accuracy_score(y, answer["classes"]),
+        "loss": sk.log_loss(y, probabilities, labels=range(probabilities.shape[1])),
+    }
     if probabilities.shape[1] == 2:
         found["roc_auc"] = sk.roc_auc_score(y, probabilities[:, 1])
         found["average_precision"] = sk.average_precision_score(y, probabilities[:, 1])
@@ -138,9 +173,23 @@ def test_csv_regression_with_a_model_that_asks_for_the_raw_columns(tmp_path):
     (tmp_path / "houses.csv").write_text("\n".join(rows) + "\n")
     (tmp_path / "tiny.py").write_text(TINY_RAW)
     proc = run_cli(
-        "train", "--data", "houses.csv", "--label-column", "price", "--model-fn", "tiny.py:build_model",
-        "--epochs", "1", "--export-base", "models", "--data-dir", "shared", "--logs-dir", "logs", cwd=tmp_path,
-    )  # fmt: skip
+        "train",
+        "--data",
+        "houses.csv",
+        "--label-column",
+        "price",
+        "--model-fn",
+        "tiny.py:build_model",
+        "--epochs",
+        "1",
+        "--export-base",
+        "models",
+        "--data-dir",
+        "shared",
+        "--logs-dir",
+        "logs",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with np.load(tmp_path / "shared" / "digits" / "test.npz") as split:
         assert split_input_names(split.files) == ["area", "rooms"] and len(split["y_test"]) == 24
@@ -148,8 +197,10 @@ def test_csv_regression_with_a_model_that_asks_for_the_raw_columns(tmp_path):
         feed = {name: split[f"x_test/{name}"] for name in ("area", "rooms")}
     model = LoadedModel(tmp_path / "models" / "digits" / "1")
     wanted, outputs = model.signature("serving_default")
-    assert {k: (v.dtype.name, v.shape) for k, v in wanted.items()} == {"area": ("float32", (None,)),
-                                                                        "rooms": ("float32", (None,))}  # fmt: skip
+    assert {k: (v.dtype.name, v.shape) for k, v in wanted.items()} == {
+        "area": ("float32", (None,)),
+        "rooms": ("float32", (None,)),
+    }
     assert sorted(outputs) == ["predictions"] and np.isfinite(model.run("serving_default", feed)["predictions"]).all()
 
 

@@ -8,8 +8,19 @@ import pytest
 from conftest import assert_one_line_error, run_cli
 from trainserve.cli import build_parser, main
 
-COMMANDS = ["train", "verify", "runs", "tf-config", "serve-local", "eval", "load", "report", "candidate", "promote",
-            "rollback"]  # fmt: skip
+COMMANDS = [
+    "train",
+    "verify",
+    "runs",
+    "tf-config",
+    "serve-local",
+    "eval",
+    "load",
+    "report",
+    "candidate",
+    "promote",
+    "rollback",
+]
 # Each stage owns its commands: trainserve.<stage>.commands builds their parsers; cli.py only dispatches.
 STAGE_COMMANDS = {
     "training": {"train", "verify", "runs", "tf-config"},
@@ -162,9 +173,11 @@ def test_cli_only_dispatches():
 # --- TLS towards the server: one declaration (trainserve.tls.ClientTls), every client ---------------------------
 CLIENTS = {"eval": [], "load": [], "candidate": [], "promote": ["--report", "r.json"], "rollback": []}
 TLS_VARIABLES = {
-    "TRAINSERVE_TLS_CA": "/run/ca.crt", "TRAINSERVE_TLS_CERT": "/run/tls.crt", "TRAINSERVE_TLS_KEY": "/run/tls.key",
+    "TRAINSERVE_TLS_CA": "/run/ca.crt",
+    "TRAINSERVE_TLS_CERT": "/run/tls.crt",
+    "TRAINSERVE_TLS_KEY": "/run/tls.key",
     "TRAINSERVE_TLS_SERVER_NAME": "serve-cpu",
-}  # fmt: skip
+}
 
 
 def client_config(command: str, args: list[str]):
@@ -173,8 +186,13 @@ def client_config(command: str, args: list[str]):
     from trainserve.options import config_from_args
     from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
 
-    classes = {"eval": EvalConfig, "load": LoadConfig, "candidate": CandidateConfig, "promote": PromoteConfig,
-               "rollback": RollbackConfig}  # fmt: skip
+    classes = {
+        "eval": EvalConfig,
+        "load": LoadConfig,
+        "candidate": CandidateConfig,
+        "promote": PromoteConfig,
+        "rollback": RollbackConfig,
+    }
     return config_from_args(classes[command], build_parser().parse_args([command, *args]))
 
 
@@ -190,8 +208,9 @@ def test_every_client_takes_the_tls_flags_and_their_variables(command, monkeypat
     assert client_config(command, []).tls == ClientTls(), "no flag: plaintext"
     for name, value in TLS_VARIABLES.items():
         monkeypatch.setenv(name, value)
-    assert client_config(command, []).tls == ClientTls(Path("/run/ca.crt"), Path("/run/tls.crt"), Path("/run/tls.key"),
-                                                       "serve-cpu")  # fmt: skip
+    assert client_config(command, []).tls == ClientTls(
+        Path("/run/ca.crt"), Path("/run/tls.crt"), Path("/run/tls.key"), "serve-cpu"
+    )
     assert client_config(command, ["--tls-server-name", "other"]).tls.server_name == "other", "the flag wins"
 
 

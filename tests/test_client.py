@@ -139,9 +139,26 @@ def test_load_with_a_label_measures_the_version_behind_it(labelled, tmp_path):
     assert status_versions(labelled, "stable") == [1, 2], "the server answers status as TF Serving does"
     report = tmp_path / "load.json"
     code = main(
-        ["load", "--server", labelled.target, "--model", "m", "--label", "stable", "--batch-sizes", "1",
-         "--concurrency", "1", "--window-s", "0.2", "--max-windows", "3", "--report", str(report)]
-    )  # fmt: skip
+        [
+            "load",
+            "--server",
+            labelled.target,
+            "--model",
+            "m",
+            "--label",
+            "stable",
+            "--batch-sizes",
+            "1",
+            "--concurrency",
+            "1",
+            "--window-s",
+            "0.2",
+            "--max-windows",
+            "3",
+            "--report",
+            str(report),
+        ]
+    )
     assert code == 0
     written = json.loads(report.read_text())
     assert (written["version"], written["label"]) == (1, "stable")
@@ -153,9 +170,20 @@ def test_eval_with_a_label_evaluates_the_version_behind_it(labelled, tmp_path):
     np.savez(data, x_test=IMAGES, y_test=np.arange(len(IMAGES)))
     report = tmp_path / "eval.json"
     code = main(
-        ["eval", "--server", labelled.target, "--model", "m", "--label", "stable", "--data", str(data),
-         "--report", str(report)]
-    )  # fmt: skip
+        [
+            "eval",
+            "--server",
+            labelled.target,
+            "--model",
+            "m",
+            "--label",
+            "stable",
+            "--data",
+            str(data),
+            "--report",
+            str(report),
+        ]
+    )
     written = json.loads(report.read_text())
     assert code == 0 and (written["version"], written["label"]) == (1, "stable")
 

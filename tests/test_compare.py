@@ -53,16 +53,21 @@ def side_by_side(trained_digits, tmp_path_factory):
     for version in (1, 2):
         install_version(fit_cnn(x, y, 3, version, root / f"syn-{version}"), root / "syn", version)
     config = root / "models.config"
-    config.write_text("model_config_list {\n" + "".join(
-        f'  config {{ name: "{m}" base_path: "{root / m}" model_platform: "tensorflow" '
-        f"model_version_policy {{ all {{}} }} {labels} }}\n"
-        for m, labels in (("digits", 'version_labels { key: "stable" value: 1 }'), ("syn", ""))
-    ) + "}\n")  # fmt: skip
+    config.write_text(
+        "model_config_list {\n"
+        + "".join(
+            f'  config {{ name: "{m}" base_path: "{root / m}" model_platform: "tensorflow" '
+            f"model_version_policy {{ all {{}} }} {labels} }}\n"
+            for m, labels in (("digits", 'version_labels { key: "stable" value: 1 }'), ("syn", ""))
+        )
+        + "}\n"
+    )
     (root / "monitoring.config").write_text("prometheus_config { enable: true }\n")
     server = InProcessServer(
-        f"--model_config_file={config}", "--allow_version_labels_for_unavailable_models",
+        f"--model_config_file={config}",
+        "--allow_version_labels_for_unavailable_models",
         f"--monitoring_config_file={root / 'monitoring.config'}",
-    )  # fmt: skip
+    )
     for model, version in (("digits", 1), ("digits", 2), ("digits", 3), ("syn", 1), ("syn", 2)):
         server.wait_available(model, version)
     yield server, root, trained_digits / "data" / "digits" / "test.npz"
@@ -88,8 +93,10 @@ def test_one_epoch_version_is_worse_than_the_trained_one(side_by_side, tmp_path,
     # Independently: both SavedModels run in this process on the same split, McNemar by scipy.
     with np.load(split) as npz:
         images, labels = npz["x_test"], npz["y_test"]
-    right = [LoadedModel(root / "digits" / str(v)).run("serving_default", {"images": images})["classes"] == labels
-             for v in (2, 1)]  # fmt: skip
+    right = [
+        LoadedModel(root / "digits" / str(v)).run("serving_default", {"images": images})["classes"] == labels
+        for v in (2, 1)
+    ]
     b, d = int(np.sum(right[0] & ~right[1])), int(np.sum(~right[0] & right[1]))
     assert (c["test"]["discordant"]["candidate_only"], c["test"]["discordant"]["baseline_only"]) == (b, d)
     assert c["test"]["p_value"] == pytest.approx(stats.binomtest(b, b + d, 0.5).pvalue, rel=1e-9)
@@ -105,9 +112,21 @@ def test_one_epoch_version_is_worse_than_the_trained_one(side_by_side, tmp_path,
 def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, tmp_path, capsys):
     server, _, _ = side_by_side
     code, report = eval_cli(
-        server, tmp_path, "--model", "syn", "--version", 2, "--compare-with", 1, "--data", "synthetic",
-        "--synthetic-shape", "8,8,1", "--synthetic-size", SYN.size,
-    )  # fmt: skip
+        server,
+        tmp_path,
+        "--model",
+        "syn",
+        "--version",
+        2,
+        "--compare-with",
+        1,
+        "--data",
+        "synthetic",
+        "--synthetic-shape",
+        "8,8,1",
+        "--synthetic-size",
+        SYN.size,
+    )
     c = report["comparison"]
     assert code == 0, capsys.readouterr()
     assert c["verdict"] == "no significant difference" and c["test"]["p_value"] >= 0.05
@@ -119,17 +138,32 @@ def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, t
 def test_a_label_names_the_baseline_and_change_thresholds_gate(side_by_side, tmp_path):
     server, _, split = side_by_side
     flags = ("--not-worse=false", "--require-vs-baseline", "accuracy>=-90%")  # report-only significance
-    code, report = eval_cli(server, tmp_path, "--model", "digits", "--version", 2, "--compare-with", "stable",
-                            "--data", split, *flags)  # fmt: skip
+    code, report = eval_cli(
+        server, tmp_path, "--model", "digits", "--version", 2, "--compare-with", "stable", "--data", split, *flags
+    )
     assert report["comparison"]["baseline"] == {"reference": "stable", "version": 1}
     assert [g["kind"] for g in report["gates"]] == ["change"] and code == 0, report["gates"]
 
 
 def test_first_rollout_passes_on_its_value_gates_and_says_so(side_by_side, tmp_path):
     server, _, split = side_by_side
-    code, report = eval_cli(server, tmp_path, "--model", "syn", "--compare-with", "stable", "--allow-no-baseline",
-                            "--data", "synthetic", "--synthetic-shape", "8,8,1", "--limit", 64,
-                            "--min-accuracy", "0.5")  # fmt: skip
+    code, report = eval_cli(
+        server,
+        tmp_path,
+        "--model",
+        "syn",
+        "--compare-with",
+        "stable",
+        "--allow-no-baseline",
+        "--data",
+        "synthetic",
+        "--synthetic-shape",
+        "8,8,1",
+        "--limit",
+        64,
+        "--min-accuracy",
+        "0.5",
+    )
     assert code == 0 and report["comparison"]["verdict"] == "no baseline"
     assert "first rollout" in report["comparison"]["verdict_line"]
     assert [g["metric"] for g in report["gates"]] == ["accuracy"] and "kind" not in report["gates"][0]
@@ -142,13 +176,17 @@ def test_first_rollout_passes_on_its_value_gates_and_says_so(side_by_side, tmp_p
         pytest.param(("--version", 2, "--compare-with", "nope"), "has no label 'nope'", id="label-not-served"),
         pytest.param(("--version", 1, "--compare-with", "stable"), "the version evaluated", id="itself"),
         pytest.param(("--version", 1, "--compare-with", 3), "differ in inputs", id="other-signature"),
-        pytest.param(("--version", 2, "--compare-with", 1, "--require-vs-baseline", "mse<=0"),
-                     "classification compares accuracy, top_k_accuracy, loss", id="gate-on-another-task"),
-        pytest.param(("--version", 2, "--require-vs-baseline", "accuracy>=0"), "without --compare-with",
-                     id="change-gate-alone"),
+        pytest.param(
+            ("--version", 2, "--compare-with", 1, "--require-vs-baseline", "mse<=0"),
+            "classification compares accuracy, top_k_accuracy, loss",
+            id="gate-on-another-task",
+        ),
+        pytest.param(
+            ("--version", 2, "--require-vs-baseline", "accuracy>=0"), "without --compare-with", id="change-gate-alone"
+        ),
         pytest.param(("--version", 2, "--compare-with", 1, "--shard", "0/2"), "expected no --shard", id="shard"),
     ],
-)  # fmt: skip
+)
 def test_bad_comparisons_fail_in_one_line_before_any_predict(side_by_side, tmp_path, capsys, args, fragment):
     server, _, split = side_by_side
     before = predict_count(server)

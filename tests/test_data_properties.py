@@ -105,10 +105,13 @@ def csv_files(draw) -> DataFile:
         columns[f"c{i}"] = [values() if rng.random() >= empty else "" for _ in range(rows)]
     label = draw(st.sampled_from(["names", "ids", "floats"]))
     columns["y"] = [
-        {"names": lambda: str(rng.choice(["cat", "dog", "émeu"])), "ids": lambda: str(int(rng.integers(0, 3))),
-         "floats": lambda: f"{rng.standard_normal():.4f}"}[label]()
+        {
+            "names": lambda: str(rng.choice(["cat", "dog", "émeu"])),
+            "ids": lambda: str(int(rng.integers(0, 3))),
+            "floats": lambda: f"{rng.standard_normal():.4f}",
+        }[label]()
         for _ in range(rows)
-    ]  # fmt: skip
+    ]
     table = [list(columns)] + [[columns[c][r] for c in columns] for r in range(rows)]
     categorical = tuple(f"c{i}" for i, kind in enumerate(kinds) if kind == "ids")
     return DataFile("csv", rows=table, categorical=categorical, byte_order_mark=draw(st.booleans()))

@@ -18,9 +18,14 @@ pytestmark = pytest.mark.integration
 def test_demo_trains_serves_and_evaluates_the_version_it_published(tmp_path):
     demo, log = tmp_path / "demo", tmp_path / "demo.log"
     env = {
-        **os.environ, "BIN": str(Path(sys.executable).parent), "DEMO_DIR": str(demo), "DEMO_EPOCHS": "5",
-        "GRPC_PORT": str(free_port()), "REST_PORT": str(free_port()), "TF_CPP_MIN_LOG_LEVEL": "2",
-    }  # fmt: skip
+        **os.environ,
+        "BIN": str(Path(sys.executable).parent),
+        "DEMO_DIR": str(demo),
+        "DEMO_EPOCHS": "5",
+        "GRPC_PORT": str(free_port()),
+        "REST_PORT": str(free_port()),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
     with open(log, "w") as out:  # a file, as in a CI log: nothing the script writes may truncate it
         out.write("written before the demo\n")
         out.flush()

@@ -50,9 +50,7 @@ def env(docker_images) -> dict:
 
 def compose(env: dict, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
     binary = str(Path(os.sys.executable).parent / "docker-compose")
-    proc = subprocess.run(
-        [binary, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
-    )  # fmt: skip
+    proc = subprocess.run([binary, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if check:
         assert proc.returncode == 0, f"docker compose {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
@@ -128,9 +126,19 @@ def test_train_serve_eval_and_a_second_version_without_restart(docker_client, en
         evaluated = compose(env, "--profile", "eval", "run", "--rm", "eval")
         assert "gate" in evaluated.stdout and "PASS" in evaluated.stdout
         report = json.loads(
-            compose(env, "--profile", "eval", "run", "--rm", "--no-deps", "--entrypoint", "cat", "eval",
-                    "/reports/eval.json").stdout
-        )  # fmt: skip
+            compose(
+                env,
+                "--profile",
+                "eval",
+                "run",
+                "--rm",
+                "--no-deps",
+                "--entrypoint",
+                "cat",
+                "eval",
+                "/reports/eval.json",
+            ).stdout
+        )
         assert report["model"] == MODEL and report["version"] == 1
         assert report["metrics"]["accuracy"] >= 0.9 and report["passed"]
         assert report["data"]["examples"] == 360, "eval read exactly the split training held out"
@@ -178,9 +186,12 @@ def smoke_model(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("image", ["train-gpu"])  # the eval image holds no TensorFlow: see the next test
 def test_python_images_compute_the_known_answer(docker_client, env, smoke_model, image):
     out = docker_client.containers.run(
-        f"trainserve/{image}:{TF_VERSION}", ["-c", SMOKE, "/smoke/digits/1"], entrypoint="python3",
-        volumes={str(smoke_model): {"bind": "/smoke", "mode": "ro"}}, remove=True,
-    )  # fmt: skip
+        f"trainserve/{image}:{TF_VERSION}",
+        ["-c", SMOKE, "/smoke/digits/1"],
+        entrypoint="python3",
+        volumes={str(smoke_model): {"bind": "/smoke", "mode": "ro"}},
+        remove=True,
+    )
     assert out.decode().strip().splitlines()[-1] == "[3.0, 5.0]"
 
 
@@ -215,10 +226,14 @@ def test_eval_image_carries_only_what_runs(docker_client, env):
 def test_serving_image_answers_the_known_model(docker_client, env, smoke_model):
     rest = free_port()
     serve = docker_client.containers.run(
-        f"trainserve/serve-cpu:{TF_VERSION}", detach=True, read_only=True, tmpfs={"/tmp": ""},
-        volumes={str(smoke_model): {"bind": "/models", "mode": "ro"}}, ports={"8501/tcp": ("127.0.0.1", rest)},
+        f"trainserve/serve-cpu:{TF_VERSION}",
+        detach=True,
+        read_only=True,
+        tmpfs={"/tmp": ""},
+        volumes={str(smoke_model): {"bind": "/models", "mode": "ro"}},
+        ports={"8501/tcp": ("127.0.0.1", rest)},
         nano_cpus=1_000_000_000,
-    )  # fmt: skip
+    )
     try:
         wait_until(lambda: (serve.reload() or serve.attrs["State"]["Health"]["Status"]) == "healthy", "healthy", 90)
         assert "CPU limit 1; intra-op 1, inter-op 1" in serve.logs().decode(), "threads sized from the CPU limit"
@@ -244,11 +259,17 @@ def test_a_mounted_models_config_rules_and_health_follows_every_model(docker_cli
         path.chmod(0o755 if path.is_dir() else 0o644)
     rest = free_port()
     serve = docker_client.containers.run(
-        f"trainserve/serve-cpu:{TF_VERSION}", detach=True, read_only=True, tmpfs={"/tmp": ""},
-        environment={"MODEL_NAME": "unused"}, ports={"8501/tcp": ("127.0.0.1", rest)},
-        volumes={str(models): {"bind": "/models", "mode": "ro"},
-                 str(tmp_path / "models.config"): {"bind": "/etc/trainserve/models.config", "mode": "ro"}},
-    )  # fmt: skip
+        f"trainserve/serve-cpu:{TF_VERSION}",
+        detach=True,
+        read_only=True,
+        tmpfs={"/tmp": ""},
+        environment={"MODEL_NAME": "unused"},
+        ports={"8501/tcp": ("127.0.0.1", rest)},
+        volumes={
+            str(models): {"bind": "/models", "mode": "ro"},
+            str(tmp_path / "models.config"): {"bind": "/etc/trainserve/models.config", "mode": "ro"},
+        },
+    )
     try:
         wait_until(lambda: "digits affine (MODEL_NAME is not used)" in serve.logs().decode(), "the config's models", 60)
         wait_until(lambda: failed_health_checks(serve) >= 1, "a health check while affine has no version", 60)

@@ -93,9 +93,22 @@ def cli_ok(*args):
 
 def evaluate(server: ServeLocal, report, min_accuracy: float) -> int:
     proc = run_cli(
-        "eval", "--server", server.target, "--model", "m", "--label", "candidate", "--data", "digits",
-        "--min-accuracy", min_accuracy, "--report", report, "--wait", "60",
-    )  # fmt: skip
+        "eval",
+        "--server",
+        server.target,
+        "--model",
+        "m",
+        "--label",
+        "candidate",
+        "--data",
+        "digits",
+        "--min-accuracy",
+        min_accuracy,
+        "--report",
+        report,
+        "--wait",
+        "60",
+    )
     assert report.is_file(), proc.stdout + proc.stderr
     return proc.returncode
 

@@ -43,9 +43,13 @@ def rollout_env(env, tmp_path) -> dict:  # noqa: F811 (the imported fixture)
 
 def make(project: dict, target: str, **variables: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["make", "--no-print-directory", target, f"COMPOSE={project['COMPOSE']}"], cwd=REPO,
-        env={**project, **variables}, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        ["make", "--no-print-directory", target, f"COMPOSE={project['COMPOSE']}"],
+        cwd=REPO,
+        env={**project, **variables},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def train(project: dict, version: int) -> None:
@@ -70,9 +74,17 @@ def stable(project: dict) -> int | None:
 
 def history(project: dict) -> list[dict]:
     out = compose(
-        project, "--profile", "promote", "run", "--rm", "--no-deps", "--entrypoint", "cat", "rollback",
+        project,
+        "--profile",
+        "promote",
+        "run",
+        "--rm",
+        "--no-deps",
+        "--entrypoint",
+        "cat",
+        "rollback",
         "/rollout/models.config.history.jsonl",
-    ).stdout  # fmt: skip
+    ).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
@@ -97,8 +109,18 @@ def test_make_promote_gates_and_make_rollback_restores(docker_client, rollout_en
         assert stable(project) == 1
 
         # --force moves stable anyway (and says so in the history); make rollback brings v1 back.
-        compose(project, "--profile", "promote", "run", "--rm", "promote", "promote", "--report",
-                "/reports/candidate.json", "--force")  # fmt: skip
+        compose(
+            project,
+            "--profile",
+            "promote",
+            "run",
+            "--rm",
+            "promote",
+            "promote",
+            "--report",
+            "/reports/candidate.json",
+            "--force",
+        )
         assert stable(project) == 2
         rolled = make(project, "rollback")
         assert rolled.returncode == 0, output(rolled)
@@ -106,9 +128,12 @@ def test_make_promote_gates_and_make_rollback_restores(docker_client, rollout_en
 
         steps = [(h["action"], h["after"].get("stable"), h.get("forced")) for h in history(project)]
         assert steps == [
-            ("candidate", None, None), ("promote", 1, False), ("candidate", 1, None), ("promote", 2, True),
+            ("candidate", None, None),
+            ("promote", 1, False),
+            ("candidate", 1, None),
+            ("promote", 2, True),
             ("rollback", 1, None),
-        ], steps  # fmt: skip
+        ], steps
     finally:
         compose(project, *profiles, "down", "-v", "--remove-orphans", check=False)
     volumes = docker_client.volumes.list(filters={"label": f"com.docker.compose.project={PROJECT}"})

@@ -56,9 +56,12 @@ def run_serving(client, image: str, models: Path, tls_dir: Path | None):
     if tls_dir is not None:
         volumes[str(tls_dir)] = {"bind": "/etc/trainserve/tls", "mode": "ro"}
     container = client.containers.run(
-        image, detach=True, environment={"MODEL_NAME": "m"}, volumes=volumes,
+        image,
+        detach=True,
+        environment={"MODEL_NAME": "m"},
+        volumes=volumes,
         ports={"8500/tcp": ("127.0.0.1", grpc_port), "8501/tcp": ("127.0.0.1", rest_port)},
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 180
     while rest_versions(rest_port).get(1) != "AVAILABLE":
         container.reload()
@@ -88,9 +91,27 @@ def test_a_mounted_certificate_serves_grpc_over_mutual_tls_and_rest_stays_plaint
         np.testing.assert_allclose(predict(target, mutual), want, rtol=1e-5)
         evaluated = tmp_path / "eval.json"
         np.savez(tmp_path / "test.npz", x_test=IMAGES, y_test=want.argmax(axis=1))
-        code = main(["eval", "--server", target, "--model", "m", "--data", str(tmp_path / "test.npz"), "--report",
-                     str(evaluated), "--tls-ca", str(client / "ca.crt"), "--tls-cert", str(client / "tls.crt"),
-                     "--tls-key", str(client / "tls.key"), "--tls-server-name", "serve-cpu"])  # fmt: skip
+        code = main(
+            [
+                "eval",
+                "--server",
+                target,
+                "--model",
+                "m",
+                "--data",
+                str(tmp_path / "test.npz"),
+                "--report",
+                str(evaluated),
+                "--tls-ca",
+                str(client / "ca.crt"),
+                "--tls-cert",
+                str(client / "tls.crt"),
+                "--tls-key",
+                str(client / "tls.key"),
+                "--tls-server-name",
+                "serve-cpu",
+            ]
+        )
         report = json.loads(evaluated.read_text())
         assert code == 0 and report["metrics"]["accuracy"] == 1.0, "labels are the model's own answers"
         assert "requires TLS" in refusal(target, ClientTls())

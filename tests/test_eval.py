@@ -54,10 +54,25 @@ def test_metrics_equal_in_process_computation(served, model_versions, tmp_path):
 
 @pytest.mark.unit
 def test_cli_writes_valid_report_and_plots_and_gates(served, model_versions, tmp_path, capsys):
-    code = main([
-        "eval", "--server", served.target, "--model", "m", "--data", "digits", "--report", str(tmp_path / "r.json"),
-        "--plots", str(tmp_path / "plots"), "--compare-local", str(model_versions[0]), "--min-accuracy", "0.99",
-    ])  # fmt: skip
+    code = main(
+        [
+            "eval",
+            "--server",
+            served.target,
+            "--model",
+            "m",
+            "--data",
+            "digits",
+            "--report",
+            str(tmp_path / "r.json"),
+            "--plots",
+            str(tmp_path / "plots"),
+            "--compare-local",
+            str(model_versions[0]),
+            "--min-accuracy",
+            "0.99",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 1, "an untrained model is below 0.99: the gate fails"
     assert "gate failed: accuracy" in out.err.strip().splitlines()[-1] and "is not >= 0.99" in out.err
@@ -103,8 +118,11 @@ def test_float_val_and_tensor_content_decode_to_the_same_numbers(model_versions)
 def test_server_killed_and_restarted_mid_run_loses_nothing(serve_local, model_versions, tmp_path, monkeypatch):
     install_version(model_versions[0], tmp_path / "m", 1)
     (tmp_path / "monitoring.config").write_text(MONITORING)
-    flags = ("--model_name=m", f"--model_base_path={tmp_path / 'm'}",
-             f"--monitoring_config_file={tmp_path / 'monitoring.config'}")  # fmt: skip
+    flags = (
+        "--model_name=m",
+        f"--model_base_path={tmp_path / 'm'}",
+        f"--monitoring_config_file={tmp_path / 'monitoring.config'}",
+    )
     server = serve_local(*flags)
     server.wait_available("m", 1)
     baseline = evaluate(EvalConfig(server=server.target, model="m", **LONG_RUN, limit=16000)).report
@@ -194,15 +212,19 @@ def _npz(tmp_path, name, **arrays):
     [
         pytest.param(["--model", "nope"], "model 'nope' not found on", id="unknown-model"),
         pytest.param(["--signature", "predict"], "signature 'predict' not found", id="unknown-signature"),
-        pytest.param(["--data", "{shape}"], "shaped uint8 [None, 8, 8, 1]; the data's 'images' examples are [9, 9]",
-                     id="wrong-shape"),
+        pytest.param(
+            ["--data", "{shape}"],
+            "shaped uint8 [None, 8, 8, 1]; the data's 'images' examples are [9, 9]",
+            id="wrong-shape",
+        ),
         pytest.param(["--data", "{dtype}"], "wants 'images' as uint8; the data's 'x' is float32", id="wrong-dtype"),
         pytest.param(["--data", "{labels}"], "the data has label 12 but", id="too-many-classes"),
-        pytest.param(["--data", "{tmp}/none.npz"], "not found: expected digits, synthetic, a .csv or an .npz",
-                     id="no-file"),
+        pytest.param(
+            ["--data", "{tmp}/none.npz"], "not found: expected digits, synthetic, a .csv or an .npz", id="no-file"
+        ),
         pytest.param(["--version", "9", "--wait", "1"], "version 9 not AVAILABLE", id="unknown-version"),
     ],
-)  # fmt: skip
+)
 def test_bad_requests_fail_before_any_predict(served, tmp_path, capsys, args, fragment):
     subs = {
         "tmp": tmp_path,
@@ -224,9 +246,20 @@ def test_unreachable_server_and_impossible_deadline(served, tmp_path):
     proc = run_cli("eval", "--server", f"127.0.0.1:{free_port()}", "--model", "m", "--wait", "1", cwd=tmp_path)
     assert_one_line_error(proc, "not AVAILABLE on 127.0.0.1:", "within --wait 1 s")
     proc = run_cli(
-        "eval", "--server", served.target, "--model", "m", "--timeout", "0.00001", "--retries", "2", "--wait", "30",
-        cwd=tmp_path, env={"TRAINSERVE_DATA": "digits"},
-    )  # fmt: skip
+        "eval",
+        "--server",
+        served.target,
+        "--model",
+        "m",
+        "--timeout",
+        "0.00001",
+        "--retries",
+        "2",
+        "--wait",
+        "30",
+        cwd=tmp_path,
+        env={"TRAINSERVE_DATA": "digits"},
+    )
     assert_one_line_error(proc, "DEADLINE_EXCEEDED", "is --timeout 1e-05 s long enough?")
 
 

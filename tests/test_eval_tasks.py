@@ -121,16 +121,38 @@ def _npz(root, name, **arrays):
 
 
 def _eval(server, data_path, *args, report=None):
-    return main(["eval", "--server", server.target, "--model", "f", "--data", data_path, "--batch-size", "64",
-                 *(["--report", str(report)] if report else []), *args])  # fmt: skip
+    return main(
+        [
+            "eval",
+            "--server",
+            server.target,
+            "--model",
+            "f",
+            "--data",
+            data_path,
+            "--batch-size",
+            "64",
+            *(["--report", str(report)] if report else []),
+            *args,
+        ]
+    )
 
 
 @pytest.mark.unit
 def test_foreign_regression_output_chosen_by_name(foreign, tmp_path, capsys):
     server, d = foreign
     path = _npz(tmp_path, "reg", **{"x_test/x": d["x"], "x_test/offset": d["offset"], "y_test": d["total_y"]})
-    code = _eval(server, path, "--output", "total", "--require", "r2>=0.5,rmse<=0.5", "--plots", str(tmp_path / "p"),
-                 report=tmp_path / "r.json")  # fmt: skip
+    code = _eval(
+        server,
+        path,
+        "--output",
+        "total",
+        "--require",
+        "r2>=0.5,rmse<=0.5",
+        "--plots",
+        str(tmp_path / "p"),
+        report=tmp_path / "r.json",
+    )
     assert code == 0, capsys.readouterr().err
     report = json.loads((tmp_path / "r.json").read_text())
     validate_report(report)
@@ -148,8 +170,17 @@ def test_foreign_regression_output_chosen_by_name(foreign, tmp_path, capsys):
 def test_foreign_logits_as_classification_with_an_input_map(foreign, tmp_path, capsys):
     server, d = foreign
     path = _npz(tmp_path, "cls", **{"x_test/features": d["x"], "x_test/offset": d["offset"], "y_test": d["class_y"]})
-    code = _eval(server, path, "--task", "classification", "--output", "scaled", "--input-map", "features=x",
-                 report=tmp_path / "r.json")  # fmt: skip
+    code = _eval(
+        server,
+        path,
+        "--task",
+        "classification",
+        "--output",
+        "scaled",
+        "--input-map",
+        "features=x",
+        report=tmp_path / "r.json",
+    )
     assert code == 0, capsys.readouterr().err
     report = json.loads((tmp_path / "r.json").read_text())
     validate_report(report)
@@ -168,30 +199,58 @@ GOOD = {"x_test/x": "x", "x_test/offset": "offset", "y_test": "total_y"}  # name
 @pytest.mark.parametrize(
     "arrays, args, fragment",
     [
-        pytest.param(GOOD, ["--input-map", "x=nope"],
-                     "has no input 'nope': expected one of offset, x", id="input-map-unknown-input"),
-        pytest.param({"x_test/x": "x", "y_test": "total_y"}, [],
-                     "the data lacks input 'offset'", id="missing-input"),
-        pytest.param({"x_test/x": "x64", "x_test/offset": "offset", "y_test": "total_y"}, [],
-                     "wants 'x' as float32; the data's 'x' is float64", id="dtype"),
-        pytest.param({"x_test/x": "x4", "x_test/offset": "offset", "y_test": "total_y"}, [],
-                     "wants 'x' shaped float32 [None, 3]; the data's 'x' examples are [4]", id="shape"),
-        pytest.param({"x_test/x": "x", "x_test/offset": "offset", "y_test": "text"}, [],
-                     "does not name its classes (no 'label_names' output): expected integer class ids",
-                     id="label-names-of-a-model-without-names"),
-        pytest.param({"x_test/x": "x", "x_test/offset": "offset", "y_test": "negative"}, ["--output", "scaled"],
-                     "expected integer class ids >= 0", id="negative-classes"),
-        pytest.param(GOOD, ["--output", "nope"],
-                     "--output nope: signature 'serving_default' of model 'f' has no such output", id="no-output"),
-        pytest.param(GOOD, ["--output", "shifted"],
-                     "output 'shifted' of signature", id="integer-output"),
-        pytest.param(GOOD, ["--output", "total", "--require", "accuracy>=1"],
-                     "regression reports no 'accuracy'", id="gate-of-another-task"),
-        pytest.param(GOOD,
-                     ["--output", "total", "--report", "/proc/r.json"], "--report /proc: cannot write there",
-                     id="unwritable-report"),
+        pytest.param(
+            GOOD,
+            ["--input-map", "x=nope"],
+            "has no input 'nope': expected one of offset, x",
+            id="input-map-unknown-input",
+        ),
+        pytest.param({"x_test/x": "x", "y_test": "total_y"}, [], "the data lacks input 'offset'", id="missing-input"),
+        pytest.param(
+            {"x_test/x": "x64", "x_test/offset": "offset", "y_test": "total_y"},
+            [],
+            "wants 'x' as float32; the data's 'x' is float64",
+            id="dtype",
+        ),
+        pytest.param(
+            {"x_test/x": "x4", "x_test/offset": "offset", "y_test": "total_y"},
+            [],
+            "wants 'x' shaped float32 [None, 3]; the data's 'x' examples are [4]",
+            id="shape",
+        ),
+        pytest.param(
+            {"x_test/x": "x", "x_test/offset": "offset", "y_test": "text"},
+            [],
+            "does not name its classes (no 'label_names' output): expected integer class ids",
+            id="label-names-of-a-model-without-names",
+        ),
+        pytest.param(
+            {"x_test/x": "x", "x_test/offset": "offset", "y_test": "negative"},
+            ["--output", "scaled"],
+            "expected integer class ids >= 0",
+            id="negative-classes",
+        ),
+        pytest.param(
+            GOOD,
+            ["--output", "nope"],
+            "--output nope: signature 'serving_default' of model 'f' has no such output",
+            id="no-output",
+        ),
+        pytest.param(GOOD, ["--output", "shifted"], "output 'shifted' of signature", id="integer-output"),
+        pytest.param(
+            GOOD,
+            ["--output", "total", "--require", "accuracy>=1"],
+            "regression reports no 'accuracy'",
+            id="gate-of-another-task",
+        ),
+        pytest.param(
+            GOOD,
+            ["--output", "total", "--report", "/proc/r.json"],
+            "--report /proc: cannot write there",
+            id="unwritable-report",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_one_line_before_any_predict(foreign, tmp_path, capsys, arrays, args, fragment):
     server, d = foreign
     values = {

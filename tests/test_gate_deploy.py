@@ -40,7 +40,11 @@ def test_the_promote_job_compares_with_stable_on_the_candidates_own_split():
     step = {c["name"]: c for c in all_containers(spec)}["eval"]
     config = eval_config([a.replace("$(MODEL_NAME)", "digits").replace("$(JOB_NAME)", "p") for a in step["args"]])
     assert (config.label, config.compare_with, config.allow_no_baseline, config.not_worse) == (
-        "candidate", "stable", True, True)  # fmt: skip
+        "candidate",
+        "stable",
+        True,
+        True,
+    )
     assert config.min_accuracy and config.min_accuracy > 0
     assert config.data == "held-out"
     claim, inside, _ = volume_path(spec, step, f"{flag(step, 'data-dir')}/digits/versions/3.json")
@@ -51,10 +55,12 @@ def test_the_promote_job_compares_with_stable_on_the_candidates_own_split():
 
 def compose_config(**env: str) -> dict:
     proc = subprocess.run(
-        [COMPOSE, "-f", REPO / "compose.yaml", "--profile", "promote", "config", "--format", "yaml"], cwd=REPO,
+        [COMPOSE, "-f", REPO / "compose.yaml", "--profile", "promote", "config", "--format", "yaml"],
+        cwd=REPO,
         env={k: v for k, v in os.environ.items() if k not in ("COMPARE_WITH", "MIN_ACCURACY")} | env,
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0 and not COMPOSE.exists():
         pytest.skip("docker-compose is not installed in the venv")
     assert proc.returncode == 0, proc.stderr
@@ -80,8 +86,9 @@ def test_compose_promote_eval_gates_by_default_and_each_gate_turns_off(env, comp
 
 
 def test_make_promote_runs_candidate_then_the_gate_then_promote():
-    proc = subprocess.run(["make", "-n", "--no-print-directory", "promote", "COMPOSE=compose"], cwd=REPO,
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        ["make", "-n", "--no-print-directory", "promote", "COMPOSE=compose"], cwd=REPO, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     steps = [line.split()[-1] for line in proc.stdout.splitlines() if line.startswith("compose ")]
     assert steps == ["candidate", "promote-eval", "promote"]

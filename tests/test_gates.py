@@ -103,8 +103,10 @@ def test_change_thresholds_against_the_metrics_direction_are_refused(text, fragm
 
 
 def test_change_gates_judge_the_change_in_the_better_direction():
-    comparison = {"baseline": {"version": 6}, "metrics": {
-        "accuracy": {"candidate": 0.91, "baseline": 0.92}, "loss": {"candidate": 0.30, "baseline": 0.25}}}  # fmt: skip
+    comparison = {
+        "baseline": {"version": 6},
+        "metrics": {"accuracy": {"candidate": 0.91, "baseline": 0.92}, "loss": {"candidate": 0.30, "baseline": 0.25}},
+    }
     gates = parse_change_gates("accuracy>=-0.005,accuracy>=-2%,loss<=0.1,loss<=10%")
     judged = change_gates(gates, comparison)
     assert [g["passed"] for g in judged] == [False, True, True, False]
@@ -119,8 +121,11 @@ def _tally(kind: str):
     from trainserve.evaluation.records import Tally
     from trainserve.task import Task
 
-    task = Task("classification", classes=2, label_names=("a", "b")) if kind == "classification" else Task(
-        "regression", targets=1)  # fmt: skip
+    task = (
+        Task("classification", classes=2, label_names=("a", "b"))
+        if kind == "classification"
+        else Task("regression", targets=1)
+    )
     plan = Plan((), task, "p")
     return Tally(plan, task_metrics(task, 1))
 

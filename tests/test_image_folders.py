@@ -33,13 +33,37 @@ def image_model(tmp_path_factory):
     truncated = photos / CLASSES[1] / "truncated.jpg"
     truncated.write_bytes(next((photos / CLASSES[1]).glob("*.jpg")).read_bytes()[:300])
     proc = run_cli(
-        "train", "--data", f"{photos}/", "--image-size", IMAGE_SIZE, "--epochs", "8", "--batch-size", "16",
-        "--augment", "flip,rotate,zoom,contrast", "--skip-bad-images", "--model-name", MODEL,
-        "--export-base", root / "models", "--data-dir", root / "data", "--logs-dir", root / "logs", cwd=root,
-    )  # fmt: skip
+        "train",
+        "--data",
+        f"{photos}/",
+        "--image-size",
+        IMAGE_SIZE,
+        "--epochs",
+        "8",
+        "--batch-size",
+        "16",
+        "--augment",
+        "flip,rotate,zoom,contrast",
+        "--skip-bad-images",
+        "--model-name",
+        MODEL,
+        "--export-base",
+        root / "models",
+        "--data-dir",
+        root / "data",
+        "--logs-dir",
+        root / "logs",
+        cwd=root,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"root": root, "photos": photos, "truncated": truncated, "log": proc.stderr,
-            "version": root / "models" / MODEL / "1", "test_dir": root / "data" / MODEL / "test"}  # fmt: skip
+    return {
+        "root": root,
+        "photos": photos,
+        "truncated": truncated,
+        "log": proc.stderr,
+        "version": root / "models" / MODEL / "1",
+        "test_dir": root / "data" / MODEL / "test",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +94,20 @@ def test_folder_trains_with_the_cnn_chosen_for_images_skipping_what_is_no_image(
 @pytest.mark.integration
 def test_a_truncated_jpeg_stops_training_with_one_line_naming_it(image_model, tmp_path):
     photos = shutil.copytree(image_model["photos"], tmp_path / "photos")
-    proc = run_cli("train", "--data", f"{photos}/", "--image-size", IMAGE_SIZE, "--export-base", tmp_path / "m",
-                   "--data-dir", tmp_path / "d", "--logs-dir", tmp_path / "l", cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        "train",
+        "--data",
+        f"{photos}/",
+        "--image-size",
+        IMAGE_SIZE,
+        "--export-base",
+        tmp_path / "m",
+        "--data-dir",
+        tmp_path / "d",
+        "--logs-dir",
+        tmp_path / "l",
+        cwd=tmp_path,
+    )
     assert_one_line_error(
         proc, str(photos / CLASSES[1] / "truncated.jpg"), "not a decodable image", "--skip-bad-images"
     )
@@ -85,8 +121,19 @@ def test_eval_on_the_held_out_folder_and_a_third_party_client_agree(image_model,
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
     report = tmp_path / "report.json"
-    proc = run_cli("eval", "--server", image_server.target, "--model", MODEL, "--data", f"{image_model['test_dir']}/",
-                   "--report", report, "--batch-size", "5")  # fmt: skip
+    proc = run_cli(
+        "eval",
+        "--server",
+        image_server.target,
+        "--model",
+        MODEL,
+        "--data",
+        f"{image_model['test_dir']}/",
+        "--report",
+        report,
+        "--batch-size",
+        "5",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     accuracy = json.loads(report.read_text())["metrics"]["accuracy"]
     assert accuracy >= 0.9
@@ -119,8 +166,21 @@ def test_the_held_out_files_are_the_versions_own_split(image_model, image_server
         image_model["test_dir"]
     )
     report = tmp_path / "held_out.json"
-    proc = run_cli("eval", "--server", image_server.target, "--model", MODEL, "--data", "held-out",
-                   "--data-dir", data_dir, "--report", report, "--min-accuracy", "0.9")  # fmt: skip
+    proc = run_cli(
+        "eval",
+        "--server",
+        image_server.target,
+        "--model",
+        MODEL,
+        "--data",
+        "held-out",
+        "--data-dir",
+        data_dir,
+        "--report",
+        report,
+        "--min-accuracy",
+        "0.9",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     written = json.loads(report.read_text())
     assert written["data_check"]["matches"] is True and written["data"]["examples"] == record["examples"]
@@ -146,8 +206,9 @@ def test_training_pipeline_and_served_signature_see_the_same_pixels(image_model)
 
     files = sorted(str(p) for p in image_model["test_dir"].rglob("*") if p.is_file())
     image = ImageFormat(16, 16, 3)
-    ds = image_file_pipeline(np.array(files), np.zeros(len(files), np.int64), 64, 0, False, ImagePipeline(image),
-                             lambda inputs: inputs)  # fmt: skip
+    ds = image_file_pipeline(
+        np.array(files), np.zeros(len(files), np.int64), 64, 0, False, ImagePipeline(image), lambda inputs: inputs
+    )
     pixels = np.concatenate([batch["images"].numpy() for batch, _ in ds])
     encoded = tf.constant([Path(f).read_bytes() for f in files])
     np.testing.assert_array_equal(pixels, decode_batch(encoded, image).numpy())
@@ -221,6 +282,8 @@ def test_class_names_follow_keras_rules(tmp_path):
     files, names, other = list_images(tmp_path)
     assert names == ["a", "b"]
     assert [(p.relative_to(tmp_path).as_posix(), label) for p, label in files] == [
-        ("a/3.gif", 0), ("b/1.JPEG", 1), ("b/sub/2.Png", 1),
-    ]  # fmt: skip
+        ("a/3.gif", 0),
+        ("b/1.JPEG", 1),
+        ("b/sub/2.Png", 1),
+    ]
     assert other == 2

@@ -60,8 +60,9 @@ def test_kubernetes_validate_strict(rendered):
     _, _, path = rendered
     proc = subprocess.run(
         [TOOLS / "kubernetes-validate", "--strict", "--quiet", "-k", KUBERNETES_VERSION, path],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -69,8 +70,10 @@ def test_policy_scan_has_no_failed_checks(rendered, tmp_path):
     _, _, path = rendered
     proc = subprocess.run(
         [TOOLS / "checkov", "-f", path, "--framework", "kubernetes", "--compact", "--quiet", "--skip-download"],
-        capture_output=True, text=True, cwd=tmp_path,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0 and "Failed checks: 0" in proc.stdout, proc.stdout[-4000:]
 
 
@@ -277,11 +280,15 @@ def test_every_component_has_a_readme_saying_how_to_use_it():
 def test_another_model_name_reaches_training_serving_and_eval(overlay, tmp_path):
     """A user's overlay on top of ours sets MODEL_NAME once: no `digits` is left anywhere."""
     (tmp_path / "kustomization.yaml").write_text(
-        yaml.safe_dump({
-            "resources": [os.path.relpath(REPO / overlay, tmp_path)],
-            "configMapGenerator": [{"name": "trainserve-model", "behavior": "merge", "literals": ["MODEL_NAME=cats"]}],
-        })
-    )  # fmt: skip
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(REPO / overlay, tmp_path)],
+                "configMapGenerator": [
+                    {"name": "trainserve-model", "behavior": "merge", "literals": ["MODEL_NAME=cats"]}
+                ],
+            }
+        )
+    )
     require("kubectl", shutil.which("kubectl") is not None, "kubectl kustomize renders the manifests")
     proc = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -343,12 +350,16 @@ def test_promote_job_gates_a_rollout_with_least_privilege(rendered):
         egress = [
             rule
             for d in docs
-            if d["kind"] == "NetworkPolicy" and "Egress" in d["spec"]["policyTypes"]
+            if d["kind"] == "NetworkPolicy"
+            and "Egress" in d["spec"]["policyTypes"]
             and d["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()
             for rule in d["spec"].get("egress", [])
-        ]  # fmt: skip
-        to_serving = [r for r in egress if r["to"][0].get("podSelector", {}).get("matchLabels") == {
-            "app.kubernetes.io/name": "serve-cpu"}]  # fmt: skip
+        ]
+        to_serving = [
+            r
+            for r in egress
+            if r["to"][0].get("podSelector", {}).get("matchLabels") == {"app.kubernetes.io/name": "serve-cpu"}
+        ]
         assert [p["port"] for r in to_serving for p in r["ports"]] == [8500]
         dns = [r for r in egress if {p["port"] for p in r["ports"]} == {53}]
         assert dns and all(r in to_serving + dns for r in egress), "serve-cpu by name, then its gRPC port only"
@@ -416,12 +427,14 @@ def test_tls_serving_probes_need_no_client_certificate():
 
 def test_cert_manager_issues_the_secrets_the_tls_component_mounts(tmp_path):
     (tmp_path / "kustomization.yaml").write_text(
-        yaml.safe_dump({
-            "namespace": "trainserve",  # as the README's overlay: the Certificates join the Secrets' namespace
-            "resources": [os.path.relpath(REPO / "k8s/overlays/tls", tmp_path)],
-            "components": [os.path.relpath(REPO / "k8s/components/tls-cert-manager", tmp_path)],
-        })
-    )  # fmt: skip
+        yaml.safe_dump(
+            {
+                "namespace": "trainserve",  # as the README's overlay: the Certificates join the Secrets' namespace
+                "resources": [os.path.relpath(REPO / "k8s/overlays/tls", tmp_path)],
+                "components": [os.path.relpath(REPO / "k8s/components/tls-cert-manager", tmp_path)],
+            }
+        )
+    )
     require("kubectl", shutil.which("kubectl") is not None, "kubectl kustomize renders the manifests")
     proc = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -29,8 +29,9 @@ def render_eval_job(tmp_path, component=COMPONENT) -> tuple[dict, str]:
     )
     proc = subprocess.run(
         ["kubectl", "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(tmp_path)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     (job,) = [
         d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "Job" and d["metadata"]["name"] == "eval"
@@ -43,8 +44,9 @@ def test_indexed_eval_job_gives_each_pod_its_own_shard_and_report(tmp_path):
     (tmp_path / "rendered.yaml").write_text(text)
     check = subprocess.run(
         [TOOLS / "kubernetes-validate", "--strict", "--quiet", "-k", KUBERNETES_VERSION, tmp_path / "rendered.yaml"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     spec = job["spec"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 4

@@ -63,9 +63,20 @@ def served(model_versions, tmp_path_factory):
 def test_eval_imports_no_tensorflow(served, tmp_path, core_install):
     server, data = served
     proc = run_eval(
-        "--server", server.target, "--model", "m", "--data", data, "--batch-size", "64",
-        "--report", tmp_path / "eval.json", "--plots", tmp_path / "plots", core_install=core_install,
-    )  # fmt: skip
+        "--server",
+        server.target,
+        "--model",
+        "m",
+        "--data",
+        data,
+        "--batch-size",
+        "64",
+        "--report",
+        tmp_path / "eval.json",
+        "--plots",
+        tmp_path / "plots",
+        core_install=core_install,
+    )
     assert proc.returncode == 0, proc.stderr
     assert heavy_imports(proc) == [], "eval imported a TensorFlow-side package"
     assert json.loads((tmp_path / "eval.json").read_text())["data"]["examples"] == 300
@@ -75,9 +86,16 @@ def test_eval_imports_no_tensorflow(served, tmp_path, core_install):
 def test_compare_local_without_tensorflow_says_what_to_install(served, tiny_savedmodel):
     server, data = served
     proc = run_eval(
-        "--server", server.target, "--model", "m", "--data", data, "--compare-local", tiny_savedmodel,
+        "--server",
+        server.target,
+        "--model",
+        "m",
+        "--data",
+        data,
+        "--compare-local",
+        tiny_savedmodel,
         core_install=True,
-    )  # fmt: skip
+    )
     assert_one_line_error(proc, "needs TensorFlow", "pip install 'trainserve[serve]'")
 
 
@@ -141,9 +159,10 @@ def test_a_whole_rollout_runs_on_the_core_install(model_versions, tmp_path):
         f'model_config_list {{ config {{ name: "m" base_path: "{base}" model_platform: "tensorflow" }} }}\n'
     )
     server = InProcessServer(
-        f"--model_config_file={config}", "--model_config_file_poll_wait_seconds=1",
+        f"--model_config_file={config}",
+        "--model_config_file_poll_wait_seconds=1",
         "--allow_version_labels_for_unavailable_models",
-    )  # fmt: skip
+    )
     try:
         server.wait_available("m", 1)
         rollout = ("--config", config, "--server", server.target)
@@ -152,8 +171,21 @@ def test_a_whole_rollout_runs_on_the_core_install(model_versions, tmp_path):
                 install_version(model_versions[1], base, 2)
             assert f"candidate -> {version}" in light_ok("candidate", *rollout, "--wait", "120")
             report = tmp_path / f"r{version}.json"  # with a gate: promote refuses a report without one
-            light_ok("eval", "--server", server.target, "--model", "m", "--label", "candidate", "--data", data,
-                     "--min-accuracy", "0", "--report", report)  # fmt: skip
+            light_ok(
+                "eval",
+                "--server",
+                server.target,
+                "--model",
+                "m",
+                "--label",
+                "candidate",
+                "--data",
+                data,
+                "--min-accuracy",
+                "0",
+                "--report",
+                report,
+            )
             assert f"stable -> {version}" in light_ok("promote", *rollout, "--report", report)
         assert "stable -> 1" in light_ok("rollback", *rollout, "--reason", "light-client test")
         # The metadata route resolves a label (the status route lists every version, as in TF Serving).

@@ -64,8 +64,11 @@ def ask_for(server, predict, model_service, name: str) -> None:
     metadata.model_spec.name = name
     status = get_model_status_pb2.GetModelStatusRequest()
     status.model_spec.name = name
-    for call, request in [(predict.Predict, predict_request(name)), (predict.GetModelMetadata, metadata),
-                          (model_service.GetModelStatus, status)]:  # fmt: skip
+    for call, request in [
+        (predict.Predict, predict_request(name)),
+        (predict.GetModelMetadata, metadata),
+        (model_service.GetModelStatus, status),
+    ]:
         with pytest.raises(grpc.RpcError) as err:
             call(request, timeout=30)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND, (name, err.value)

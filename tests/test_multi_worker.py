@@ -101,8 +101,10 @@ def test_epoch_checkpoint_restores_model_optimizer_and_epoch_and_only_the_chief_
 
     fresh, fresh_optimizer = build()
     assert EpochCheckpoint(directory, is_chief=False, model=fresh, optimizer=fresh_optimizer).restore() == 3
-    for a, b in zip(model.get_weights() + [v.numpy() for v in optimizer.variables],
-                    fresh.get_weights() + [v.numpy() for v in fresh_optimizer.variables]):  # fmt: skip
+    for a, b in zip(
+        model.get_weights() + [v.numpy() for v in optimizer.variables],
+        fresh.get_weights() + [v.numpy() for v in fresh_optimizer.variables],
+    ):
         np.testing.assert_array_equal(a, b)
     assert int(fresh_optimizer.iterations.numpy()) == 1
     chief.delete()
@@ -121,11 +123,27 @@ class Worker:
         self.log_path = tmp / f"worker-{index}-{run}.log"
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "trainserve", "train", "--epochs", str(epochs), "--batch-size", "32",
-                 "--export-base", str(tmp / "models"), "--data-dir", str(tmp / "data"),
-                 "--logs-dir", str(tmp / "logs"), *args],
-                env=env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "trainserve",
+                    "train",
+                    "--epochs",
+                    str(epochs),
+                    "--batch-size",
+                    "32",
+                    "--export-base",
+                    str(tmp / "models"),
+                    "--data-dir",
+                    str(tmp / "data"),
+                    "--logs-dir",
+                    str(tmp / "logs"),
+                    *args,
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def log(self) -> str:
         return self.log_path.read_text()

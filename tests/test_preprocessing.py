@@ -44,11 +44,14 @@ def test_layers_equal_an_independent_numpy_computation():
     got = np.asarray(keras.Model(raw, feature_layers(spec.preprocessing, raw))(SERVED))
     size = (SERVED["size"] - 3.75) / np.sqrt(np.var([1, 3, 5, 6]))
     count = (SERVED["count"] - 4.0) / np.sqrt(np.var([2, 2, 4, 4, 8]))
-    want = np.array([
-        [size[0], 0, 0, 1, 0, 0, 0, 0],  # a NaN count is its mean (0), no indicator: never missing
-        [0, 1, count[1], 0, 1, 0, 0, 0],  # size missing: 0 and the indicator; colour "" is a category
-        [size[2], 0, count[2], 0, 0, 0, 1, 0],
-    ], np.float32)  # fmt: skip
+    want = np.array(
+        [
+            [size[0], 0, 0, 1, 0, 0, 0, 0],  # a NaN count is its mean (0), no indicator: never missing
+            [0, 1, count[1], 0, 1, 0, 0, 0],  # size missing: 0 and the indicator; colour "" is a category
+            [size[2], 0, count[2], 0, 0, 0, 1, 0],
+        ],
+        np.float32,
+    )
     np.testing.assert_allclose(got, want, atol=1e-6)
     np.testing.assert_allclose(spec.preprocessing.features(SERVED), want, atol=1e-6)
 
@@ -64,8 +67,9 @@ def _raw(spec):
     import keras
 
     inputs = spec.keras_inputs()
-    x = keras.layers.Concatenate()([keras.ops.reshape(keras.ops.nan_to_num(inputs[n]), (-1, 1)) for n in spec.names
-                                    if n != "colour"])  # fmt: skip
+    x = keras.layers.Concatenate()(
+        [keras.ops.reshape(keras.ops.nan_to_num(inputs[n]), (-1, 1)) for n in spec.names if n != "colour"]
+    )
     return keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(x))
 
 
@@ -88,8 +92,10 @@ def test_exported_model_takes_raw_columns_and_answers_as_in_process(function, tm
     loaded = LoadedModel(tmp_path / "1")
     wanted, outputs = loaded.signature("serving_default")
     assert {k: (v.dtype.kind, v.shape) for k, v in wanted.items()} == {
-        "size": ("f", (None,)), "count": ("f", (None,)), "colour": ("O", (None,))
-    }  # fmt: skip
+        "size": ("f", (None,)),
+        "count": ("f", (None,)),
+        "colour": ("O", (None,)),
+    }
     served = loaded.run("serving_default", {**SERVED, "colour": SERVED["colour"].astype(object)})
     in_process = serving_outputs(model(SERVED, training=False), TASK)
     np.testing.assert_allclose(served["probabilities"], np.asarray(in_process["probabilities"]), atol=1e-6)

@@ -37,8 +37,17 @@ def staged(tmp_path):
 
 
 def write_report(path, gates, comparison=None):
-    body = {"model": "m", "version": 1, "label": "candidate", "passed": True, "created": "now", "gates": gates,
-            "metrics": {"accuracy": 0.5}, "min_accuracy": None, "comparison": comparison}  # fmt: skip
+    body = {
+        "model": "m",
+        "version": 1,
+        "label": "candidate",
+        "passed": True,
+        "created": "now",
+        "gates": gates,
+        "metrics": {"accuracy": 0.5},
+        "min_accuracy": None,
+        "comparison": comparison,
+    }
     path.write_text(json.dumps(body))
     return path
 
@@ -71,9 +80,17 @@ def test_force_promotes_a_gateless_report_and_the_history_says_so(staged, caplog
 def test_the_history_names_the_gates_and_the_verdict(staged):
     gates = [
         {"metric": "accuracy", "op": ">=", "threshold": 0.9, "value": 0.95, "passed": True},
-        {"kind": "significance", "metric": "accuracy", "op": "not worse", "threshold": 0.05, "value": 0.4,
-         "baseline_version": 3, "passed": True, "said": "..."},
-    ]  # fmt: skip
+        {
+            "kind": "significance",
+            "metric": "accuracy",
+            "op": "not worse",
+            "threshold": 0.05,
+            "value": 0.4,
+            "baseline_version": 3,
+            "passed": True,
+            "said": "...",
+        },
+    ]
     comparison = {"verdict_line": "v1 vs v3: no significant difference (p=0.4, ...)"}
     promote(PromoteConfig(staged, write_report(staged.parent / "r.json", gates, comparison)))
     entry = read_history(history_path(staged))[-1]

@@ -23,11 +23,25 @@ def render(page, tmp_path) -> tuple[str, list[str]]:
     """The DOM after the page's load event, and the browser's console lines."""
     require("chromium", CHROMIUM is not None, "renders report.html in a real browser (.ci/run installs it)")
     proc = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-         "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout, [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
 
@@ -66,14 +80,33 @@ def compared(model_versions, tmp_path_factory):
     for version in (1, 2):
         install_version(model_versions[version - 1], root / "m", version)
     config = root / "models.config"
-    config.write_text(f'model_config_list {{ config {{ name: "m" base_path: "{root / "m"}" '
-                      'model_platform: "tensorflow" model_version_policy { all {} } } }\n')  # fmt: skip
+    config.write_text(
+        f'model_config_list {{ config {{ name: "m" base_path: "{root / "m"}" '
+        'model_platform: "tensorflow" model_version_policy { all {} } } }\n'
+    )
     server = InProcessServer(f"--model_config_file={config}")
     try:
         server.wait_available("m", 2)
         server.wait_available("m", 1)
-        main(["eval", "--server", server.target, "--model", "m", "--version", "2", "--compare-with", "1",
-              "--data", "digits", "--report", str(root / "eval.json"), "--min-accuracy", "0.5"])  # fmt: skip
+        main(
+            [
+                "eval",
+                "--server",
+                server.target,
+                "--model",
+                "m",
+                "--version",
+                "2",
+                "--compare-with",
+                "1",
+                "--data",
+                "digits",
+                "--report",
+                str(root / "eval.json"),
+                "--min-accuracy",
+                "0.5",
+            ]
+        )
     finally:
         assert server.stop() == 0
     return root
@@ -95,8 +128,17 @@ def test_the_report_reads_in_a_browser(compared, tmp_path):
     assert seen.texts["comparison-verdict"] == report["comparison"]["verdict_line"]
     assert seen.texts["comparison-verdict"].startswith("v2 vs v1: ")
     # The tables: both versions' metrics with the interval, the discordant pairs, per class, latency.
-    for header in ("v2", "v1", "difference", "95% CI (paired bootstrap)", "v2 right", "v1 wrong", "precision",
-                   "p99 ms", "right only in v2"):  # fmt: skip
+    for header in (
+        "v2",
+        "v1",
+        "difference",
+        "95% CI (paired bootstrap)",
+        "v2 right",
+        "v1 wrong",
+        "precision",
+        "p99 ms",
+        "right only in v2",
+    ):
         assert header in seen.cells, header
     accuracy = report["comparison"]["metrics"]["accuracy"]
     row = seen.cells[seen.cells.index("accuracy") : seen.cells.index("accuracy") + 3]
@@ -105,8 +147,9 @@ def test_the_report_reads_in_a_browser(compared, tmp_path):
     ids = {image["id"]: image for image in seen.images}
     assert set(ids) == {"confusion-v2", "confusion-v1", "latency-v2", "latency-v1"}
     assert all(image["src"].startswith("data:image/png;base64,") for image in ids.values())
-    assert all(int(image["data-natural-width"]) > 100 and int(image["data-natural-height"]) > 100
-               for image in ids.values()), ids  # fmt: skip
+    assert all(
+        int(image["data-natural-width"]) > 100 and int(image["data-natural-height"]) > 100 for image in ids.values()
+    ), ids
 
 
 def test_the_browser_check_sees_a_broken_page(tmp_path):

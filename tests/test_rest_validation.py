@@ -29,9 +29,7 @@ WIRE_ROW = {"x": [1.0, 2.0, 3.0], "n": 4, "s": "abc"}
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("rest")
-    server = serve_models(
-        root, csv=save_csv_model(root / "csv" / "1"), w=save_wire_model(root / "w" / "1")
-    )  # fmt: skip
+    server = serve_models(root, csv=save_csv_model(root / "csv" / "1"), w=save_wire_model(root / "w" / "1"))
     yield server
     assert server.stop() == 0
 
@@ -57,13 +55,20 @@ def instances(*changes: dict) -> dict:
     [
         pytest.param({"instances": [ROW, {"a": 0.2, "kind": "q"}]}, "instance 1 lacks 'b'", id="missing-key"),
         pytest.param(instances({"c": 1.0}), "instance 0 has unknown 'c'", id="extra-key"),
-        pytest.param({"inputs": {"a": [1.0], "b": [1.0], "kind": ["p"], "c": [1]}}, "has unknown 'c'",
-                     id="extra-key-columnar"),
-        pytest.param(instances({"a": "0.9"}), "input 'a' (instance 0): JSON value \"0.9\" is a string: expected "
-                     "float32", id="string-for-number"),
+        pytest.param(
+            {"inputs": {"a": [1.0], "b": [1.0], "kind": ["p"], "c": [1]}}, "has unknown 'c'", id="extra-key-columnar"
+        ),
+        pytest.param(
+            instances({"a": "0.9"}),
+            "input 'a' (instance 0): JSON value \"0.9\" is a string: expected float32",
+            id="string-for-number",
+        ),
         pytest.param(instances({"a": True}), "JSON value true is a boolean: expected float32", id="bool-for-number"),
-        pytest.param(instances({}, {"b": {"v": 1}}), "input 'b' (instance 1): JSON value {\"v\": 1} is an object",
-                     id="nested-object"),
+        pytest.param(
+            instances({}, {"b": {"v": 1}}),
+            "input 'b' (instance 1): JSON value {\"v\": 1} is an object",
+            id="nested-object",
+        ),
         pytest.param({"instances": [ROW | {"b": None}]}, "JSON value null is null: expected float32", id="null"),
         pytest.param(instances({"a": {"b64": "AAAA"}}), '{"b64": ...} is for DT_STRING inputs', id="b64-for-number"),
         pytest.param(instances({"kind": 3}), "JSON value 3 is a number: expected a string", id="number-for-string"),
@@ -72,16 +77,20 @@ def instances(*changes: dict) -> dict:
         pytest.param(instances({"a": 1e39}), "to float32 without loss of precision", id="float-out-of-range"),
         pytest.param(instances({"a": [1.0]}, {}), "instance 1 has shape []: expected [1]", id="ragged-instances"),
         pytest.param({"instances": []}, '"instances" is a list: expected a non-empty list', id="no-instances"),
-        pytest.param({"instances": [1.0]}, "a list of values: expected objects with keys ['a', 'b', 'kind']",
-                     id="plain-list"),
+        pytest.param(
+            {"instances": [1.0]}, "a list of values: expected objects with keys ['a', 'b', 'kind']", id="plain-list"
+        ),
         pytest.param({"inputs": [1.0]}, '"inputs" is a list: expected an object', id="plain-inputs"),
         pytest.param({"instances": [ROW], "signature_name": 5}, '"signature_name" is not a string', id="signature"),
         pytest.param(b'{"instances": [' * 5000, "JSON parse error", id="deep-nesting"),
         pytest.param(b"{", "JSON parse error", id="not-json"),
-        pytest.param(b'{"inputs": {"b": [1], "kind": ["p"], "a": ' + b"[" * 70 + b"]" * 70 + b"}}",
-                     "input 'a' (\"inputs\"): lists nested deeper than 64", id="too-many-dimensions"),
+        pytest.param(
+            b'{"inputs": {"b": [1], "kind": ["p"], "a": ' + b"[" * 70 + b"]" * 70 + b"}}",
+            "input 'a' (\"inputs\"): lists nested deeper than 64",
+            id="too-many-dimensions",
+        ),
     ],
-)  # fmt: skip
+)
 def test_malformed_bodies_are_refused_with_the_input_and_what_was_expected(served, body, message):
     status, answer = post(served, "csv", body)
     assert status == 400 and message in answer["error"], (status, answer)
@@ -97,7 +106,7 @@ def test_malformed_bodies_are_refused_with_the_input_and_what_was_expected(serve
         pytest.param(WIRE_ROW | {"n": 2**63}, "out of range: expected int64", id="int64-range"),
         pytest.param(WIRE_ROW | {"s": "\ud800"}, "is not valid Unicode", id="lone-surrogate"),
     ],
-)  # fmt: skip
+)
 def test_rows_must_agree_in_shape_and_type(served, row, message):
     status, answer = post(served, "w", {"instances": [WIRE_ROW, row]})
     assert status == 400 and message in answer["error"], (status, answer)
@@ -152,21 +161,35 @@ X, N, S = np.ones((1, 3), np.float32), np.array([4], np.int64), np.array([b"abc"
 @pytest.mark.parametrize(
     "key, proto, message",
     [
-        pytest.param("x", broken(X, tensor_content=b"\0" * 10), "x: tensor_content holds 10 bytes: expected 12",
-                     id="content-length"),
-        pytest.param("s", broken(S, tensor_content=b"abc"), "DT_STRING cannot travel as tensor_content",
-                     id="string-content"),
-        pytest.param("n", broken(N, as_values=True, dims=[-1]), "n: tensor_shape [-1] has a negative dimension",
-                     id="negative-dim"),
-        pytest.param("x", broken(X, as_values=True, dims=[2**40, 2**40]), "expected at most 2147483647",
-                     id="huge-shape"),
-        pytest.param("n", broken(N, as_values=True, float_val=[1.0]), "DT_INT64 values travel in int64_val: found "
-                     "float_val", id="val-field-of-another-dtype"),
+        pytest.param(
+            "x",
+            broken(X, tensor_content=b"\0" * 10),
+            "x: tensor_content holds 10 bytes: expected 12",
+            id="content-length",
+        ),
+        pytest.param(
+            "s", broken(S, tensor_content=b"abc"), "DT_STRING cannot travel as tensor_content", id="string-content"
+        ),
+        pytest.param(
+            "n",
+            broken(N, as_values=True, dims=[-1]),
+            "n: tensor_shape [-1] has a negative dimension",
+            id="negative-dim",
+        ),
+        pytest.param(
+            "x", broken(X, as_values=True, dims=[2**40, 2**40]), "expected at most 2147483647", id="huge-shape"
+        ),
+        pytest.param(
+            "n",
+            broken(N, as_values=True, float_val=[1.0]),
+            "DT_INT64 values travel in int64_val: found float_val",
+            id="val-field-of-another-dtype",
+        ),
         pytest.param("x", broken(X, as_values=True, float_val=[1.0]), "holds 4 values: expected 3", id="val-count"),
         pytest.param("x", broken(X, dtype=999), "tensor dtype DataType 999 is not supported", id="unknown-dtype"),
         pytest.param("x", broken(X, dtype=types_pb2.DT_BFLOAT16), "DT_BFLOAT16 is not supported", id="bfloat16"),
     ],
-)  # fmt: skip
+)
 def test_tensor_protos_that_do_not_decode_are_invalid_argument_naming_the_input(served, key, proto, message):
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "w"

@@ -59,10 +59,18 @@ def stage(site, version=None, server=None) -> FakeServer:
 
 
 def report(site, version, passed=True, model="m", name="eval.json") -> Path:
-    body = {"model": model, "version": version, "label": "candidate", "passed": passed, "created": "now",
-            "metrics": {"accuracy": 0.95 if passed else 0.1}, "min_accuracy": 0.9,
-            "gates": [{"metric": "accuracy", "op": ">=", "threshold": 0.9, "value": 0.95 if passed else 0.1,
-                       "passed": passed}]}  # fmt: skip
+    body = {
+        "model": model,
+        "version": version,
+        "label": "candidate",
+        "passed": passed,
+        "created": "now",
+        "metrics": {"accuracy": 0.95 if passed else 0.1},
+        "min_accuracy": 0.9,
+        "gates": [
+            {"metric": "accuracy", "op": ">=", "threshold": 0.9, "value": 0.95 if passed else 0.1, "passed": passed}
+        ],
+    }
     path = site / name
     path.write_text(json.dumps(body))
     return path
@@ -285,9 +293,11 @@ def test_serving_image_starts_the_rollout_config_or_waits_for_it(serving_image_b
 
     not_writable = tmp_path / "not-mounted-yet"  # where the config cannot be written (read-only in k8s)
     waiting = subprocess.Popen(
-        [serve_cpu_scripts.SERVE_CPU / "entrypoint.sh"], env={**box, "ROLLOUT_CONFIG_FILE":
-        str(not_writable / "models.config"), "ROLLOUT_WAIT_SECONDS": "0.2"}, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [serve_cpu_scripts.SERVE_CPU / "entrypoint.sh"],
+        env={**box, "ROLLOUT_CONFIG_FILE": str(not_writable / "models.config"), "ROLLOUT_WAIT_SECONDS": "0.2"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     # The script says it waits just before its wait loop; it can leave the loop only once the config exists.
     said = next((line for line in iter(waiting.stderr.readline, "") if "waiting for" in line), None)  # None: it ended
     assert said is not None and waiting.poll() is None, "waits for the promote Job's config"

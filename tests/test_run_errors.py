@@ -48,11 +48,23 @@ def test_every_code_has_tf_servings_http_status():
     """ToHTTPStatusCode (model_servers/http_server.cc): no code falls through to a default."""
     assert set(HTTP_STATUS) == set(grpc.StatusCode) - {grpc.StatusCode.OK}
     assert {c.name: int(s) for c, s in HTTP_STATUS.items()} == {
-        "CANCELLED": 499, "UNKNOWN": 500, "INVALID_ARGUMENT": 400, "DEADLINE_EXCEEDED": 504, "NOT_FOUND": 404,
-        "ALREADY_EXISTS": 409, "PERMISSION_DENIED": 403, "RESOURCE_EXHAUSTED": 429, "FAILED_PRECONDITION": 400,
-        "ABORTED": 409, "OUT_OF_RANGE": 400, "UNIMPLEMENTED": 501, "INTERNAL": 500, "UNAVAILABLE": 503,
-        "DATA_LOSS": 500, "UNAUTHENTICATED": 401,
-    }  # fmt: skip
+        "CANCELLED": 499,
+        "UNKNOWN": 500,
+        "INVALID_ARGUMENT": 400,
+        "DEADLINE_EXCEEDED": 504,
+        "NOT_FOUND": 404,
+        "ALREADY_EXISTS": 409,
+        "PERMISSION_DENIED": 403,
+        "RESOURCE_EXHAUSTED": 429,
+        "FAILED_PRECONDITION": 400,
+        "ABORTED": 409,
+        "OUT_OF_RANGE": 400,
+        "UNIMPLEMENTED": 501,
+        "INTERNAL": 500,
+        "UNAVAILABLE": 503,
+        "DATA_LOSS": 500,
+        "UNAUTHENTICATED": 401,
+    }
 
 
 @pytest.mark.unit

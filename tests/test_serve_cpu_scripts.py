@@ -54,7 +54,7 @@ def box(tmp_path) -> dict:
 def entrypoint(env: dict, **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [SERVE_CPU / "entrypoint.sh"], env={**env, **extra}, capture_output=True, text=True, timeout=30
-    )  # fmt: skip
+    )
 
 
 def server_flags(env: dict) -> dict[str, str]:
@@ -65,7 +65,7 @@ def server_flags(env: dict) -> dict[str, str]:
 def healthcheck(env: dict, *args: str, **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [SERVE_CPU / "healthcheck.sh", *args], env={**env, **extra}, capture_output=True, text=True, timeout=30
-    )  # fmt: skip
+    )
 
 
 MULTI = """

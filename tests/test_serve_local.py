@@ -35,17 +35,20 @@ def test_sigterm_during_a_long_request_finishes_it_and_exits_zero(serve_local, t
 @pytest.mark.parametrize(
     "flags, fragment",
     [
-        pytest.param(["--model_name=m", "--model_base_path=/x", "--rest_api_prot=1"], "--rest_api_prot",
-                     id="unknown-flag"),
+        pytest.param(
+            ["--model_name=m", "--model_base_path=/x", "--rest_api_prot=1"], "--rest_api_prot", id="unknown-flag"
+        ),
         pytest.param(["--model_config_file={tmp}/bad.config"], "line 2:12", id="bad-config"),
         pytest.param(["--model_config_file={tmp}/none.config"], "cannot be read", id="missing-config"),
-        pytest.param(["--model_name=m", "--model_base_path=/x", "--batching_parameters_file={tmp}/bad.config"],
-                     "but --enable_batching is not", id="batching-without-enable"),  # noqa: E501
-        pytest.param(["--model_name=m", "--model_base_path=/x", "--port={taken}"], "is not available",
-                     id="port-taken"),
+        pytest.param(
+            ["--model_name=m", "--model_base_path=/x", "--batching_parameters_file={tmp}/bad.config"],
+            "but --enable_batching is not",
+            id="batching-without-enable",
+        ),  # noqa: E501
+        pytest.param(["--model_name=m", "--model_base_path=/x", "--port={taken}"], "is not available", id="port-taken"),
         pytest.param(["--model_name=m"], "expected --model_base_path", id="no-model"),
     ],
-)  # fmt: skip
+)
 def test_bad_startup_is_a_one_line_error(flags, fragment, tmp_path):
     import socket
 

@@ -35,16 +35,23 @@ def test_batching_parameters_with_wrapper_fields(tmp_path):
     "text, message",
     [
         pytest.param("max_batch_size: 128\n", "line 1", id="bare-value-for-wrapper"),
-        pytest.param("max_batch_size { value: 8 }\nallowed_batch_sizes: 4\n", "ending with max_batch_size (8)",
-                     id="last-size"),
-        pytest.param("max_batch_size { value: 8 }\nallowed_batch_sizes: 8\nallowed_batch_sizes: 4\n",
-                     "expected increasing sizes", id="order"),
+        pytest.param(
+            "max_batch_size { value: 8 }\nallowed_batch_sizes: 4\n", "ending with max_batch_size (8)", id="last-size"
+        ),
+        pytest.param(
+            "max_batch_size { value: 8 }\nallowed_batch_sizes: 8\nallowed_batch_sizes: 4\n",
+            "expected increasing sizes",
+            id="order",
+        ),
         pytest.param("max_batch_size { value: 0 }\n", "must be >= 1", id="zero"),
         pytest.param("batch_timeout_micros { value: -1 }\n", "must be >= 0", id="negative-timeout"),
-        pytest.param("pad_variable_length_inputs: true\n", "pad_variable_length_inputs is not supported by "
-                     "serve-local: expected it false", id="pad-variable-length"),
+        pytest.param(
+            "pad_variable_length_inputs: true\n",
+            "pad_variable_length_inputs is not supported by serve-local: expected it false",
+            id="pad-variable-length",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_batching_parameters(tmp_path, text, message):
     with pytest.raises(TrainserveError) as err:
         parse_batching(_write(tmp_path, text))
@@ -61,15 +68,24 @@ def test_monitoring_config(tmp_path):
     "text, message",
     [
         pytest.param('model_config_list { config { name: "a" } }', "needs a name and a base_path", id="no-base"),
-        pytest.param('model_config_list { config { name: "a" base_path: "/a" } config { name: "a" base_path: "/b" } }',
-                     "configured twice", id="duplicate"),
-        pytest.param('model_config_list { config { name: "a" base_path: "/a" model_platform: "pytorch" } }',
-                     "expected tensorflow", id="platform"),
-        pytest.param('model_config_list { config { name: "a" base_path: "/a" version_labels { key: "x-y" value: 1 }}}',
-                     "expected [a-zA-Z0-9_]+", id="label-name"),
+        pytest.param(
+            'model_config_list { config { name: "a" base_path: "/a" } config { name: "a" base_path: "/b" } }',
+            "configured twice",
+            id="duplicate",
+        ),
+        pytest.param(
+            'model_config_list { config { name: "a" base_path: "/a" model_platform: "pytorch" } }',
+            "expected tensorflow",
+            id="platform",
+        ),
+        pytest.param(
+            'model_config_list { config { name: "a" base_path: "/a" version_labels { key: "x-y" value: 1 }}}',
+            "expected [a-zA-Z0-9_]+",
+            id="label-name",
+        ),
         pytest.param("model_config_list {\n  config {\n    name: 3\n  }\n}", "line 3:11", id="wrong-type"),
     ],
-)  # fmt: skip
+)
 def test_bad_model_config(tmp_path, text, message):
     with pytest.raises(TrainserveError) as err:
         parse_model_config(_write(tmp_path, text))
@@ -82,13 +98,22 @@ def serve_local_options(*flags: str) -> ServerOptions:
 
 def test_server_options_take_tensorflow_model_servers_flag_spellings():
     options = serve_local_options(
-        "--model_name=digits", "--model_base_path", "/models/digits", "--rest_api_port=8501",
-        "--enable_batching", "--enable_model_warmup=false", "--file_system_poll_wait_seconds=0",
-    )  # fmt: skip
+        "--model_name=digits",
+        "--model_base_path",
+        "/models/digits",
+        "--rest_api_port=8501",
+        "--enable_batching",
+        "--enable_model_warmup=false",
+        "--file_system_poll_wait_seconds=0",
+    )
     assert options == ServerOptions(
-        model_name="digits", model_base_path="/models/digits", rest_api_port=8501, enable_batching=True,
-        enable_model_warmup=False, file_system_poll_wait_seconds=0,
-    )  # fmt: skip
+        model_name="digits",
+        model_base_path="/models/digits",
+        rest_api_port=8501,
+        enable_batching=True,
+        enable_model_warmup=False,
+        file_system_poll_wait_seconds=0,
+    )
     assert serve_local_options() == ServerOptions(), "no flag: tensorflow_model_server's defaults"
 
 

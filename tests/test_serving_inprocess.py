@@ -191,12 +191,14 @@ def test_rest_status_metadata_and_both_predict_formats(serve_in_process, model_v
         pytest.param({"label": "gold"}, grpc.StatusCode.INVALID_ARGUMENT, "version label: gold", id="unknown-label"),
         pytest.param({"signature": "nope"}, grpc.StatusCode.FAILED_PRECONDITION, '"nope" not found', id="signature"),
         pytest.param({"pixels": IMAGES}, grpc.StatusCode.INVALID_ARGUMENT, "unknown ['pixels']", id="input-name"),
-        pytest.param({"images": IMAGES.astype(np.float32)}, grpc.StatusCode.INVALID_ARGUMENT, "expected uint8",
-                     id="dtype"),
-        pytest.param({"images": IMAGES[:, :4]}, grpc.StatusCode.INVALID_ARGUMENT, "expected uint8 [None, 8, 8, 1]",
-                     id="shape"),
+        pytest.param(
+            {"images": IMAGES.astype(np.float32)}, grpc.StatusCode.INVALID_ARGUMENT, "expected uint8", id="dtype"
+        ),
+        pytest.param(
+            {"images": IMAGES[:, :4]}, grpc.StatusCode.INVALID_ARGUMENT, "expected uint8 [None, 8, 8, 1]", id="shape"
+        ),
     ],
-)  # fmt: skip
+)
 def test_errors_carry_tf_serving_status_codes(running_m, request_kwargs, code, message):
     predict, _ = stubs(running_m)
     error = rpc_error(predict.Predict, predict_request(**request_kwargs))
@@ -258,9 +260,11 @@ def test_batching_rejects_requests_over_max_batch_size(serve_in_process, model_v
         "max_batch_size { value: 4 }\nbatch_timeout_micros { value: 0 }\nnum_batch_threads { value: 2 }\n"
     )
     server = serve_in_process(
-        "--model_name=m", f"--model_base_path={tmp_path / 'm'}", "--enable_batching",
+        "--model_name=m",
+        f"--model_base_path={tmp_path / 'm'}",
+        "--enable_batching",
         f"--batching_parameters_file={params}",
-    )  # fmt: skip
+    )
     server.wait_available("m", 1)
     predict, _ = stubs(server)
     assert predict.Predict(predict_request(images=IMAGES[:4]), timeout=30).outputs["classes"].int64_val

@@ -16,9 +16,15 @@ def _train_without_architecture(tmp_path, data: str, **options):
     from trainserve.training.run import train
 
     config = TrainConfig(
-        data=data, model_name="m", export_base=tmp_path / "models", data_dir=tmp_path / "data",
-        logs_dir=tmp_path / "logs", epochs=1, batch_size=16, **options,
-    )  # fmt: skip
+        data=data,
+        model_name="m",
+        export_base=tmp_path / "models",
+        data_dir=tmp_path / "data",
+        logs_dir=tmp_path / "logs",
+        epochs=1,
+        batch_size=16,
+        **options,
+    )
     assert config.architecture == "auto"
     result = train(config)
     assert result.version == 1

@@ -37,20 +37,34 @@ def test_fingerprint_is_the_same_from_the_arrays_and_from_the_file(tmp_path):
 @pytest.mark.parametrize(
     ("version", "data", "want"),
     [
-        pytest.param({"source": "digits", "seed": 0, "test_fraction": 0.2},
-                     {"source": "digits", "seed": 3, "test_fraction": 0.2}, True, id="digits-other-seed"),
-        pytest.param({"source": "digits", "seed": 0, "test_fraction": 0.2},
-                     {"source": "digits", "seed": 0, "test_fraction": 0.2}, False, id="digits-same-seed"),
-        pytest.param({"source": "t.csv", "source_sha256": "a", "seed": 0, "test_fraction": 0.2},
-                     {"source": "t.csv", "source_sha256": "b", "seed": 1, "test_fraction": 0.2}, None,
-                     id="csv-other-content"),
-        pytest.param({"source": "t.csv", "source_sha256": "a", "seed": 0, "test_fraction": 0.2},
-                     {"source": "t.csv", "source_sha256": "a", "seed": 0, "test_fraction": 0.3}, True,
-                     id="csv-other-fraction"),
+        pytest.param(
+            {"source": "digits", "seed": 0, "test_fraction": 0.2},
+            {"source": "digits", "seed": 3, "test_fraction": 0.2},
+            True,
+            id="digits-other-seed",
+        ),
+        pytest.param(
+            {"source": "digits", "seed": 0, "test_fraction": 0.2},
+            {"source": "digits", "seed": 0, "test_fraction": 0.2},
+            False,
+            id="digits-same-seed",
+        ),
+        pytest.param(
+            {"source": "t.csv", "source_sha256": "a", "seed": 0, "test_fraction": 0.2},
+            {"source": "t.csv", "source_sha256": "b", "seed": 1, "test_fraction": 0.2},
+            None,
+            id="csv-other-content",
+        ),
+        pytest.param(
+            {"source": "t.csv", "source_sha256": "a", "seed": 0, "test_fraction": 0.2},
+            {"source": "t.csv", "source_sha256": "a", "seed": 0, "test_fraction": 0.3},
+            True,
+            id="csv-other-fraction",
+        ),
         pytest.param({"source": "f.npz", "seed": 0}, {"source": "f.npz", "seed": 1}, None, id="file-own-split"),
         pytest.param({"source": "digits", "seed": 0}, None, None, id="unknown-data"),
     ],
-)  # fmt: skip
+)
 def test_overlap_is_known_only_for_sources_split_by_seed(version, data, want):
     assert known_overlap(version, data) is want
 
@@ -71,12 +85,15 @@ def two_trainings(trained_digits, tmp_path_factory):
     install_version(trained_digits / "models" / "digits" / "1", root / "models" / "digits", 1)
     first_split = json.loads((root / "data" / "digits" / "versions" / "1.json").read_text())["test_split"]
     before = sha(root / "data" / "digits" / first_split["file"])
-    result = train(TrainConfig(epochs=1, seed=3, export_base=root / "models", data_dir=root / "data",
-                               logs_dir=root / "logs"))  # fmt: skip
+    result = train(
+        TrainConfig(epochs=1, seed=3, export_base=root / "models", data_dir=root / "data", logs_dir=root / "logs")
+    )
     assert result.version == 2
     config = root / "models.config"
-    config.write_text(f'model_config_list {{ config {{ name: "digits" base_path: "{root / "models" / "digits"}" '
-                      'model_platform: "tensorflow" model_version_policy { all {} } } }\n')  # fmt: skip
+    config.write_text(
+        f'model_config_list {{ config {{ name: "digits" base_path: "{root / "models" / "digits"}" '
+        'model_platform: "tensorflow" model_version_policy { all {} } } }\n'
+    )
     server = InProcessServer(f"--model_config_file={config}")
     server.wait_available("digits", 1)
     server.wait_available("digits", 2)
@@ -102,8 +119,22 @@ def test_two_trainings_keep_each_versions_split_and_record(two_trainings):
 
 def run_eval(server, root, tmp_path, *args) -> tuple[int, dict]:
     report = tmp_path / "eval.json"
-    code = main(["eval", "--server", server.target, "--model", "digits", "--data-dir", str(root / "data"),
-                 "--report", str(report), "--min-accuracy", "0.1", *map(str, args)])  # fmt: skip
+    code = main(
+        [
+            "eval",
+            "--server",
+            server.target,
+            "--model",
+            "digits",
+            "--data-dir",
+            str(root / "data"),
+            "--report",
+            str(report),
+            "--min-accuracy",
+            "0.1",
+            *map(str, args),
+        ]
+    )
     return code, json.loads(report.read_text())
 
 
@@ -132,8 +163,22 @@ def test_another_versions_split_warns_and_rows_it_trained_on_refuse_every_gate(t
 @pytest.mark.unit
 def test_held_out_needs_a_record_and_digits_refuses_a_version_trained_on_other_data(two_trainings, tmp_path, capsys):
     server, root, _ = two_trainings
-    assert main(["eval", "--server", server.target, "--model", "digits", "--data", "held-out",
-                 "--data-dir", str(tmp_path / "empty")]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "eval",
+                "--server",
+                server.target,
+                "--model",
+                "digits",
+                "--data",
+                "held-out",
+                "--data-dir",
+                str(tmp_path / "empty"),
+            ]
+        )
+        == 2
+    )
     assert "no held-out split recorded for model 'digits' version 2" in capsys.readouterr().err
     record = root / "data" / "digits" / "versions" / "2.json"
     other = tmp_path / "data" / "digits" / "versions" / "2.json"
@@ -141,7 +186,21 @@ def test_held_out_needs_a_record_and_digits_refuses_a_version_trained_on_other_d
     body = json.loads(record.read_text())
     body["test_split"]["provenance"] = {"source": "mnist", "seed": 0}
     other.write_text(json.dumps(body))
-    assert main(["eval", "--server", server.target, "--model", "digits", "--data", "digits",
-                 "--data-dir", str(tmp_path / "data")]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "eval",
+                "--server",
+                server.target,
+                "--model",
+                "digits",
+                "--data",
+                "digits",
+                "--data-dir",
+                str(tmp_path / "data"),
+            ]
+        )
+        == 2
+    )
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "was trained on 'mnist', not digits: expected --data held-out" in line

@@ -30,11 +30,29 @@ def iris(tmp_path_factory):
     root = tmp_path_factory.mktemp("iris")
     runpy.run_path(str(EXAMPLE))["write_data"](str(root / "csv"))
     proc = run_cli(
-        "train", "--data", root / "csv" / "train.csv", "--label-column", "species", "--model-fn",
-        f"{EXAMPLE}:build_model", "--model-name", "iris", "--epochs", "60", "--batch-size", "16",
-        "--learning-rate", "0.01", "--export-base", root / "models", "--data-dir", root / "shared",
-        "--logs-dir", root / "logs", cwd=root,
-    )  # fmt: skip
+        "train",
+        "--data",
+        root / "csv" / "train.csv",
+        "--label-column",
+        "species",
+        "--model-fn",
+        f"{EXAMPLE}:build_model",
+        "--model-name",
+        "iris",
+        "--epochs",
+        "60",
+        "--batch-size",
+        "16",
+        "--learning-rate",
+        "0.01",
+        "--export-base",
+        root / "models",
+        "--data-dir",
+        root / "shared",
+        "--logs-dir",
+        root / "logs",
+        cwd=root,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     server = InProcessServer("--model_name=iris", f"--model_base_path={root / 'models' / 'iris'}")
     server.wait_available("iris", 1)
@@ -59,9 +77,11 @@ def test_metadata_and_signature_name_the_raw_columns_and_the_classes(iris):
     assert meta["label_names"] == ["setosa", "versicolor", "virginica"]
     wanted, outputs = LoadedModel(version).signature("serving_default")
     assert {k: (v.dtype.name, v.shape) for k, v in wanted.items()} == {
-        "petal_length": ("float32", (None,)), "sepal_length": ("float32", (None,)),
-        "sepal_width": ("float32", (None,)), "petal_size": ("object", (None,)),
-    }  # fmt: skip
+        "petal_length": ("float32", (None,)),
+        "sepal_length": ("float32", (None,)),
+        "sepal_width": ("float32", (None,)),
+        "petal_size": ("object", (None,)),
+    }
     assert sorted(outputs) == ["class_names", "classes", "label_names", "probabilities", "unknown_categories"]
     assert meta["signature"]["outputs"] == sorted(outputs), "trainserve.json names what the signature answers"
     assert {i["name"]: i["dtype"] for i in meta["inputs"]}["petal_size"] == "string"
@@ -88,9 +108,15 @@ def test_served_equals_in_process_and_rest_takes_a_raw_json_row(iris):
 
     root, server = iris
     report = _eval(
-        server, root, "--data", str(root / "csv" / "test.csv"), "--label-column", "species",
-        "--compare-local", str(root / "models" / "iris" / "1"),
-    )  # fmt: skip
+        server,
+        root,
+        "--data",
+        str(root / "csv" / "test.csv"),
+        "--label-column",
+        "species",
+        "--compare-local",
+        str(root / "models" / "iris" / "1"),
+    )
     assert report["compare_local"]["max_abs_diff"] == 0.0 and report["compare_local"]["class_agreement"] == 1.0
 
     data = open_eval_data(str(root / "csv" / "test.csv"), label_column="species")
@@ -99,8 +125,9 @@ def test_served_equals_in_process_and_rest_takes_a_raw_json_row(iris):
     dtypes = {k: v.dtype for k, v in local.signature("serving_default")[0].items()}
     want = local.run("serving_default", {k: text_as(v, dtypes[k], k) for k, v in columns.items()})
     # The CSV rows as JSON instances: text as it is, numbers as numbers (an empty cell as NaN).
-    rows = [{k: str(v[i]) if dtypes[k].kind == "O" else float(v[i] or "nan") for k, v in columns.items()}
-            for i in range(5)]  # fmt: skip
+    rows = [
+        {k: str(v[i]) if dtypes[k].kind == "O" else float(v[i] or "nan") for k, v in columns.items()} for i in range(5)
+    ]
     code, body = server.post("/v1/models/iris:predict", {"instances": rows})
     assert code == 200, body
     got = body["predictions"]
@@ -124,9 +151,29 @@ def test_eval_on_the_shared_split_and_label_names_the_model_lacks(iris, tmp_path
 
 def test_load_on_the_raw_csv_checks_answers_against_the_class_names(iris, tmp_path):
     root, server = iris
-    code = main(["load", "--server", server.target, "--model", "iris", "--data", str(root / "csv" / "test.csv"),
-                 "--label-column", "species", "--batch-sizes", "4", "--concurrency", "1", "--window-s", "0.2",
-                 "--max-windows", "3", "--report", str(tmp_path / "load.json")])  # fmt: skip
+    code = main(
+        [
+            "load",
+            "--server",
+            server.target,
+            "--model",
+            "iris",
+            "--data",
+            str(root / "csv" / "test.csv"),
+            "--label-column",
+            "species",
+            "--batch-sizes",
+            "4",
+            "--concurrency",
+            "1",
+            "--window-s",
+            "0.2",
+            "--max-windows",
+            "3",
+            "--report",
+            str(tmp_path / "load.json"),
+        ]
+    )
     assert code == 0
     (point,) = json.loads((tmp_path / "load.json").read_text())["points"]
     assert point["quality"]["accuracy"] >= 0.85, point["quality"]
@@ -138,8 +185,12 @@ def test_grpc_predict_with_a_missing_number_and_an_empty_category_answers(iris):
 
     _, server = iris
     request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name="iris"))
-    row = {"sepal_length": np.float32([5.9]), "sepal_width": np.float32([np.nan]),
-           "petal_length": np.float32([4.2]), "petal_size": np.array([b""], dtype=object)}  # fmt: skip
+    row = {
+        "sepal_length": np.float32([5.9]),
+        "sepal_width": np.float32([np.nan]),
+        "petal_length": np.float32([4.2]),
+        "petal_size": np.array([b""], dtype=object),
+    }
     for key, value in row.items():
         request.inputs[key].CopyFrom(to_tensor_proto(value))
     with grpc.insecure_channel(server.target) as channel:

@@ -62,33 +62,57 @@ FLOATS = np.zeros((2, 3), np.float32)
 @pytest.mark.parametrize(
     "proto, message",
     [
-        pytest.param(broken(FLOATS, tensor_content=b"\0" * 10), "holds 10 bytes: expected 24 (6 float32 values",
-                     id="content-not-a-multiple"),
+        pytest.param(
+            broken(FLOATS, tensor_content=b"\0" * 10),
+            "holds 10 bytes: expected 24 (6 float32 values",
+            id="content-not-a-multiple",
+        ),
         pytest.param(broken(FLOATS, dims=[5, 3]), "holds 24 bytes: expected 60 (15 float32 values", id="content-count"),
-        pytest.param(broken(np.array([b"ab"], dtype=object), tensor_content=b"ab"),
-                     "DT_STRING cannot travel as tensor_content: expected string_val", id="string-content"),
+        pytest.param(
+            broken(np.array([b"ab"], dtype=object), tensor_content=b"ab"),
+            "DT_STRING cannot travel as tensor_content: expected string_val",
+            id="string-content",
+        ),
         pytest.param(broken(FLOATS, float_val=[1.0]), "both tensor_content and float_val are set", id="two-encodings"),
         pytest.param(broken(FLOATS, as_values=True, dims=[-1, 3]), "[-1, 3] has a negative dimension", id="negative"),
-        pytest.param(broken(FLOATS, as_values=True, dims=[2**62, 4]),
-                     "needs 73786976294838206464 bytes (zero dimensions aside): expected at most", id="huge"),
+        pytest.param(
+            broken(FLOATS, as_values=True, dims=[2**62, 4]),
+            "needs 73786976294838206464 bytes (zero dimensions aside): expected at most",
+            id="huge",
+        ),
         pytest.param(broken(FLOATS, as_values=True, dims=[2**29]), "needs 2147483648 bytes", id="just-too-big"),
-        pytest.param(broken(FLOATS, as_values=True, dims=[1] * 65), "has 65 dimensions: expected at most 64",
-                     id="rank"),
-        pytest.param(broken(FLOATS, as_values=True, dims=[0, 2**31, 2**31]), "[0, 2147483648, 2147483648] of "
-                     "float32 needs 18446744073709551616 bytes (zero dimensions aside)", id="empty-but-huge"),
-        pytest.param(broken(FLOATS, as_values=True, int64_val=[1]), "DT_FLOAT values travel in float_val: found "
-                     "int64_val", id="val-field-of-another-dtype"),
-        pytest.param(broken(FLOATS, as_values=True, float_val=[1.0]), "holds 7 values: expected 6 for shape [2, 3]",
-                     id="val-count"),
-        pytest.param(broken(np.zeros(2, np.uint8), as_values=True, dims=[3], int_val=[300]),
-                     "int_val holds 300: expected uint8 values in [0, 255]",
-                     id="int-val-range"),
-        pytest.param(broken(np.zeros(1, np.float16), as_values=True, dims=[2], half_val=[70000]),
-                     "half_val holds 70000: expected float16 bit patterns", id="half-val-range"),
+        pytest.param(
+            broken(FLOATS, as_values=True, dims=[1] * 65), "has 65 dimensions: expected at most 64", id="rank"
+        ),
+        pytest.param(
+            broken(FLOATS, as_values=True, dims=[0, 2**31, 2**31]),
+            "[0, 2147483648, 2147483648] of float32 needs 18446744073709551616 bytes (zero dimensions aside)",
+            id="empty-but-huge",
+        ),
+        pytest.param(
+            broken(FLOATS, as_values=True, int64_val=[1]),
+            "DT_FLOAT values travel in float_val: found int64_val",
+            id="val-field-of-another-dtype",
+        ),
+        pytest.param(
+            broken(FLOATS, as_values=True, float_val=[1.0]),
+            "holds 7 values: expected 6 for shape [2, 3]",
+            id="val-count",
+        ),
+        pytest.param(
+            broken(np.zeros(2, np.uint8), as_values=True, dims=[3], int_val=[300]),
+            "int_val holds 300: expected uint8 values in [0, 255]",
+            id="int-val-range",
+        ),
+        pytest.param(
+            broken(np.zeros(1, np.float16), as_values=True, dims=[2], half_val=[70000]),
+            "half_val holds 70000: expected float16 bit patterns",
+            id="half-val-range",
+        ),
         pytest.param(broken(FLOATS, dtype=999), "DataType 999 is not supported: expected one of DT_FLOAT", id="dtype"),
         pytest.param(broken(FLOATS, dtype=14), "DT_BFLOAT16 is not supported", id="bfloat16"),
     ],
-)  # fmt: skip
+)
 def test_malformed_protos_are_refused_with_what_was_expected(proto, message):
     with pytest.raises(TrainserveError) as err:
         from_tensor_proto(proto)

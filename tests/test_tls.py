@@ -144,15 +144,19 @@ def test_a_client_with_the_right_ca_and_certificate_is_answered(mtls_server, pki
     "client, fragment",
     [
         pytest.param(lambda pki: ClientTls(), "requires TLS and this client spoke plaintext", id="plaintext"),
-        pytest.param(lambda pki: ClientTls(pki.ca_crt, server_name=SERVICE), "requires a client certificate",
-                     id="no-certificate"),
+        pytest.param(
+            lambda pki: ClientTls(pki.ca_crt, server_name=SERVICE), "requires a client certificate", id="no-certificate"
+        ),
         pytest.param(lambda pki: mutual(pki, ca="other_ca"), "is not trusted by --tls-ca", id="wrong-ca"),
-        pytest.param(lambda pki: mutual(pki, "stranger"), "expected one signed by a CA the server trusts",
-                     id="certificate-of-another-ca"),
+        pytest.param(
+            lambda pki: mutual(pki, "stranger"),
+            "expected one signed by a CA the server trusts",
+            id="certificate-of-another-ca",
+        ),
         pytest.param(lambda pki: mutual(pki, "expired_client"), "expired on", id="expired-certificate"),
         pytest.param(lambda pki: mutual(pki, server_name=None), "does not name '127.0.0.1'", id="wrong-name"),
     ],
-)  # fmt: skip
+)
 def test_each_refused_client_gets_one_line_and_the_right_one_is_still_answered(mtls_server, pki, client, fragment):
     assert fragment in refusal(mtls_server.target, client(pki))
     assert predict(mtls_server.target, mutual(pki)).shape == (len(IMAGES), 10)
@@ -217,15 +221,21 @@ def mismatched(pki: Pki) -> dict:
     [
         (True, lambda pki: mismatched(pki), "server_key is not the key of server_cert"),
         (True, lambda pki: {"custom_ca": ""}, "client_verify is true but custom_ca is empty"),
-        (False, lambda pki: {"server_cert": "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n"},
-         "server_cert is not a valid PEM certificate"),
+        (
+            False,
+            lambda pki: {"server_cert": "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n"},
+            "server_cert is not a valid PEM certificate",
+        ),
         (False, lambda pki: {"server_cert": "/etc/tls/tls.crt"}, "not a path"),
         (False, lambda pki: {"server_key": ""}, "server_key is empty"),
-        (True, lambda pki: {"custom_ca": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"},
-         "custom_ca is not a valid PEM certificate"),
+        (
+            True,
+            lambda pki: {"custom_ca": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"},
+            "custom_ca is not a valid PEM certificate",
+        ),
     ],
     ids=["key-mismatch", "verify-without-ca", "malformed-pem", "path-not-contents", "no-key", "malformed-ca"],
-)  # fmt: skip
+)
 def test_a_bad_ssl_config_is_one_line_naming_the_field(tmp_path, pki, client_verify, fields, fragment):
     path = ssl_config(tmp_path / "ssl.config", pki, client_verify, **fields(pki))
     with pytest.raises(TrainserveError, match=fragment) as err:
@@ -249,9 +259,14 @@ def test_a_bad_ssl_config_stops_serve_local_before_models_load_or_ports_open(tmp
     config = ssl_config(tmp_path / "ssl.config", pki, True, **mismatched(pki))
     port, rest_port = free_port(), free_port()
     proc = run_cli(
-        "serve-local", f"--port={port}", f"--rest_api_port={rest_port}", "--model_name=m",
-        f"--model_base_path={tmp_path / 'm'}", f"--ssl_config_file={config}", timeout=120,
-    )  # fmt: skip
+        "serve-local",
+        f"--port={port}",
+        f"--rest_api_port={rest_port}",
+        "--model_name=m",
+        f"--model_base_path={tmp_path / 'm'}",
+        f"--ssl_config_file={config}",
+        timeout=120,
+    )
     assert_one_line_error(proc, "server_key is not the key of server_cert")
     assert proc.returncode == 2
     assert "waiting for m" not in proc.stderr and "Running gRPC" not in proc.stderr

@@ -45,8 +45,20 @@ def data(tmp_path):
 
 def test_eval_over_mutual_tls_reports_accuracy(servers, pki, data, tmp_path, capsys):
     report = tmp_path / "eval.json"
-    code = main(["eval", "--server", servers[0].target, "--model", "m", "--data", str(data), "--report", str(report),
-                 *tls_flags(pki)])  # fmt: skip
+    code = main(
+        [
+            "eval",
+            "--server",
+            servers[0].target,
+            "--model",
+            "m",
+            "--data",
+            str(data),
+            "--report",
+            str(report),
+            *tls_flags(pki),
+        ]
+    )
     written = json.loads(report.read_text())
     assert code == 0 and written["data"]["examples"] == len(IMAGES)
     assert 0 <= written["metrics"]["accuracy"] <= 1 and "accuracy" in capsys.readouterr().out
@@ -55,20 +67,34 @@ def test_eval_over_mutual_tls_reports_accuracy(servers, pki, data, tmp_path, cap
 @pytest.mark.parametrize(
     "server, flags, fragment",
     [
-        pytest.param(0, lambda pki: tls_flags(pki, client=""), "requires a client certificate (client_verify): "
-                     "pass --tls-cert and --tls-key", id="no-certificate"),
-        pytest.param(0, lambda pki: tls_flags(pki, ca="other_ca"), "certificate is not trusted by --tls-ca",
-                     id="wrong-ca"),
+        pytest.param(
+            0,
+            lambda pki: tls_flags(pki, client=""),
+            "requires a client certificate (client_verify): pass --tls-cert and --tls-key",
+            id="no-certificate",
+        ),
+        pytest.param(
+            0, lambda pki: tls_flags(pki, ca="other_ca"), "certificate is not trusted by --tls-ca", id="wrong-ca"
+        ),
         pytest.param(0, lambda pki: [], "requires TLS and this client spoke plaintext", id="plaintext-against-tls"),
         pytest.param(1, lambda pki: tls_flags(pki), "speaks plaintext gRPC, not TLS", id="tls-against-plaintext"),
-        pytest.param(0, lambda pki: tls_flags(pki, "expired_client"), "refused the client certificate: --tls-cert",
-                     id="expired-certificate"),
-        pytest.param(0, lambda pki: tls_flags(pki, server_name=None), "certificate does not name '127.0.0.1'",
-                     id="no-server-name"),
+        pytest.param(
+            0,
+            lambda pki: tls_flags(pki, "expired_client"),
+            "refused the client certificate: --tls-cert",
+            id="expired-certificate",
+        ),
+        pytest.param(
+            0,
+            lambda pki: tls_flags(pki, server_name=None),
+            "certificate does not name '127.0.0.1'",
+            id="no-server-name",
+        ),
     ],
-)  # fmt: skip
-def test_a_refused_eval_says_which_refusal_in_one_line_without_waiting(servers, pki, data, capsys, server, flags,
-                                                                       fragment):  # fmt: skip
+)
+def test_a_refused_eval_says_which_refusal_in_one_line_without_waiting(
+    servers, pki, data, capsys, server, flags, fragment
+):
     """--wait 600: the call returning at all shows the wait ended at the first refusal, not after 600 s."""
     target = servers[server].target
     code = main(["eval", "--server", target, "--model", "m", "--data", str(data), "--wait", "600", *flags(pki)])
@@ -85,8 +111,25 @@ def test_load_over_mutual_tls_from_the_variables(servers, pki, tmp_path, monkeyp
     for flag, value in zip(flags[::2], flags[1::2]):
         monkeypatch.setenv("TRAINSERVE_" + flag[2:].replace("-", "_").upper(), value)
     report = tmp_path / "load.json"
-    code = main(["load", "--server", servers[0].target, "--model", "m", "--batch-sizes", "2", "--concurrency", "1",
-                 "--window-s", "0.2", "--max-windows", "3", "--report", str(report)])  # fmt: skip
+    code = main(
+        [
+            "load",
+            "--server",
+            servers[0].target,
+            "--model",
+            "m",
+            "--batch-sizes",
+            "2",
+            "--concurrency",
+            "1",
+            "--window-s",
+            "0.2",
+            "--max-windows",
+            "3",
+            "--report",
+            str(report),
+        ]
+    )
     (point,) = json.loads(report.read_text())["points"]
     assert code == 0 and point["batch_size"] == 2 and point["requests"] > 0
 
@@ -100,9 +143,11 @@ def test_candidate_over_mutual_tls_waits_on_the_server_and_labels_the_version(mo
         "  model_version_policy { specific { versions: 1 } } version_labels { key: 'stable' value: 1 } } }\n"
     )
     server = InProcessServer(
-        f"--model_config_file={config}", "--model_config_file_poll_wait_seconds=1",
-        "--allow_version_labels_for_unavailable_models", f"--ssl_config_file={ssl_config(tmp_path / 'ssl', pki, True)}",
-    )  # fmt: skip
+        f"--model_config_file={config}",
+        "--model_config_file_poll_wait_seconds=1",
+        "--allow_version_labels_for_unavailable_models",
+        f"--ssl_config_file={ssl_config(tmp_path / 'ssl', pki, True)}",
+    )
     try:
         server.wait_available("m", 1)
         code = main(["candidate", "--config", str(config), "--server", server.target, "--wait", "600", *tls_flags(pki)])

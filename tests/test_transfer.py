@@ -85,11 +85,31 @@ def test_frozen_then_fine_tuned_run_passes_the_cpu_gate_and_publishes(tmp_path):
     photos = write_image_folder(tmp_path / "photos", per_class=4)
     _weights_file(tmp_path / "backbone.weights.h5")
     proc = run_cli(
-        "train", "--data", f"{photos}/", "--architecture", ARCH, "--image-size", "32,32",
-        "--weights", tmp_path / "backbone.weights.h5", "--epochs", "2", "--frozen-epochs", "1", "--batch-size", "8",
-        "--model-name", "tl", "--export-base", tmp_path / "models", "--data-dir", tmp_path / "data",
-        "--logs-dir", tmp_path / "logs", cwd=tmp_path,
-    )  # fmt: skip
+        "train",
+        "--data",
+        f"{photos}/",
+        "--architecture",
+        ARCH,
+        "--image-size",
+        "32,32",
+        "--weights",
+        tmp_path / "backbone.weights.h5",
+        "--epochs",
+        "2",
+        "--frozen-epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--model-name",
+        "tl",
+        "--export-base",
+        tmp_path / "models",
+        "--data-dir",
+        tmp_path / "data",
+        "--logs-dir",
+        tmp_path / "logs",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for line in ("backbone weights: ", "backbone frozen for 1 epoch(s)", "fine-tuned from epoch 2", "CPU gate passed"):
         assert line in proc.stderr, proc.stderr[-3000:]

@@ -135,11 +135,13 @@ def any_tensor(draw) -> tensor_pb2.TensorProto:
 
 def good_arrays(batch: int):
     strings = st.lists(st.binary(max_size=6), min_size=batch, max_size=batch)
-    return st.fixed_dictionaries({
-        "x": arrays(np.float32, (batch, 3), elements=st.floats(width=32)),
-        "n": arrays(np.int64, (batch,)),
-        "s": strings.map(lambda values: np.array(values, dtype=object).reshape(batch)),
-    })  # fmt: skip
+    return st.fixed_dictionaries(
+        {
+            "x": arrays(np.float32, (batch, 3), elements=st.floats(width=32)),
+            "n": arrays(np.int64, (batch,)),
+            "s": strings.map(lambda values: np.array(values, dtype=object).reshape(batch)),
+        }
+    )
 
 
 @st.composite
@@ -265,12 +267,22 @@ def set_row(body: dict, key: str, i: int, value) -> None:
 
 GOOD_ROW = {"x": [1.0, 2.0, 3.0], "n": 1, "s": "a"}
 BAD_BODIES = [
-    [], "x", {}, {"instances": []}, {"instances": {}}, {"instances": [1.0, 2.0]}, {"instances": [[1.0, 2.0, 3.0]]},
-    {"inputs": [1.0]}, {"inputs": {"b64": "AAAA"}}, {"instances": [{"b64": "AAAA"}]},
+    [],
+    "x",
+    {},
+    {"instances": []},
+    {"instances": {}},
+    {"instances": [1.0, 2.0]},
+    {"instances": [[1.0, 2.0, 3.0]]},
+    {"inputs": [1.0]},
+    {"inputs": {"b64": "AAAA"}},
+    {"instances": [{"b64": "AAAA"}]},
     {"instances": [GOOD_ROW], "inputs": {"x": [[1.0, 2.0, 3.0]], "n": [1], "s": ["a"]}},
-    {"instances": [GOOD_ROW], "signature_name": 5}, {"instances": [GOOD_ROW], "signature_name": "nope"},
-    {"instances": [GOOD_ROW, [1.0, 2.0, 3.0]]}, {"instances": [GOOD_ROW, {"b64": "AAAA"}]},
-]  # fmt: skip
+    {"instances": [GOOD_ROW], "signature_name": 5},
+    {"instances": [GOOD_ROW], "signature_name": "nope"},
+    {"instances": [GOOD_ROW, [1.0, 2.0, 3.0]]},
+    {"instances": [GOOD_ROW, {"b64": "AAAA"}]},
+]
 
 
 class Nested(bytes):

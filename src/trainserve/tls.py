@@ -35,9 +35,10 @@ class ClientTls:
     )
     key: Path | None = option(None, "PEM private key of --tls-cert, unencrypted", metavar="FILE")
     server_name: str | None = option(
-        None, "the name the server's certificate carries, when --server reaches it by another (an address)",
+        None,
+        "the name the server's certificate carries, when --server reaches it by another (an address)",
         metavar="NAME",
-    )  # fmt: skip
+    )
 
     @property
     def enabled(self) -> bool:

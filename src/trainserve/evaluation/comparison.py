@@ -83,8 +83,12 @@ def summarize(
 def no_baseline(ref: str, version: int) -> dict:
     """A first rollout: nothing is served under `ref` yet, so the value gates alone decide, and the report says so."""
     line = f"v{version}: nothing to compare with ({ref!r} names no version yet): first rollout, value gates decide"
-    return {"baseline": {"reference": ref, "version": None}, "candidate_version": version, "verdict": "no baseline",
-            "verdict_line": line}  # fmt: skip
+    return {
+        "baseline": {"reference": ref, "version": None},
+        "candidate_version": version,
+        "verdict": "no baseline",
+        "verdict_line": line,
+    }
 
 
 def latency(tally: Tally) -> dict:
@@ -97,8 +101,13 @@ def _metric(name: str, a: np.ndarray, b: np.ndarray, seed: int) -> dict:
     statistic = root_mean if name == "rmse" else mean
     candidate, baseline = float(statistic(a)), float(statistic(b))
     low, high = bootstrap_interval(a, b, statistic, seed=seed)
-    return {"candidate": candidate, "baseline": baseline, "difference": candidate - baseline,
-            "interval": [low, high], "higher_is_better": name in HIGHER_IS_BETTER}  # fmt: skip
+    return {
+        "candidate": candidate,
+        "baseline": baseline,
+        "difference": candidate - baseline,
+        "interval": [low, high],
+        "higher_is_better": name in HIGHER_IS_BETTER,
+    }
 
 
 def _mcnemar(values: tuple[dict, dict], tally: Tally) -> dict:
@@ -112,10 +121,13 @@ def _mcnemar(values: tuple[dict, dict], tally: Tally) -> dict:
     names = list(tally.plan.task.label_names)
     truth = values[0]["truth"]
     per_class = [
-        {"label": names[c], "candidate_only": int(np.sum(mine & ~theirs & (truth == c))),
-         "baseline_only": int(np.sum(~mine & theirs & (truth == c)))}
+        {
+            "label": names[c],
+            "candidate_only": int(np.sum(mine & ~theirs & (truth == c))),
+            "baseline_only": int(np.sum(~mine & theirs & (truth == c))),
+        }
         for c in range(len(names))
-    ]  # fmt: skip
+    ]
     p = mcnemar_exact(table["candidate_only"], table["baseline_only"])
     return {"name": MCNEMAR, "p_value": p, "discordant": table, "discordant_per_class": per_class}
 

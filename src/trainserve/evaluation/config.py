@@ -119,9 +119,10 @@ class ClientOptions:
     signature: str = option(DEFAULT_SIGNATURE, "SignatureDef to call")
     label_column: str | None = option(None, "the label's column of a --data FILE.csv")
     input_map: dict[str, str] = option(
-        factory=dict, help="KEY=INPUT[,...]: feed data KEY to signature INPUT (default: same names)",
+        factory=dict,
+        help="KEY=INPUT[,...]: feed data KEY to signature INPUT (default: same names)",
         parse=parse_input_map,
-    )  # fmt: skip
+    )
     task: TaskChoice = option("auto", "what the labels are (auto: the shared split's task, else the labels' dtype)")
     output: str | None = option(None, "the output to judge (default: probabilities / predictions / the only float)")
     wait: float = option(60.0, "seconds to wait for the model to be AVAILABLE")
@@ -150,26 +151,42 @@ class ClientOptions:
 class EvalConfig(ClientOptions):
     """Everything `trainserve eval` takes; each field is the flag of the same name."""
 
-    data: str = option("digits", "held-out (the served version's own split, from --data-dir) | digits | synthetic | "
-                       "FILE.npz (x_test or x_test/<input>, y_test) | FILE.csv")  # fmt: skip
-    data_dir: Path | None = option(Path("data"), "where training shares each version's held-out split and record "
-                                   "(DIR/<model>/versions/<version>.json): the data is checked against it")  # fmt: skip
+    data: str = option(
+        "digits",
+        "held-out (the served version's own split, from --data-dir) | digits | synthetic | "
+        "FILE.npz (x_test or x_test/<input>, y_test) | FILE.csv",
+    )
+    data_dir: Path | None = option(
+        Path("data"),
+        "where training shares each version's held-out split and record "
+        "(DIR/<model>/versions/<version>.json): the data is checked against it",
+    )
     batch_size: int = option(256, "examples per request", parse=positive_int)
     concurrency: int = option(4, "requests in flight", parse=positive_int)
     retries: int = option(5, "retries of UNAVAILABLE/DEADLINE_EXCEEDED/RESOURCE_EXHAUSTED")
     limit: int | None = option(None, "evaluate only the first N examples", parse=positive_int)
-    shard: Shard | None = option(None, "I/N: evaluate every N-th batch from batch I (merge: trainserve report merge)",
-                                 parse=parse_shard)  # fmt: skip
+    shard: Shard | None = option(
+        None, "I/N: evaluate every N-th batch from batch I (merge: trainserve report merge)", parse=parse_shard
+    )
     top_k: int = option(5, "k of the top-k accuracy", parse=positive_int)
-    min_accuracy: float | None = option(None, "exit 1 when accuracy is below this (the same as --require accuracy>=X)",
-                                        parse=optional_float)  # fmt: skip
+    min_accuracy: float | None = option(
+        None, "exit 1 when accuracy is below this (the same as --require accuracy>=X)", parse=optional_float
+    )
     require: tuple[Gate, ...] = option((), "METRIC>=X or METRIC<=X[,...]: exit 1 unless all hold", parse=parse_gates)
-    compare_with: str | None = option(None, "VERSION|LABEL: send every batch to this version too; paired comparison, "
-                                      "gated on not being significantly worse", parse=optional_text)  # fmt: skip
-    allow_no_baseline: bool = option(False, "with --compare-with LABEL: a label that names no version yet (the first "
-                                     "rollout) leaves the value gates alone to decide")  # fmt: skip
-    not_worse: bool = option(True, "with --compare-with: exit 1 when significantly worse (false: report only)",
-                             parse=parse_bool)  # fmt: skip
+    compare_with: str | None = option(
+        None,
+        "VERSION|LABEL: send every batch to this version too; paired comparison, "
+        "gated on not being significantly worse",
+        parse=optional_text,
+    )
+    allow_no_baseline: bool = option(
+        False,
+        "with --compare-with LABEL: a label that names no version yet (the first "
+        "rollout) leaves the value gates alone to decide",
+    )
+    not_worse: bool = option(
+        True, "with --compare-with: exit 1 when significantly worse (false: report only)", parse=parse_bool
+    )
     alpha: float = option(0.05, "significance level of the comparison's test")
     require_vs_baseline: tuple[ChangeGate, ...] = option(
         (), "METRIC>=CHANGE or METRIC<=CHANGE[%%][,...]: change thresholds vs --compare-with", parse=parse_change_gates
@@ -196,12 +213,16 @@ class EvalConfig(ClientOptions):
     def check_comparison(self) -> None:
         if self.compare_with is None:
             if self.require_vs_baseline or self.allow_no_baseline:
-                raise TrainserveError("--require-vs-baseline/--allow-no-baseline without --compare-with: expected the "
-                                      "version or label to compare with")  # fmt: skip
+                raise TrainserveError(
+                    "--require-vs-baseline/--allow-no-baseline without --compare-with: expected the "
+                    "version or label to compare with"
+                )
             return
         if self.shard is not None or self.compare_local is not None:
-            raise TrainserveError("--compare-with compares two versions on every example: expected no --shard and no "
-                                  "--compare-local with it")  # fmt: skip
+            raise TrainserveError(
+                "--compare-with compares two versions on every example: expected no --shard and no "
+                "--compare-local with it"
+            )
         if not 0 < self.alpha < 1:
             raise TrainserveError(f"--alpha {self.alpha:g}: expected a significance level between 0 and 1")
 

@@ -41,12 +41,19 @@ class ChangeGate:
         holds = change >= self.threshold if self.op == ">=" else change <= self.threshold
         unit = "%" if self.relative else ""
         return {
-            "kind": "change", "metric": self.metric, "op": self.op, "threshold": self.threshold,
-            "relative": self.relative, "value": change, "candidate_value": candidate, "baseline_value": baseline,
-            "baseline_version": baseline_version, "passed": bool(holds),
+            "kind": "change",
+            "metric": self.metric,
+            "op": self.op,
+            "threshold": self.threshold,
+            "relative": self.relative,
+            "value": change,
+            "candidate_value": candidate,
+            "baseline_value": baseline,
+            "baseline_version": baseline_version,
+            "passed": bool(holds),
             "said": f"{self.metric} changed by {change:+.4g}{unit} vs version {baseline_version}, expected "
-                    f"{self.op} {self.threshold:+g}{unit}",
-        }  # fmt: skip
+            f"{self.op} {self.threshold:+g}{unit}",
+        }
 
 
 def parse_change_gates(text: str) -> tuple[ChangeGate, ...]:
@@ -77,11 +84,16 @@ def not_worse_gate(comparison: dict, alpha: float) -> dict:
     test, metric = comparison["test"], comparison["primary_metric"]
     worse = comparison["verdict"] == "worse"
     return {
-        "kind": "significance", "metric": metric, "op": "not worse", "threshold": alpha, "value": test["p_value"],
-        "baseline_version": comparison["baseline"]["version"], "passed": not worse,
+        "kind": "significance",
+        "metric": metric,
+        "op": "not worse",
+        "threshold": alpha,
+        "value": test["p_value"],
+        "baseline_version": comparison["baseline"]["version"],
+        "passed": not worse,
         "said": f"{metric} is significantly worse than version {comparison['baseline']['version']} "
-                f"({test['name']}, p={test['p_value']:.3g} < {alpha:g})",
-    }  # fmt: skip
+        f"({test['name']}, p={test['p_value']:.3g} < {alpha:g})",
+    }
 
 
 def change_gates(gates: tuple[ChangeGate, ...], comparison: dict) -> list[dict]:

@@ -139,8 +139,9 @@ def _discordant(comparison: dict) -> str:
 def _per_class(report: dict) -> str:
     comparison = report.get("comparison") or {}
     baseline = {r["label"]: r for r in comparison.get("baseline_metrics", {}).get("per_class", [])}
-    header = ["class", "precision", "recall", "F1", "support"] + ([f"F1 v{comparison['baseline']['version']}"]
-                                                                   if baseline else [])  # fmt: skip
+    header = ["class", "precision", "recall", "F1", "support"] + (
+        [f"F1 v{comparison['baseline']['version']}"] if baseline else []
+    )
     rows = [
         [r["label"], r["precision"], r["recall"], r["f1"], r["support"]]
         + ([baseline[r["label"]]["f1"]] if r["label"] in baseline else [])
@@ -172,10 +173,16 @@ def _confusion(result: EvalResult) -> str:
     if "baseline_metrics" in comparison:
         sides.append((f"v{comparison['baseline']['version']}", comparison["baseline_metrics"]["confusion_matrix"]))
     figures = [
-        _figure(_png(lambda c, out, t=f"{name}: true vs predicted": plots.plot_confusion_matrix(c, names, out, t),
-                     np.asarray(confusion)), f"confusion matrix, {name}", f"confusion-{name}")
+        _figure(
+            _png(
+                lambda c, out, t=f"{name}: true vs predicted": plots.plot_confusion_matrix(c, names, out, t),
+                np.asarray(confusion),
+            ),
+            f"confusion matrix, {name}",
+            f"confusion-{name}",
+        )
         for name, confusion in sides
-    ]  # fmt: skip
+    ]
     return f'<h2>Confusion matrix</h2><div class="side">{"".join(figures)}</div>'
 
 

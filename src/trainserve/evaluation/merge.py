@@ -63,8 +63,10 @@ def _check_shards(reports: list[dict], sources: list[str]) -> list[str]:
                 )
         for key in SAME_SETTINGS:
             if report["settings"].get(key) != first["settings"].get(key):
-                raise TrainserveError(f"{source} was run with {key} {report['settings'].get(key)}: expected {key} "
-                                      f"{first['settings'].get(key)} as {where}")  # fmt: skip
+                raise TrainserveError(
+                    f"{source} was run with {key} {report['settings'].get(key)}: expected {key} "
+                    f"{first['settings'].get(key)} as {where}"
+                )
     shards = [r["settings"].get("shard") for r in reports]
     if None in shards:
         raise TrainserveError(f"{sources[shards.index(None)]} is not a shard report: expected reports of --shard I/N")
@@ -112,8 +114,10 @@ def _regression(reports: list[dict], task: Task) -> dict:
     total = RegressionMetrics(task)
     for report in reports:
         n = report["data"]["examples"]
-        columns = {key: np.array([row[key] for row in report["metrics"]["per_target"]], np.float64)
-                   for key in ("mse", "mae", "label_mean", "label_sum_sq_dev")}  # fmt: skip
+        columns = {
+            key: np.array([row[key] for row in report["metrics"]["per_target"]], np.float64)
+            for key in ("mse", "mae", "label_mean", "label_sum_sq_dev")
+        }
         total.merge(n, columns["mse"] * n, columns["mae"] * n, columns["label_mean"], columns["label_sum_sq_dev"])
     return total.summary()
 
@@ -144,7 +148,7 @@ def _performance(reports: list[dict]) -> dict:
             "p99": p99,
             "max": max(p["latency_ms"]["max"] for p in parts),
             "mean": sum(p["latency_ms"]["mean"] * p["requests"] for p in parts) / max(requests, 1),
-        },  # fmt: skip
+        },
         "latency_histogram": histogram,
         "client_rss_mb": {k: max(p["client_rss_mb"][k] for p in parts) for k in ("start", "peak")},
     }

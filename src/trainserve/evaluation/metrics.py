@@ -172,13 +172,23 @@ class RegressionMetrics:
         n = max(self.examples, 1)
         mse, mae = self.squared_error / n, self.absolute_error / n
         # R2 = 1 - SSE / SST; a constant target (SST 0) scores 1 when predicted exactly, else 0 (scikit-learn).
-        r2 = np.where(self.label_m2 > 0, 1 - self.squared_error / np.where(self.label_m2 > 0, self.label_m2, 1),
-                      np.where(self.squared_error == 0, 1.0, 0.0))  # fmt: skip
+        r2 = np.where(
+            self.label_m2 > 0,
+            1 - self.squared_error / np.where(self.label_m2 > 0, self.label_m2, 1),
+            np.where(self.squared_error == 0, 1.0, 0.0),
+        )
         per_target = [
-            {"target": str(t), "mse": mse[t], "rmse": float(np.sqrt(mse[t])), "mae": mae[t], "r2": r2[t],
-             "label_mean": self.label_mean[t], "label_sum_sq_dev": self.label_m2[t]}
+            {
+                "target": str(t),
+                "mse": mse[t],
+                "rmse": float(np.sqrt(mse[t])),
+                "mae": mae[t],
+                "r2": r2[t],
+                "label_mean": self.label_mean[t],
+                "label_sum_sq_dev": self.label_m2[t],
+            }
             for t in range(self.task.targets)
-        ]  # fmt: skip
+        ]
         overall = float(mse.mean())
         return {
             "mse": overall,

@@ -55,9 +55,16 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
         local_model = _local_model(config.compare_local)
         log.info(
             "evaluating %s on %s: %d examples of %s (%s, output %r), batches of %d, %d in flight%s",
-            target.describe(), config.server, data.count, data.name, plan.task.kind, plan.output,
-            config.batch_size, config.concurrency, f", each beside version {baseline}" if baseline else "",
-        )  # fmt: skip
+            target.describe(),
+            config.server,
+            data.count,
+            data.name,
+            plan.task.kind,
+            plan.output,
+            config.batch_size,
+            config.concurrency,
+            f", each beside version {baseline}" if baseline else "",
+        )
         predictor = _BatchPredictor(client, target, plan, config.retries, local_model)
         if baseline is None:
             totals = _run_batches(predictor, data, config, show, version)

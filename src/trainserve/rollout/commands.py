@@ -12,16 +12,31 @@ def add_parsers(commands) -> None:
     from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
 
     steps = (
-        ("candidate", CandidateConfig, run_candidate, "serve the newest published version as `candidate`, stable "
-         "untouched", "Add the newest version under the model's base path (or --version) to the config's "
-         "`specific` versions, wait until the server has it AVAILABLE, then label it `candidate`."),
-        ("promote", PromoteConfig, run_promote, "move `stable` to the candidate whose eval report passed",
-         "Read the eval report of the candidate (trainserve eval --label candidate --report FILE); if it is for "
-         "the candidate's model and version and it passed (or --force), label the candidate `stable` and keep "
-         "the old stable loaded as `previous`. A refusal rewrites nothing."),
-        ("rollback", RollbackConfig, run_rollback, "move `stable` back to the previous stable version",
-         "Label the previous stable version (kept loaded since the last promotion) `stable` again."),
-    )  # fmt: skip
+        (
+            "candidate",
+            CandidateConfig,
+            run_candidate,
+            "serve the newest published version as `candidate`, stable untouched",
+            "Add the newest version under the model's base path (or --version) to the config's "
+            "`specific` versions, wait until the server has it AVAILABLE, then label it `candidate`.",
+        ),
+        (
+            "promote",
+            PromoteConfig,
+            run_promote,
+            "move `stable` to the candidate whose eval report passed",
+            "Read the eval report of the candidate (trainserve eval --label candidate --report FILE); if it is for "
+            "the candidate's model and version and it passed (or --force), label the candidate `stable` and keep "
+            "the old stable loaded as `previous`. A refusal rewrites nothing.",
+        ),
+        (
+            "rollback",
+            RollbackConfig,
+            run_rollback,
+            "move `stable` back to the previous stable version",
+            "Label the previous stable version (kept loaded since the last promotion) `stable` again.",
+        ),
+    )
     for name, options, func, help_text, description in steps:
         p = commands.add_parser(name, help=help_text, description=description)
         add_options(p, options)

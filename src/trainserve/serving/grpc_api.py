@@ -92,9 +92,14 @@ class Api:
         name, version, label = parse_model_spec(request.model_spec)
         try:
             version, signature, outputs = await self.servables.predict_async(
-                name, version, label, request.model_spec.signature_name, decode_inputs(request),
-                request.output_filter, self.executor,
-            )  # fmt: skip
+                name,
+                version,
+                label,
+                request.model_spec.signature_name,
+                decode_inputs(request),
+                request.output_filter,
+                self.executor,
+            )
         except ServingError as exc:
             await context.abort(exc.code, str(exc))
         return predict_response(name, version, signature, outputs)

@@ -101,8 +101,10 @@ def _batch_size(outputs: dict[str, np.ndarray]) -> int:
     sizes = {k: v.shape[0] if v.ndim else None for k, v in outputs.items()}
     for key, size in sizes.items():
         if size is None:
-            raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, f"output {key!r} has no batch dimension: ask for "
-                               '"inputs" (columnar) to get it')  # fmt: skip
+            raise ServingError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f'output {key!r} has no batch dimension: ask for "inputs" (columnar) to get it',
+            )
     if len(set(sizes.values())) > 1:
         raise ServingError(
             grpc.StatusCode.INVALID_ARGUMENT,

@@ -100,8 +100,9 @@ def _tls(options: ServerOptions) -> ServerTls | None:
     tls = load_ssl_config(Path(options.ssl_config_file))
     log.info(
         "gRPC over TLS (%s client certificates); certificate expires %s; the REST port stays plaintext",
-        "requiring" if tls.client_verify else "not requesting", f"{tls.expires:%Y-%m-%d %H:%M} UTC",
-    )  # fmt: skip
+        "requiring" if tls.client_verify else "not requesting",
+        f"{tls.expires:%Y-%m-%d %H:%M} UTC",
+    )
     return tls
 
 

@@ -35,7 +35,7 @@ class ServerTls:
     def credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials(
             [(self.key, self.cert_chain)], root_certificates=self.client_ca, require_client_auth=self.client_verify
-        )  # fmt: skip
+        )
 
 
 def load_ssl_config(path: Path) -> ServerTls:

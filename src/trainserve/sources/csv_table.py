@@ -142,6 +142,12 @@ def load_csv(path: Path, label_column: str | None, test_fraction: float, seed: i
     train, test = held_out_rows(len(table.labels), test_fraction, seed, path)
     pick = lambda rows: {k: v[rows] for k, v in table.inputs.items()}  # noqa: E731
     return build_dataset(
-        path.stem, pick(train), table.labels[train], pick(test), table.labels[test], table.label_names,
-        source=str(path), tabular=True,
-    )  # fmt: skip
+        path.stem,
+        pick(train),
+        table.labels[train],
+        pick(test),
+        table.labels[test],
+        table.label_names,
+        source=str(path),
+        tabular=True,
+    )

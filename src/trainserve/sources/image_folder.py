@@ -177,9 +177,15 @@ def load_image_folder(root: Path, image: ImageFormat, test_fraction: float, seed
     scan = scan_image_folder(root, skip_bad)
     train, test = held_out_per_class(scan.labels, test_fraction, seed, root)
     dataset = build_dataset(
-        root.name or str(root), {IMAGE_BYTES: scan.paths[train]}, scan.labels[train],
-        {IMAGE_BYTES: scan.paths[test]}, scan.labels[test], scan.class_names, str(root), image=image,
-    )  # fmt: skip
+        root.name or str(root),
+        {IMAGE_BYTES: scan.paths[train]},
+        scan.labels[train],
+        {IMAGE_BYTES: scan.paths[test]},
+        scan.labels[test],
+        scan.class_names,
+        str(root),
+        image=image,
+    )
     dataset.content_digest = scan.digest
     dataset.skipped = {"other_files": scan.other_files, "bad_images": scan.bad}
     return dataset

@@ -53,8 +53,11 @@ def tf_config_from_env(env: Mapping[str, str] | None = None) -> dict:
     """Build TF_CONFIG from JOB_COMPLETION_INDEX, TRAINSERVE_WORKERS, TRAINSERVE_JOB_NAME,
     TRAINSERVE_SERVICE and optionally TRAINSERVE_NAMESPACE and TRAINSERVE_WORKER_PORT."""
     env = os.environ if env is None else env
-    missing = [n for n in ("JOB_COMPLETION_INDEX", "TRAINSERVE_WORKERS", "TRAINSERVE_JOB_NAME", "TRAINSERVE_SERVICE")
-               if not env.get(n)]  # fmt: skip
+    missing = [
+        n
+        for n in ("JOB_COMPLETION_INDEX", "TRAINSERVE_WORKERS", "TRAINSERVE_JOB_NAME", "TRAINSERVE_SERVICE")
+        if not env.get(n)
+    ]
     if missing:
         raise TrainserveError(f"cannot build TF_CONFIG: {', '.join(missing)} not set (expected an Indexed Job pod)")
     workers = _int(env, "TRAINSERVE_WORKERS", 1)

@@ -109,8 +109,12 @@ def train(config: TrainConfig) -> TrainResult:
         outcome = _fit_and_evaluate(config, devices, model, batches, callbacks, spec, backup_dir)
 
         # Named once (the fingerprint hashes every array) for the run summary and the published metadata.
-        data_info = {"source": config.data, "name": dataset.name, "fingerprint": dataset.fingerprint(),
-                     "test_split": split.record(shared=config.data_dir is not None)}  # fmt: skip
+        data_info = {
+            "source": config.data,
+            "name": dataset.name,
+            "fingerprint": dataset.fingerprint(),
+            "test_split": split.record(shared=config.data_dir is not None),
+        }
         data_info.update({"skipped": dataset.skipped} if dataset.skipped else {})  # image files left out
         published = (
             _export_and_publish(config, dataset, spec, data_info, model, plan, outcome.metrics)
@@ -134,9 +138,15 @@ def train(config: TrainConfig) -> TrainResult:
 def _load_data(config: TrainConfig) -> Dataset:
     """Load and describe the training data; also proves the export directory writable, before training."""
     dataset = load_dataset(
-        config.data, config.synthetic, config.seed, config.label_column, config.test_fraction, config.categorical,
-        config.image_format, config.skip_bad_images,
-    )  # fmt: skip
+        config.data,
+        config.synthetic,
+        config.seed,
+        config.label_column,
+        config.test_fraction,
+        config.categorical,
+        config.image_format,
+        config.skip_bad_images,
+    )
     ensure_writable(config.export_base / config.model_name)  # fail now, not after training
     if len(dataset.y_train) == 0:
         raise TrainserveError(f"{config.data}: x_train is empty: expected training examples")
@@ -278,8 +288,9 @@ def _export_and_publish(
     prepare = functools.partial(
         _export_and_gate, job=job, in_process=in_process, dataset=dataset, model_name=config.model_name
     )
-    published = publish_or_discard(staging_dir(config.export_base / config.model_name), prepare, metadata,
-                                   config.retention)  # fmt: skip
+    published = publish_or_discard(
+        staging_dir(config.export_base / config.model_name), prepare, metadata, config.retention
+    )
     if config.data_dir is not None:  # eval finds the version's split here, without the models volume
         write_version_record(config.data_dir, config.model_name, published.version, metadata)
     return published
@@ -303,5 +314,8 @@ def _export_and_gate(path: Path, *, job: ExportJob, in_process: bool, dataset: D
     log.info(
         "CPU gate passed (export and gate %s, %.1f s): %s, max abs diff %.2e (<= %g)",
         "in this process: no GPU here" if in_process else "in a child process that sees no GPU",
-        time.monotonic() - started, gate.checked, gate.max_abs_diff, job.atol,
-    )  # fmt: skip
+        time.monotonic() - started,
+        gate.checked,
+        gate.max_abs_diff,
+        job.atol,
+    )

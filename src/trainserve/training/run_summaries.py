@@ -76,8 +76,17 @@ def runs_table(rows: list[RunRow]) -> str:
     header = ["run", "device", "strategy", "precision", "replicas", "examples/s", "epochs", "wall s", "data"]
     lines = [header + metric_names]
     for row in rows:
-        cells = [row.name, row.device, row.strategy, row.precision, str(row.replicas), f"{row.examples_per_s:,.0f}",
-                 str(row.epochs), f"{row.wall_s:.1f}", row.fingerprint[:12]]  # fmt: skip
+        cells = [
+            row.name,
+            row.device,
+            row.strategy,
+            row.precision,
+            str(row.replicas),
+            f"{row.examples_per_s:,.0f}",
+            str(row.epochs),
+            f"{row.wall_s:.1f}",
+            row.fingerprint[:12],
+        ]
         lines.append(cells + [f"{row.metrics[m]:.4f}" if m in row.metrics else "-" for m in metric_names])
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines)

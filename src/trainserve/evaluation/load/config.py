@@ -37,13 +37,17 @@ class LoadConfig(ClientOptions):
     """Everything `trainserve load` takes; each field is the flag of the same name."""
 
     concurrency: tuple[int, ...] | None = option(
-        None, "closed loop: C[,C...] workers, each sends, waits for the answer, sends again "
-        f"(default: {','.join(map(str, DEFAULT_CONCURRENCY))} when no --rate is given)", parse=positive_ints,
-    )  # fmt: skip
+        None,
+        "closed loop: C[,C...] workers, each sends, waits for the answer, sends again "
+        f"(default: {','.join(map(str, DEFAULT_CONCURRENCY))} when no --rate is given)",
+        parse=positive_ints,
+    )
     rate: tuple[float, ...] | None = option(
-        None, "open loop: R[,R...] requests/s with Poisson arrivals, sent on schedule whatever is outstanding; "
-        "latency counts from the scheduled time", parse=positive_floats,
-    )  # fmt: skip
+        None,
+        "open loop: R[,R...] requests/s with Poisson arrivals, sent on schedule whatever is outstanding; "
+        "latency counts from the scheduled time",
+        parse=positive_floats,
+    )
     batch_sizes: tuple[int, ...] = option((1, 8, 32), "examples per request, swept", parse=positive_ints)
     window_s: float = option(2.0, "seconds per measurement window")
     max_windows: int = option(10, "windows to try before a point is reported unstable (>= 3)", parse=positive_int)
@@ -52,14 +56,16 @@ class LoadConfig(ClientOptions):
     )
     latency_budget_ms: float | None = option(None, "pick the best throughput whose p99 is within this; exit 1 if none")
     data: str | None = option(
-        None, "held-out data (digits | synthetic | FILE.npz | FILE.csv, as for eval): answers are checked against "
+        None,
+        "held-out data (digits | synthetic | FILE.npz | FILE.csv, as for eval): answers are checked against "
         "its labels; default: synthetic inputs built from the signature",
-    )  # fmt: skip
+    )
     limit: int = option(1024, "requests cycle through the first N examples of --data", parse=positive_int)
     fill: dict[str, float] = option(
-        factory=dict, help="INPUT=NUMBER[,...]: synthetic inputs: fill INPUT with NUMBER (default: random)",
+        factory=dict,
+        help="INPUT=NUMBER[,...]: synthetic inputs: fill INPUT with NUMBER (default: random)",
         parse=parse_fill,
-    )  # fmt: skip
+    )
     seed: int = option(0, "seed of the Poisson arrivals and the synthetic inputs")
 
     def check(self) -> None:

@@ -64,7 +64,7 @@ def point_summary(point: Point) -> dict:
                 "errors": sum(w.errors.values()),
             }
             for w in point.measured.windows
-        ],  # fmt: skip
+        ],
     }
 
 

@@ -112,10 +112,12 @@ def build_inputs(
                 f"{', '.join(sorted(signature.inputs))}"
             )
         requests = {
-            b: [_request(target, version, *synthetic_inputs(signature, b, config.fill, rng, where), None, None)
-                for _ in range(SYNTHETIC_REQUESTS)]
+            b: [
+                _request(target, version, *synthetic_inputs(signature, b, config.fill, rng, where), None, None)
+                for _ in range(SYNTHETIC_REQUESTS)
+            ]
             for b in config.batch_sizes
-        }  # fmt: skip
+        }
         return Inputs(requests, None, "synthetic (from the signature)")
     data = open_eval_data(config.data, max(config.limit, *config.batch_sizes), None, config.label_column)
     data = with_class_ids(client, target, signature, data, config.input_map, retries=0, version=version)
