@@ -164,6 +164,7 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/loop.py
 	$(BIN)/python bench/train_input.py
+	$(BIN)/python bench/image_input.py
 	$(BIN)/python bench/eval_throughput.py
 	$(BIN)/python bench/tls_cost.py
 	$(BIN)/python bench/serve_batching.py
