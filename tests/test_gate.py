@@ -153,6 +153,7 @@ def test_a_golden_batch_keeps_every_byte_of_its_strings(tmp_path):
     text = np.array([["a", "\u00e9"], ["", "z\x00"]], dtype=object)  # (a numpy str array drops NULs itself)
     saved = GoldenBatch({"image_bytes": files, "kind": text, "x": np.arange(3.0)}, {"class_names": files[:2]})
     loaded = GoldenBatch.load(saved.save(tmp_path / "golden.npz"))
+    assert sorted(loaded.inputs) == ["image_bytes", "kind", "x"] and sorted(loaded.outputs) == ["class_names"]
     assert list(loaded.inputs["image_bytes"]) == list(files)
     assert loaded.inputs["kind"].shape == (2, 2) and loaded.inputs["kind"][1, 1] == b"z\x00"
     np.testing.assert_array_equal(loaded.inputs["x"], np.arange(3.0))

@@ -58,9 +58,9 @@ class GoldenBatch:
     @classmethod
     def load(cls, path: Path) -> GoldenBatch:
         with np.load(path) as npz:
-            arrays = {k: npz[k] for k in npz.files if STRING_PARTS[0] not in k}
-            for key in {k.split(STRING_PARTS[0])[0] for k in npz.files if STRING_PARTS[0] in k}:
-                arrays[key] = _unpacked_strings(key, npz)
+            packed = {k.removesuffix(STRING_PARTS[0]) for k in npz.files if k.endswith(STRING_PARTS[0])}
+            arrays = {k: npz[k] for k in npz.files if k.partition("#")[0] not in packed}
+            arrays.update({key: _unpacked_strings(key, npz) for key in packed})
         inputs = {k[3:]: v for k, v in arrays.items() if k.startswith("in:")}
         return cls(inputs, {k[4:]: strings_as_objects(v) for k, v in arrays.items() if k.startswith("out:")})
 
