@@ -26,7 +26,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
-from loopback import free_port  # noqa: E402
+from loopback import start_serve_local, train_bench_model  # noqa: E402
 
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples  # noqa: E402
 
@@ -54,27 +54,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        print("training two versions (synthetic 28x28x1, CNN, 1 epoch, seeds 1 and 2)...", flush=True)
-        for seed in (1, 2):
-            trainserve(
-                "train",
-                "--model-name",
-                "bench",
-                "--data",
-                "synthetic",
-                "--synthetic-size",
-                "6000",
-                "--epochs",
-                "1",
-                "--seed",
-                str(seed),
-                "--export-base",
-                str(tmp / "models"),
-                "--data-dir",
-                str(tmp / "data"),
-                "--logs-dir",
-                str(tmp / "logs"),
-            ).check_returncode()
+        for seed in (1, 2):  # versions 1 and 2
+            train_bench_model(tmp, size=6000, seed=seed)
         x, y = synthetic_examples(SPEC, args.examples, seed=5)
         np.savez(tmp / "heldout.npz", x_test=x, y_test=y)
         config = tmp / "models.config"
@@ -82,31 +63,17 @@ def main() -> None:
             f'model_config_list {{ config {{ name: "bench" base_path: "{tmp / "models" / "bench"}" '
             'model_platform: "tensorflow" model_version_policy { all {} } } }\n'
         )
-        port, rest_port = free_port(), free_port()
-        with open(tmp / "server.log", "w") as log:
-            server = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "trainserve",
-                    "serve-local",
-                    f"--port={port}",
-                    f"--rest_api_port={rest_port}",
-                    f"--model_config_file={config}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                target, data = f"127.0.0.1:{port}", ("--data", str(tmp / "heldout.npz"), "--wait", "120")
-                timed_eval(target, tmp / "warm.json", *data, "--compare-with", "1")  # loads both, warms both
-                one, both = [], []
-                for _ in range(args.repeats):  # interleaved: a slow moment of the machine hits both alike
-                    one.append(timed_eval(target, tmp / "one.json", *data))
-                    both.append(timed_eval(target, tmp / "both.json", *data, "--compare-with", "1"))
-            finally:
-                server.terminate()
-                server.wait()
+        server, port, _ = start_serve_local(tmp / "server.log", f"--model_config_file={config}")
+        try:
+            target, data = f"127.0.0.1:{port}", ("--data", str(tmp / "heldout.npz"), "--wait", "120")
+            timed_eval(target, tmp / "warm.json", *data, "--compare-with", "1")  # loads both, warms both
+            one, both = [], []
+            for _ in range(args.repeats):  # interleaved: a slow moment of the machine hits both alike
+                one.append(timed_eval(target, tmp / "one.json", *data))
+                both.append(timed_eval(target, tmp / "both.json", *data, "--compare-with", "1"))
+        finally:
+            server.terminate()
+            server.wait()
     loop = [statistics.median(r[0] for r in runs) for runs in (one, both)]
     whole = [statistics.median(r[1] for r in runs) for runs in (one, both)]
     cores = len(os.sched_getaffinity(0))

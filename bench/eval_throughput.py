@@ -36,7 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
-from loopback import free_port, process_cpu_s, train_bench_model  # noqa: E402
+from loopback import process_cpu_s, start_serve_local, train_bench_model  # noqa: E402
 
 from trainserve.protos import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples  # noqa: E402
@@ -200,22 +200,8 @@ def main() -> None:
         x = synthetic_examples(SPEC, args.examples, seed=1)[0]
         ceiling = in_process_ceiling(version_dir, x, (64, 128, 256, 512, 1024))
 
-        port, rest_port = free_port(), free_port()
-        log = open(tmp / "server.log", "w")  # noqa: SIM115
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trainserve",
-                "serve-local",
-                f"--port={port}",
-                f"--rest_api_port={rest_port}",
-                "--model_name=bench",
-                f"--model_base_path={tmp / 'models' / 'bench'}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        model_flags = ("--model_name=bench", f"--model_base_path={tmp / 'models' / 'bench'}")
+        server, port, rest_port = start_serve_local(tmp / "server.log", *model_flags)
         try:
             # (b) reads its data from a file, as a user's run does: an uncompressed npz, streamed.
             target = f"127.0.0.1:{port}"
@@ -279,7 +265,6 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=60)
-            log.close()
 
 
 if __name__ == "__main__":

@@ -26,11 +26,19 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def train_bench_model(root: Path) -> None:
-    """The served model of the eval benchmarks: a CNN trained 1 epoch on 12,000 synthetic 28x28x1 images,
-    published as `root/models/bench/1`, its held-out split under `root/data`."""
-    print("training the benchmark model (synthetic 28x28x1, CNN, 1 epoch)...", flush=True)
+def train_bench_model(root: Path, size: int = 12000, seed: int = 0) -> None:
+    """The served model of the eval benchmarks: a CNN trained 1 epoch on `size` synthetic 28x28x1 images,
+    published as the next version of `root/models/bench`, its held-out split under `root/data`."""
+    print(f"training the benchmark model (synthetic 28x28x1, CNN, 1 epoch, seed {seed})...", flush=True)
     paths = ["--export-base", str(root / "models"), "--data-dir", str(root / "data"), "--logs-dir", str(root / "logs")]
-    data = ["--data", "synthetic", "--synthetic-size", "12000", "--epochs", "1"]
+    data = ["--data", "synthetic", "--synthetic-size", str(size), "--epochs", "1", "--seed", str(seed)]
     command = [sys.executable, "-m", "trainserve", "train", "--model-name", "bench", *data, *paths]
     subprocess.run(command, check=True, capture_output=True)
+
+
+def start_serve_local(log: Path, *flags: str) -> tuple[subprocess.Popen, int, int]:
+    """serve-local in a process of its own on free ports, its output in `log`: (process, gRPC port, REST port)."""
+    port, rest_port = free_port(), free_port()
+    command = [sys.executable, "-m", "trainserve", "serve-local", f"--port={port}", f"--rest_api_port={rest_port}"]
+    with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([*command, *flags], stdout=out, stderr=subprocess.STDOUT), port, rest_port

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from google.protobuf import text_format
-from loopback import free_port, train_bench_model
+from loopback import start_serve_local, train_bench_model
 
 from trainserve.protos import ssl_config_pb2
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples
@@ -47,22 +47,7 @@ def write_ssl_config(certs: Path) -> Path:
 
 
 def start_server(models: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "trainserve",
-            "serve-local",
-            f"--port={port}",
-            f"--rest_api_port={free_port()}",
-            "--model_name=bench",
-            f"--model_base_path={models}",
-            *flags,
-        ],
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
+    server, port, _ = start_serve_local(log, "--model_name=bench", f"--model_base_path={models}", *flags)
     return server, f"127.0.0.1:{port}"
 
 
@@ -126,14 +111,7 @@ def main() -> None:
         train_bench_model(tmp)
         runpy.run_path(str(REPO / "scripts" / "certs.py"))["write_development_set"](tmp / "certs")
         client = tmp / "certs" / "client"
-        tls = (
-            "--tls-ca",
-            str(client / "ca.crt"),
-            "--tls-cert",
-            str(client / "tls.crt"),
-            "--tls-key",
-            str(client / "tls.key"),
-        )
+        tls = ("--tls-ca", f"{client}/ca.crt", "--tls-cert", f"{client}/tls.crt", "--tls-key", f"{client}/tls.key")
         x, y = synthetic_examples(SPEC, args.examples, seed=1)
         np.savez(tmp / "heldout.npz", x_test=x, y_test=y)  # uncompressed, streamed, as a user's file is
 

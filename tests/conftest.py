@@ -21,6 +21,16 @@ REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ("serving_fixtures",)  # serve_in_process: serve-local on a thread of the test process
 
 
+# `trainserve load` flags for a short closed-loop sweep (one client, three short windows): tests of what the sweep
+# reports, not of how fast anything is.
+QUICK_SWEEP = ("--concurrency", "1", "--window-s", "0.2", "--max-windows", "3")
+
+
+def target_flags(server: Server, model: str = "m", label: str | None = None) -> list[str]:
+    """A client's flags naming the server and the model (and label) it asks for."""
+    return ["--server", server.target, "--model", model, *(["--label", label] if label else [])]
+
+
 def pinned_tf_version() -> str:
     """The one TensorFlow pin, from pyproject.toml's `cpu` extra."""
     import tomllib

@@ -135,3 +135,21 @@ def serve_in_process_fixture():
     yield start
     for server in servers:
         assert server.stop() == 0
+
+
+def serve_every_version(
+    config: Path, model: str, base: Path, versions: tuple[int, ...], labels: dict[str, int] | None = None, *flags: str
+) -> InProcessServer:
+    """serve-local in process with every version of `model` under `base` loaded side by side
+    (`model_version_policy { all {} }`, written to `config`) and `labels` set; returns once `versions` serve."""
+    from trainserve.model_server_config import render_model_config, single_model_config
+
+    served = single_model_config(model, str(base))
+    entry = served.model_config_list.config[0]
+    entry.model_version_policy.all.SetInParent()
+    entry.version_labels.update(labels or {})
+    config.write_text(render_model_config(served))
+    server = InProcessServer(f"--model_config_file={config}", *flags)
+    for version in versions:
+        server.wait_available(model, version)
+    return server

@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import install_version
+from conftest import QUICK_SWEEP, install_version
 from trainserve.cli import main
 from trainserve.client import ServingClient, Target, open_channel
 from trainserve.errors import TrainserveError
@@ -25,19 +25,13 @@ IMAGES = np.random.default_rng(3).integers(0, 256, (4, 8, 8, 1), dtype=np.uint8)
 @pytest.fixture(scope="module")
 def labelled(model_versions, tmp_path_factory):
     """Model m with versions 1 and 2 both served, `stable` on the OLDER one (a candidate waiting to be promoted)."""
-    from serving_fixtures import InProcessServer
+    from serving_fixtures import serve_every_version
 
     root = tmp_path_factory.mktemp("labelled")
     for version in (1, 2):
         install_version(model_versions[version - 1], root / "m", version)
-    config = root / "models.config"
-    config.write_text(
-        f'model_config_list {{ config {{ name: "m" base_path: "{root / "m"}" model_platform: "tensorflow"\n'
-        "  model_version_policy { all {} } version_labels { key: 'stable' value: 1 } } }\n"
-    )
-    server = InProcessServer(f"--model_config_file={config}", "--allow_version_labels_for_unavailable_models")
-    server.wait_available("m", 1)
-    server.wait_available("m", 2)
+    flag = "--allow_version_labels_for_unavailable_models"  # the label is read before its version loads
+    server = serve_every_version(root / "models.config", "m", root / "m", (1, 2), {"stable": 1}, flag)
     yield server
     assert server.stop() == 0
 
@@ -138,27 +132,8 @@ def test_load_with_a_label_measures_the_version_behind_it(labelled, tmp_path):
     AVAILABLE from GetModelStatus, which on TF Serving ignores the label)."""
     assert status_versions(labelled, "stable") == [1, 2], "the server answers status as TF Serving does"
     report = tmp_path / "load.json"
-    code = main(
-        [
-            "load",
-            "--server",
-            labelled.target,
-            "--model",
-            "m",
-            "--label",
-            "stable",
-            "--batch-sizes",
-            "1",
-            "--concurrency",
-            "1",
-            "--window-s",
-            "0.2",
-            "--max-windows",
-            "3",
-            "--report",
-            str(report),
-        ]
-    )
+    target = ["--server", labelled.target, "--model", "m", "--label", "stable"]
+    code = main(["load", *target, "--batch-sizes", "1", *QUICK_SWEEP, "--report", str(report)])
     assert code == 0
     written = json.loads(report.read_text())
     assert (written["version"], written["label"]) == (1, "stable")
@@ -169,21 +144,8 @@ def test_eval_with_a_label_evaluates_the_version_behind_it(labelled, tmp_path):
     data = tmp_path / "test.npz"
     np.savez(data, x_test=IMAGES, y_test=np.arange(len(IMAGES)))
     report = tmp_path / "eval.json"
-    code = main(
-        [
-            "eval",
-            "--server",
-            labelled.target,
-            "--model",
-            "m",
-            "--label",
-            "stable",
-            "--data",
-            str(data),
-            "--report",
-            str(report),
-        ]
-    )
+    target = ["--server", labelled.target, "--model", "m", "--label", "stable"]
+    code = main(["eval", *target, "--data", str(data), "--report", str(report)])
     written = json.loads(report.read_text())
     assert code == 0 and (written["version"], written["label"]) == (1, "stable")
 

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import ServeLocal, assert_one_line_error, install_version, run_cli
+from conftest import ServeLocal, assert_one_line_error, install_version, run_cli, target_flags
 from trainserve.rollout.config_file import history_path, new_config, write_config
 from trainserve.rollout.history import read_history
 
@@ -92,23 +92,8 @@ def cli_ok(*args):
 
 
 def evaluate(server: ServeLocal, report, min_accuracy: float) -> int:
-    proc = run_cli(
-        "eval",
-        "--server",
-        server.target,
-        "--model",
-        "m",
-        "--label",
-        "candidate",
-        "--data",
-        "digits",
-        "--min-accuracy",
-        min_accuracy,
-        "--report",
-        report,
-        "--wait",
-        "60",
-    )
+    gated = ("--data", "digits", "--min-accuracy", min_accuracy, "--report", report, "--wait", "60")
+    proc = run_cli("eval", *target_flags(server, label="candidate"), *gated)
     assert report.is_file(), proc.stdout + proc.stderr
     return proc.returncode
 

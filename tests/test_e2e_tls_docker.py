@@ -102,14 +102,8 @@ def test_a_mounted_certificate_serves_grpc_over_mutual_tls_and_rest_stays_plaint
                 str(tmp_path / "test.npz"),
                 "--report",
                 str(evaluated),
-                "--tls-ca",
-                str(client / "ca.crt"),
-                "--tls-cert",
-                str(client / "tls.crt"),
-                "--tls-key",
-                str(client / "tls.key"),
-                "--tls-server-name",
-                "serve-cpu",
+                *("--tls-ca", f"{client}/ca.crt", "--tls-cert", f"{client}/tls.crt", "--tls-key", f"{client}/tls.key"),
+                *("--tls-server-name", "serve-cpu"),
             ]
         )
         report = json.loads(evaluated.read_text())

@@ -17,11 +17,19 @@ import numpy as np
 import pytest
 from image_files import CLASSES, write_image_folder
 
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, target_flags
 from trainserve.errors import TrainserveError
 
 MODEL = "pics"
 IMAGE_SIZE = "16,16"
+
+
+def folder_flags(photos: Path) -> tuple:
+    return ("--data", f"{photos}/", "--image-size", IMAGE_SIZE)
+
+
+def output_flags(root: Path) -> tuple:
+    return ("--export-base", root / "models", "--data-dir", root / "data", "--logs-dir", root / "logs")
 
 
 @pytest.fixture(scope="module")
@@ -32,29 +40,8 @@ def image_model(tmp_path_factory):
     (photos / CLASSES[0] / "notes.txt").write_text("not an image")
     truncated = photos / CLASSES[1] / "truncated.jpg"
     truncated.write_bytes(next((photos / CLASSES[1]).glob("*.jpg")).read_bytes()[:300])
-    proc = run_cli(
-        "train",
-        "--data",
-        f"{photos}/",
-        "--image-size",
-        IMAGE_SIZE,
-        "--epochs",
-        "8",
-        "--batch-size",
-        "16",
-        "--augment",
-        "flip,rotate,zoom,contrast",
-        "--skip-bad-images",
-        "--model-name",
-        MODEL,
-        "--export-base",
-        root / "models",
-        "--data-dir",
-        root / "data",
-        "--logs-dir",
-        root / "logs",
-        cwd=root,
-    )
+    fit = ("--epochs", "8", "--batch-size", "16", "--augment", "flip,rotate,zoom,contrast", "--skip-bad-images")
+    proc = run_cli("train", *folder_flags(photos), *fit, "--model-name", MODEL, *output_flags(root), cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {
         "root": root,
@@ -94,20 +81,7 @@ def test_folder_trains_with_the_cnn_chosen_for_images_skipping_what_is_no_image(
 @pytest.mark.integration
 def test_a_truncated_jpeg_stops_training_with_one_line_naming_it(image_model, tmp_path):
     photos = shutil.copytree(image_model["photos"], tmp_path / "photos")
-    proc = run_cli(
-        "train",
-        "--data",
-        f"{photos}/",
-        "--image-size",
-        IMAGE_SIZE,
-        "--export-base",
-        tmp_path / "m",
-        "--data-dir",
-        tmp_path / "d",
-        "--logs-dir",
-        tmp_path / "l",
-        cwd=tmp_path,
-    )
+    proc = run_cli("train", *folder_flags(photos), *output_flags(tmp_path), cwd=tmp_path)
     assert_one_line_error(
         proc, str(photos / CLASSES[1] / "truncated.jpg"), "not a decodable image", "--skip-bad-images"
     )
@@ -123,16 +97,8 @@ def test_eval_on_the_held_out_folder_and_a_third_party_client_agree(image_model,
     report = tmp_path / "report.json"
     proc = run_cli(
         "eval",
-        "--server",
-        image_server.target,
-        "--model",
-        MODEL,
-        "--data",
-        f"{image_model['test_dir']}/",
-        "--report",
-        report,
-        "--batch-size",
-        "5",
+        *target_flags(image_server, MODEL),
+        *("--data", f"{image_model['test_dir']}/", "--report", report, "--batch-size", "5"),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     accuracy = json.loads(report.read_text())["metrics"]["accuracy"]
@@ -168,16 +134,8 @@ def test_the_held_out_files_are_the_versions_own_split(image_model, image_server
     report = tmp_path / "held_out.json"
     proc = run_cli(
         "eval",
-        "--server",
-        image_server.target,
-        "--model",
-        MODEL,
-        "--data",
-        "held-out",
-        "--data-dir",
-        data_dir,
-        "--report",
-        report,
+        *target_flags(image_server, MODEL),
+        *("--data", "held-out", "--data-dir", data_dir, "--report", report),
         "--min-accuracy",
         "0.9",
     )

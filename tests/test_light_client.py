@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import assert_one_line_error, install_version
+from conftest import assert_one_line_error, install_version, target_flags
 from serving_fixtures import InProcessServer
 
 # The server runs on a thread of this process; the clients are fresh processes that import no TensorFlow.
@@ -62,21 +62,8 @@ def served(model_versions, tmp_path_factory):
 @pytest.mark.parametrize("core_install", [False, True], ids=["dev-install", "core-install"])
 def test_eval_imports_no_tensorflow(served, tmp_path, core_install):
     server, data = served
-    proc = run_eval(
-        "--server",
-        server.target,
-        "--model",
-        "m",
-        "--data",
-        data,
-        "--batch-size",
-        "64",
-        "--report",
-        tmp_path / "eval.json",
-        "--plots",
-        tmp_path / "plots",
-        core_install=core_install,
-    )
+    written = ("--report", tmp_path / "eval.json", "--plots", tmp_path / "plots")
+    proc = run_eval(*target_flags(server), "--data", data, "--batch-size", "64", *written, core_install=core_install)
     assert proc.returncode == 0, proc.stderr
     assert heavy_imports(proc) == [], "eval imported a TensorFlow-side package"
     assert json.loads((tmp_path / "eval.json").read_text())["data"]["examples"] == 300
@@ -85,23 +72,13 @@ def test_eval_imports_no_tensorflow(served, tmp_path, core_install):
 
 def test_compare_local_without_tensorflow_says_what_to_install(served, tiny_savedmodel):
     server, data = served
-    proc = run_eval(
-        "--server",
-        server.target,
-        "--model",
-        "m",
-        "--data",
-        data,
-        "--compare-local",
-        tiny_savedmodel,
-        core_install=True,
-    )
+    proc = run_eval(*target_flags(server), "--data", data, "--compare-local", tiny_savedmodel, core_install=True)
     assert_one_line_error(proc, "needs TensorFlow", "pip install 'trainserve[serve]'")
 
 
 def test_bundled_digits_without_scikit_learn_says_what_to_install(served):
     server, _ = served
-    proc = run_eval("--server", server.target, "--model", "m", "--data", "digits", core_install=True)
+    proc = run_eval(*target_flags(server), "--data", "digits", core_install=True)
     assert_one_line_error(proc, "'sklearn'", "pip install 'trainserve[train]'")
 
 
@@ -171,21 +148,8 @@ def test_a_whole_rollout_runs_on_the_core_install(model_versions, tmp_path):
                 install_version(model_versions[1], base, 2)
             assert f"candidate -> {version}" in light_ok("candidate", *rollout, "--wait", "120")
             report = tmp_path / f"r{version}.json"  # with a gate: promote refuses a report without one
-            light_ok(
-                "eval",
-                "--server",
-                server.target,
-                "--model",
-                "m",
-                "--label",
-                "candidate",
-                "--data",
-                data,
-                "--min-accuracy",
-                "0",
-                "--report",
-                report,
-            )
+            gated = ("--data", data, "--min-accuracy", "0", "--report", report)
+            light_ok("eval", *target_flags(server, label="candidate"), *gated)
             assert f"stable -> {version}" in light_ok("promote", *rollout, "--report", report)
         assert "stable -> 1" in light_ok("rollback", *rollout, "--reason", "light-client test")
         # The metadata route resolves a label (the status route lists every version, as in TF Serving).

@@ -74,20 +74,13 @@ class Seen(HTMLParser):
 @pytest.fixture(scope="module")
 def compared(model_versions, tmp_path_factory):
     """An eval of version 2 against version 1 (two untrained digits CNNs) with --report: eval.json + eval.html."""
-    from serving_fixtures import InProcessServer
+    from serving_fixtures import serve_every_version
 
     root = tmp_path_factory.mktemp("html")
     for version in (1, 2):
         install_version(model_versions[version - 1], root / "m", version)
-    config = root / "models.config"
-    config.write_text(
-        f'model_config_list {{ config {{ name: "m" base_path: "{root / "m"}" '
-        'model_platform: "tensorflow" model_version_policy { all {} } } }\n'
-    )
-    server = InProcessServer(f"--model_config_file={config}")
+    server = serve_every_version(root / "models.config", "m", root / "m", (1, 2))
     try:
-        server.wait_available("m", 2)
-        server.wait_available("m", 1)
         main(
             [
                 "eval",

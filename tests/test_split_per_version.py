@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from conftest import install_version
-from serving_fixtures import InProcessServer
+from conftest import install_version, target_flags
+from serving_fixtures import serve_every_version
 from trainserve.cli import main
 from trainserve.layout import read_metadata, split_arrays
 from trainserve.sources import load_dataset
@@ -89,14 +89,7 @@ def two_trainings(trained_digits, tmp_path_factory):
         TrainConfig(epochs=1, seed=3, export_base=root / "models", data_dir=root / "data", logs_dir=root / "logs")
     )
     assert result.version == 2
-    config = root / "models.config"
-    config.write_text(
-        f'model_config_list {{ config {{ name: "digits" base_path: "{root / "models" / "digits"}" '
-        'model_platform: "tensorflow" model_version_policy { all {} } } }\n'
-    )
-    server = InProcessServer(f"--model_config_file={config}")
-    server.wait_available("digits", 1)
-    server.wait_available("digits", 2)
+    server = serve_every_version(root / "models.config", "digits", root / "models" / "digits", (1, 2))
     yield server, root, before
     assert server.stop() == 0
 
@@ -163,22 +156,7 @@ def test_another_versions_split_warns_and_rows_it_trained_on_refuse_every_gate(t
 @pytest.mark.unit
 def test_held_out_needs_a_record_and_digits_refuses_a_version_trained_on_other_data(two_trainings, tmp_path, capsys):
     server, root, _ = two_trainings
-    assert (
-        main(
-            [
-                "eval",
-                "--server",
-                server.target,
-                "--model",
-                "digits",
-                "--data",
-                "held-out",
-                "--data-dir",
-                str(tmp_path / "empty"),
-            ]
-        )
-        == 2
-    )
+    assert main(["eval", *target_flags(server, "digits"), "--data", "held-out", "--data-dir", str(tmp_path / "e")]) == 2
     assert "no held-out split recorded for model 'digits' version 2" in capsys.readouterr().err
     record = root / "data" / "digits" / "versions" / "2.json"
     other = tmp_path / "data" / "digits" / "versions" / "2.json"
@@ -187,20 +165,7 @@ def test_held_out_needs_a_record_and_digits_refuses_a_version_trained_on_other_d
     body["test_split"]["provenance"] = {"source": "mnist", "seed": 0}
     other.write_text(json.dumps(body))
     assert (
-        main(
-            [
-                "eval",
-                "--server",
-                server.target,
-                "--model",
-                "digits",
-                "--data",
-                "digits",
-                "--data-dir",
-                str(tmp_path / "data"),
-            ]
-        )
-        == 2
+        main(["eval", *target_flags(server, "digits"), "--data", "digits", "--data-dir", str(tmp_path / "data")]) == 2
     )
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "was trained on 'mnist', not digits: expected --data held-out" in line

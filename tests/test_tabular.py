@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import QUICK_SWEEP, REPO, run_cli
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
 from trainserve.evaluation.report import validate_report
@@ -153,25 +153,9 @@ def test_load_on_the_raw_csv_checks_answers_against_the_class_names(iris, tmp_pa
     root, server = iris
     code = main(
         [
-            "load",
-            "--server",
-            server.target,
-            "--model",
-            "iris",
-            "--data",
-            str(root / "csv" / "test.csv"),
-            "--label-column",
-            "species",
-            "--batch-sizes",
-            "4",
-            "--concurrency",
-            "1",
-            "--window-s",
-            "0.2",
-            "--max-windows",
-            "3",
-            "--report",
-            str(tmp_path / "load.json"),
+            *("load", "--server", server.target, "--model", "iris", "--batch-sizes", "4", *QUICK_SWEEP),
+            *("--data", str(root / "csv" / "test.csv"), "--label-column", "species"),
+            *("--report", str(tmp_path / "load.json")),
         ]
     )
     assert code == 0

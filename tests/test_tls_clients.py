@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_tls import SERVICE, Pki, make_pki, ssl_config, start_server  # noqa: F401 (make_pki: the fixture `pki`)
 
-from conftest import install_version
+from conftest import QUICK_SWEEP, install_version
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
 
@@ -111,25 +111,8 @@ def test_load_over_mutual_tls_from_the_variables(servers, pki, tmp_path, monkeyp
     for flag, value in zip(flags[::2], flags[1::2]):
         monkeypatch.setenv("TRAINSERVE_" + flag[2:].replace("-", "_").upper(), value)
     report = tmp_path / "load.json"
-    code = main(
-        [
-            "load",
-            "--server",
-            servers[0].target,
-            "--model",
-            "m",
-            "--batch-sizes",
-            "2",
-            "--concurrency",
-            "1",
-            "--window-s",
-            "0.2",
-            "--max-windows",
-            "3",
-            "--report",
-            str(report),
-        ]
-    )
+    target = ["--server", servers[0].target, "--model", "m"]
+    code = main(["load", *target, "--batch-sizes", "2", *QUICK_SWEEP, "--report", str(report)])
     (point,) = json.loads(report.read_text())["points"]
     assert code == 0 and point["batch_size"] == 2 and point["requests"] > 0
 

@@ -6,14 +6,12 @@ Kept free of TensorFlow and gRPC so that `trainserve eval --help` answers at onc
 from __future__ import annotations
 
 import argparse
-import operator
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.gates import ChangeGate, parse_change_gates
+from trainserve.evaluation.gates import ChangeGate, Gate, parse_change_gates, parse_gates
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.options import key_values, option, parse_bool, positive_int
@@ -27,35 +25,6 @@ GATE_METRICS = {
     "classification": ("accuracy", "top_k_accuracy", "loss", "roc_auc", "average_precision"),
     "regression": ("mse", "rmse", "mae", "r2", "loss"),
 }
-_GATE = re.compile(r"^\s*([a-z_0-9]+)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
-
-
-@dataclass(frozen=True)
-class Gate:
-    """`metric >= threshold` or `metric <= threshold`: the run passes only when every gate holds."""
-
-    metric: str
-    op: Literal[">=", "<="]
-    threshold: float
-
-    def judge(self, metrics: dict) -> dict:
-        value = metrics.get(self.metric)
-        holds = value is not None and {">=": operator.ge, "<=": operator.le}[self.op](value, self.threshold)
-        return {"metric": self.metric, "op": self.op, "threshold": self.threshold, "value": value, "passed": holds}
-
-    def describe(self) -> str:
-        return f"{self.metric} {self.op} {self.threshold:g}"
-
-
-def parse_gates(text: str) -> tuple[Gate, ...]:
-    """`accuracy>=0.9,loss<=0.3` -> gates."""
-    gates = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        match = _GATE.match(item)
-        if not match:
-            raise argparse.ArgumentTypeError(f"{item!r}: expected METRIC>=VALUE or METRIC<=VALUE, e.g. r2>=0.5")
-        gates.append(Gate(match[1], match[2], float(match[3])))  # type: ignore[arg-type]
-    return tuple(gates)
 
 
 @dataclass(frozen=True)

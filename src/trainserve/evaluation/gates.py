@@ -6,11 +6,13 @@ better for accuracy, lower for loss, MSE, RMSE and MAE, and the threshold bounds
 `accuracy>=-1%` and `mse<=2%` are relative to the baseline's value. The op must agree with the direction (a
 `accuracy<=...` change threshold would reward a worse model), so a wrong one is refused, not obeyed.
 Change thresholds judge point estimates; the significance gate asks whether the data shows a difference at all.
+Value gates (`--require`, `--min-accuracy`) judge the candidate's own metrics.
 """
 
 from __future__ import annotations
 
 import argparse
+import operator
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -19,16 +21,51 @@ HIGHER_IS_BETTER = frozenset({"accuracy", "top_k_accuracy", "r2", "roc_auc", "av
 LOWER_IS_BETTER = frozenset({"loss", "mse", "rmse", "mae"})
 # The metrics compared example by example (an interval, a change gate), by task; the first decides the verdict.
 PAIRED_METRICS = {"classification": ("accuracy", "top_k_accuracy", "loss"), "regression": ("mse", "rmse", "mae")}
+_GATE = re.compile(r"^\s*([a-z_0-9]+)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
 _CHANGE = re.compile(r"^\s*([a-z_0-9]+)\s*(>=|<=)\s*([-+0-9.eE]+)\s*(%?)\s*$")
 
 
 @dataclass(frozen=True)
-class ChangeGate:
-    """`metric op threshold` on the change candidate - baseline (relative: in % of the baseline's value)."""
+class Threshold:
+    """`metric op threshold`, what every gate holds a number to."""
 
     metric: str
     op: Literal[">=", "<="]
     threshold: float
+
+    def holds(self, value: float) -> bool:
+        return {">=": operator.ge, "<=": operator.le}[self.op](value, self.threshold)
+
+
+@dataclass(frozen=True)
+class Gate(Threshold):
+    """`metric >= threshold` or `metric <= threshold` on the version's own metrics: the run passes only when
+    every gate holds."""
+
+    def judge(self, metrics: dict) -> dict:
+        value = metrics.get(self.metric)
+        holds = value is not None and self.holds(value)
+        return {"metric": self.metric, "op": self.op, "threshold": self.threshold, "value": value, "passed": holds}
+
+    def describe(self) -> str:
+        return f"{self.metric} {self.op} {self.threshold:g}"
+
+
+def parse_gates(text: str) -> tuple[Gate, ...]:
+    """`accuracy>=0.9,loss<=0.3` -> gates."""
+    gates = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        match = _GATE.match(item)
+        if not match:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected METRIC>=VALUE or METRIC<=VALUE, e.g. r2>=0.5")
+        gates.append(Gate(match[1], match[2], float(match[3])))  # type: ignore[arg-type]
+    return tuple(gates)
+
+
+@dataclass(frozen=True)
+class ChangeGate(Threshold):
+    """`metric op threshold` on the change candidate - baseline (relative: in % of the baseline's value)."""
+
     relative: bool = False
 
     def describe(self) -> str:
@@ -38,7 +75,7 @@ class ChangeGate:
         change = candidate - baseline
         if self.relative:
             change = 0.0 if change == 0 else (change / abs(baseline) * 100 if baseline else float("inf") * change)
-        holds = change >= self.threshold if self.op == ">=" else change <= self.threshold
+        holds = self.holds(change)
         unit = "%" if self.relative else ""
         return {
             "kind": "change",

@@ -15,7 +15,7 @@ from collections import Counter
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.config import Gate
+from trainserve.evaluation.gates import Gate
 from trainserve.evaluation.metrics import (
     SCORE_BINS,
     RegressionMetrics,
