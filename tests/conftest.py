@@ -233,6 +233,16 @@ def serve_local(tmp_path):
         server.stop()
 
 
+def share_split(dataset, data_dir: Path, model: str) -> Path:
+    """The held-out split shared as `trainserve train` shares it (splits/<fingerprint>.npz and the newest
+    test.npz); returns the newest."""
+    from trainserve.splits import HeldOutSplit, provenance
+
+    origin = provenance("test", 0, 0.2)
+    HeldOutSplit(dataset.test, dataset.y_test, dataset.task, dataset.single, origin).share(data_dir, model)
+    return data_dir / model / "test.npz"
+
+
 def digits_spec():
     """The built-in CNN's data as `trainserve train` sees 8x8 digits: uint8 `images`, 10 classes."""
     from trainserve.task import Task

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainserve.data import write_test_split
+from conftest import share_split
 from trainserve.errors import TrainserveError
 from trainserve.sources import SyntheticSpec, load_dataset
+from trainserve.splits import fingerprint_npz
 from trainserve.training.pipeline import make_input_pipeline
 
 pytestmark = pytest.mark.unit
@@ -100,13 +101,14 @@ def test_offline_keras_dataset_is_a_clear_error(tmp_path, monkeypatch):
 
 def test_test_split_is_shared_exactly(tmp_path):
     ds = load_dataset("digits")
-    path = write_test_split(ds, tmp_path, "digits")
+    path = share_split(ds, tmp_path, "digits")
     assert path == tmp_path / "digits" / "test.npz"
     with np.load(path) as npz:
         np.testing.assert_array_equal(npz["x_test"], ds.x_test)
         np.testing.assert_array_equal(npz["y_test"], ds.y_test)
         assert list(npz["label_names"]) == ds.label_names
-    assert [p.name for p in path.parent.iterdir()] == ["test.npz"], "no temp file left behind"
+    kept = sorted(p.relative_to(path.parent).as_posix() for p in path.parent.rglob("*") if p.is_file())
+    assert kept == ["splits/" + fingerprint_npz(path) + ".npz", "test.npz"], "no temp file left behind"
 
 
 def test_input_pipeline_batches_the_stored_data_and_the_model_scales_it():
@@ -146,7 +148,7 @@ def test_named_inputs_and_float_labels_make_a_regression(tmp_path):
     ds = load_dataset(str(_regression_npz(tmp_path / "r.npz")))
     assert sorted(ds.train) == ["age", "scores"] and not ds.single
     assert ds.task.kind == "regression" and ds.task.targets == 1 and ds.y_train.shape == (20, 1)
-    path = write_test_split(ds, tmp_path, "r")
+    path = share_split(ds, tmp_path, "r")
     with np.load(path) as npz:
         assert split_input_names(npz.files) == ["age", "scores"] and "x_test" not in npz.files
         assert split_task(npz) == ds.task
@@ -259,7 +261,7 @@ def test_any_npz_layout_and_small_dtype_trains_and_its_split_is_one_eval_reads(t
     np.savez(tmp_path / "f.npz", **arrays)
     ds = load_dataset(str(tmp_path / "f.npz"))
     assert all(v.flags.c_contiguous for v in ds.test.values())
-    for source in (write_test_split(ds, tmp_path, "f"), tmp_path / "f.npz"):  # the split, and the file itself
+    for source in (share_split(ds, tmp_path, "f"), tmp_path / "f.npz"):  # the split, and the file itself
         data = open_eval_data(str(source))
         columns, labels = next(data.batches(100))
         for name in ds.test:

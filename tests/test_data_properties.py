@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from conftest import free_port
-from trainserve.data import Dataset, write_test_split
+from conftest import free_port, share_split
+from trainserve.data import Dataset
 from trainserve.errors import TrainserveError
 from trainserve.sources import load_dataset
 
@@ -157,7 +157,7 @@ def test_train_accepts_or_says_why_and_eval_reads_what_train_read(case):
         assert [i.name for i in spec.inputs] == list(ds.train)
         if case.kind == "csv":  # the header's names, not a byte-order mark's '\ufeffc0'
             assert sorted(ds.train) == sorted(name for name in case.rows[0] if name != "y")
-        split = open_eval_data(str(write_test_split(ds, Path(tmp), "m")))
+        split = open_eval_data(str(share_split(ds, Path(tmp), "m")))
         columns, labels = next(split.batches(10_000))
         for name, want in ds.test.items():
             _assert_same(columns[name], want, f"split {name}")
@@ -250,7 +250,7 @@ def test_what_train_accepts_is_served_with_the_in_process_predictions(case):
         in_process = serving_outputs(model(input_structure(model)(ds.test), training=False), ds.task)
         version = Path(tmp) / "models" / "1"
         export_savedmodel(model, version, spec.inputs, ds.task, spec.preprocessing)
-        data = open_eval_data(str(write_test_split(ds, Path(tmp), "m")))
+        data = open_eval_data(str(share_split(ds, Path(tmp), "m")))
         server = InProcessServer(version.parent)
         client = ServingClient(f"127.0.0.1:{server.port}", 4 << 20)
         try:

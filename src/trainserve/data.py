@@ -10,16 +10,12 @@ float32 (NaN: missing) and str columns, preprocessed in the model (training/prep
 from __future__ import annotations
 
 import hashlib
-import io
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.files import write_file_atomic
-from trainserve.layout import split_arrays
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples  # noqa: F401  (re-exported)
 from trainserve.task import Task
 
@@ -259,17 +255,3 @@ def as_labels(y: np.ndarray, what: str) -> np.ndarray:
     if y.min(initial=0) < 0:
         raise TrainserveError(f"{what} has negative labels: labels must be integers >= 0")
     return y.astype(np.int64)
-
-
-def write_npz_atomic(path: Path, **arrays: np.ndarray) -> Path:
-    """Write an npz so that readers never see half a file (held-out splits are small: built in memory)."""
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return write_file_atomic(path, buffer.getvalue())
-
-
-def write_test_split(dataset: Dataset, data_dir: Path, model_name: str) -> Path:
-    """Share the held-out split (`<data_dir>/<model>/test.npz`) with the eval client in another container:
-    the named inputs (`x_test`, or `x_test/<input>`), `y_test`, `label_names` and the task (JSON)."""
-    arrays = split_arrays(dataset.test, dataset.y_test, dataset.task, dataset.single)
-    return write_npz_atomic(data_dir / model_name / "test.npz", **arrays)
