@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples  # noqa: F401  (re-exported)
 from trainserve.task import Task
 
 IMAGES = "images"  # the input name of image data (the built-in sources, and a single uint8 [N, H, W(, C)] array)
