@@ -11,7 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from trainserve.evaluation.gates import HIGHER_IS_BETTER, PAIRED_METRICS
-from trainserve.evaluation.metrics import ClassificationMetrics, RegressionMetrics, log_probabilities
+from trainserve.evaluation.metrics import (
+    ClassificationMetrics,
+    RegressionMetrics,
+    latency_percentiles,
+    log_probabilities,
+)
 from trainserve.evaluation.paired_stats import (
     FLIPS,
     RESAMPLES,
@@ -75,7 +80,10 @@ def summarize(
         "verdict_line": verdict_line(versions, verdict, primary, metrics[primary], test),
         "alpha": alpha,
         "bootstrap": {"resamples": RESAMPLES, "seed": seed, "level": 0.95},
-        "latency_ms": {"candidate": latency(tallies[0]), "baseline": latency(tallies[1])},
+        "latency_ms": {
+            "candidate": latency_percentiles(tallies[0].latencies),
+            "baseline": latency_percentiles(tallies[1].latencies),
+        },
         "baseline_metrics": tallies[1].quality.summary(),
     }
 
@@ -89,12 +97,6 @@ def no_baseline(ref: str, version: int) -> dict:
         "verdict": "no baseline",
         "verdict_line": line,
     }
-
-
-def latency(tally: Tally) -> dict:
-    ms = np.asarray(tally.latencies, np.float64) * 1000 if tally.latencies else np.zeros(1)
-    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(ms.max()), "mean": float(ms.mean())}
 
 
 def _metric(name: str, a: np.ndarray, b: np.ndarray, seed: int) -> dict:

@@ -19,6 +19,7 @@ from trainserve.evaluation.config import EvalConfig
 from trainserve.evaluation.data import EvalData, open_eval_data
 from trainserve.image_splits import fingerprint_folder
 from trainserve.splits import (
+    DIGITS_TEST_FRACTION,
     fingerprint_arrays,
     fingerprint_npz,
     known_overlap,
@@ -52,8 +53,8 @@ class DataCheck:
         }
 
 
-def open_for_version(config: EvalConfig, version: int) -> tuple[EvalData, DataCheck, dict | None]:
-    """The data to evaluate `version` on, its check against the version's record, and the record (or None)."""
+def open_for_version(config: EvalConfig, version: int) -> tuple[EvalData, DataCheck]:
+    """The data to evaluate `version` on, and its check against the version's record."""
     record = read_version_record(config.data_dir, config.model, version)
     split = (record or {}).get("test_split") or {}
     recorded = split.get("provenance")
@@ -67,16 +68,16 @@ def open_for_version(config: EvalConfig, version: int) -> tuple[EvalData, DataCh
             )
         path = Path(config.data_dir) / config.model / split["file"]
         data = replace(_open(str(path), config), name=f"held-out split of version {version}")
-        return data, _check(split, *_fingerprint_split(path), where), record
+        return data, _check(split, *_fingerprint_split(path), where)
     if config.data == "digits":
         seed = _digits_seed(recorded, where)
         data = _open("digits", config, seed)
-        return data, _check(split, _digits_fingerprint(seed), provenance("digits", seed, 0.2), where), record
+        return data, _check(split, _digits_fingerprint(seed), provenance("digits", seed, DIGITS_TEST_FRACTION), where)
     if split and (config.data.endswith(".npz") or Path(config.data).is_dir()):
         data = _open(config.data, config)
-        return data, _check(split, *_fingerprint_split(Path(config.data)), where), record
+        return data, _check(split, *_fingerprint_split(Path(config.data)), where)
     data = _open(config.data, config)
-    return data, _check(split, None, None, where), record
+    return data, _check(split, None, None, where)
 
 
 def _fingerprint_split(path: Path) -> tuple[str, dict | None]:

@@ -14,7 +14,7 @@ import io
 from html import escape
 from pathlib import Path
 
-from trainserve.evaluation.comparison import latency
+from trainserve.evaluation.metrics import latency_percentiles
 from trainserve.evaluation.records import EvalResult
 from trainserve.evaluation.report import describe_gate
 from trainserve.files import write_file_atomic
@@ -206,7 +206,7 @@ def _latency(result: EvalResult) -> str:
         sides.append((f"v{report['comparison']['baseline']['version']}", result.baseline))
     rows, figures = [], []
     for name, tally in sides:
-        summary = latency(tally)
+        summary = latency_percentiles(tally.latencies)
         rows.append([name, *(summary[q] for q in ("p50", "p90", "p99", "max", "mean")), len(tally.latencies)])
         ms = [t * 1000 for t in tally.latencies]
         figures.append(_figure(_png(plots.plot_latency_histogram, ms, summary), f"latency, {name}", f"latency-{name}"))

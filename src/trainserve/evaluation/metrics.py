@@ -308,3 +308,10 @@ def percentiles_from_histogram(histogram: dict, quantiles=(50, 90, 99)) -> list[
         return [0.0 for _ in quantiles]
     ranks = [max(1, int(np.ceil(q / 100 * cumulative[-1]))) for q in quantiles]
     return [float(edges[np.searchsorted(cumulative, rank)]) for rank in ranks]
+
+
+def latency_percentiles(latencies: list[float]) -> dict:
+    """p50/p90/p99/max/mean in milliseconds of latencies in seconds (zeros when there are none)."""
+    ms = np.asarray(latencies, np.float64) * 1000 if latencies else np.zeros(1)
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(ms.max()), "mean": float(ms.mean())}

@@ -12,18 +12,12 @@ import numpy as np
 
 from trainserve import __version__
 from trainserve.evaluation.config import ClientOptions
-from trainserve.evaluation.metrics import latency_histogram, precision_recall_curve
+from trainserve.evaluation.metrics import latency_histogram, latency_percentiles, precision_recall_curve
 from trainserve.evaluation.records import EvalResult, FinishedRun
 from trainserve.files import write_file_atomic
 
 SCHEMA_ID = "trainserve.eval/3"  # /2 plus data_check, comparison and comparison gates (fields are only added)
 SCHEMA_PATH = Path(__file__).with_name("eval_report.schema.json")
-
-
-def _percentiles(latencies: list[float]) -> dict:
-    ms = np.asarray(latencies, np.float64) * 1000 if latencies else np.zeros(1)
-    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-    return {"p50": p50, "p90": p90, "p99": p99, "max": float(ms.max()), "mean": float(ms.mean())}
 
 
 def report_header(schema: str, config: ClientOptions, version: int) -> dict:
@@ -126,7 +120,7 @@ def _performance_section(run: FinishedRun) -> dict:
         "requests": tally.requests,
         "retries": tally.retries,
         "failed_requests": 0,  # a request that fails for good ends the run with an error instead
-        "latency_ms": _percentiles(tally.latencies),
+        "latency_ms": latency_percentiles(tally.latencies),
         "latency_histogram": latency_histogram(np.asarray(tally.latencies) * 1000),
         "client_rss_mb": {"start": run.start_rss_mb, "peak": run.peak_rss_mb},
     }

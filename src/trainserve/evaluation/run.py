@@ -44,7 +44,7 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     try:
         # The version first: its own held-out split, and its record to check other data against.
         version = client.wait_until_available(target, config.wait)
-        data, data_check, _ = open_for_version(config, version)
+        data, data_check = open_for_version(config, version)
         baseline = resolve_baseline(client, config, target, version) if config.compare_with else None
         signature = client.signature(target, version)
         data = with_class_ids(client, target, signature, data, config.input_map, config.retries, version)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 
-from trainserve.errors import TrainserveError
+from trainserve.errors import TrainserveError, first_line
 from trainserve.model_server_config import parse_text_proto
 from trainserve.protos import ssl_config_pb2
 
@@ -78,7 +78,7 @@ def _certificates(text: str, what: str) -> list:
         return x509.load_pem_x509_certificates(data)
     except ValueError as exc:
         raise TrainserveError(
-            f"{what} is not a valid PEM certificate ({_reason(exc)}): expected -----BEGIN CERTIFICATE-----"
+            f"{what} is not a valid PEM certificate ({first_line(exc)}): expected -----BEGIN CERTIFICATE-----"
         ) from None
 
 
@@ -92,7 +92,7 @@ def _private_key(text: str, what: str):
         raise TrainserveError(f"{what} is encrypted: expected an unencrypted PEM private key") from None
     except ValueError as exc:
         raise TrainserveError(
-            f"{what} is not a valid PEM private key ({_reason(exc)}): expected -----BEGIN PRIVATE KEY-----"
+            f"{what} is not a valid PEM private key ({first_line(exc)}): expected -----BEGIN PRIVATE KEY-----"
         ) from None
 
 
@@ -108,7 +108,3 @@ def _check_validity(cert, what: str) -> datetime.datetime:
             f"{what} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC: expected a current certificate"
         )
     return cert.not_valid_after_utc
-
-
-def _reason(exc: Exception) -> str:
-    return str(exc).splitlines()[0].strip() or type(exc).__name__

@@ -45,10 +45,6 @@ class FolderScan:
     bad: list[str] = field(default_factory=list)  # image files that do not decode (kept out with --skip-bad-images)
 
 
-def is_image_folder(source: str) -> bool:
-    return os.path.isdir(source)
-
-
 def class_folders(root: Path) -> list[str]:
     """The class names: sub-folder names, sorted, dot-folders skipped."""
     if not root.is_dir():
@@ -103,7 +99,8 @@ def scan_image_folder(root: Path, skip_bad: bool = False) -> FolderScan:
             f"{bad[0]} is not a decodable image{more}: expected JPEG, PNG, BMP or GIF files"
             " (--skip-bad-images leaves them out)"
         )
-    kept = [(p, label) for p, label in files if str(p) not in set(bad)]
+    left_out = set(bad)
+    kept = [(p, label) for p, label in files if str(p) not in left_out]
     if other:
         log.info("%s: %d file(s) without an image extension skipped", root, other)
     if bad:

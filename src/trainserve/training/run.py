@@ -285,9 +285,7 @@ def _export_and_publish(
     # when it has no GPU; a multi-worker process also has its cluster's devices, which a server will not.
     job = ExportJob(config.model_reference, spec, model.get_weights(), golden, atol)
     in_process = not plan.gpus and not plan.multi_worker
-    prepare = functools.partial(
-        _export_and_gate, job=job, in_process=in_process, dataset=dataset, model_name=config.model_name
-    )
+    prepare = functools.partial(_export_and_gate, job=job, in_process=in_process, model_name=config.model_name)
     published = publish_or_discard(
         staging_dir(config.export_base / config.model_name), prepare, metadata, config.retention
     )
@@ -304,13 +302,13 @@ def _golden_batch(model: keras.Model, inputs: dict[str, np.ndarray], spec: DataS
     return GoldenBatch(inputs, {k: np.asarray(v) for k, v in outputs.items()})
 
 
-def _export_and_gate(path: Path, *, job: ExportJob, in_process: bool, dataset: Dataset, model_name: str) -> None:
+def _export_and_gate(path: Path, *, job: ExportJob, in_process: bool, model_name: str) -> None:
     """Fill the staged version directory and run the CPU gate on it; raises when either fails."""
     started = time.monotonic()
     gate = export_and_gate(job, path, in_process=in_process)
     if not gate.ok:
         raise TrainserveError(f"nothing published: {gate.reason}")
-    write_warmup_requests(path, model_name, serving_examples(dataset, GOLDEN_BATCH))
+    write_warmup_requests(path, model_name, job.golden.inputs)  # the held-out examples the gate ran
     log.info(
         "CPU gate passed (export and gate %s, %.1f s): %s, max abs diff %.2e (<= %g)",
         "in this process: no GPU here" if in_process else "in a child process that sees no GPU",
