@@ -111,3 +111,15 @@ def test_random_unknown_model_names_add_no_series(server):
     after = scrape(server)
     assert series(after) == series(before), "200 unknown names: the same series, only their counts grew"
     assert request_count(after, UNKNOWN_MODEL, "predict", "NOT_FOUND") == 1 + 200
+
+
+def test_rest_predict_failures_are_counted_like_grpc_ones(server):
+    """REST resolves the version and converts the JSON inside the request's bookkeeping, as gRPC does: an unknown
+    model and a malformed body are each counted by their status."""
+    before = scrape(server)
+    assert server.post("/v1/models/nope:predict", {"instances": [[1]]})[0] == 404
+    assert server.post("/v1/models/m:predict", {"instances": [{"no_such_input": 1}]})[0] == 400
+    after = scrape(server)
+    for model, status in ((UNKNOWN_MODEL, "NOT_FOUND"), ("m", "INVALID_ARGUMENT")):
+        grew = request_count(after, model, "predict", status) - request_count(before, model, "predict", status)
+        assert grew == 1, (model, status)

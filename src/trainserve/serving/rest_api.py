@@ -220,12 +220,9 @@ class RestHandler(BaseHTTPRequestHandler):
             raise ServingError(grpc.StatusCode.NOT_FOUND, f"Malformed request: POST {self.path}")
         body = parse_json_body(raw)
         signature = body.get("signature_name") or DEFAULT_SIGNATURE
-        # Resolve once and predict on that version (held, so an unload in between cannot take it): the JSON is
-        # converted with its signature's dtypes.
-        servable = self.servables.resolve(name, version, label)
-        inputs, row = rest_inputs(body, self.servables.inputs_spec(servable, signature))
-        _, _, outputs = self.servables.predict(name, servable, signature, inputs)
-        return self._send(200, predict_json(outputs, row))
+        # The JSON is converted with the resolved version's dtypes, inside the request's bookkeeping.
+        _, _, outputs = self.servables.predict(name, version, label, signature, lambda spec: rest_inputs(body, spec)[0])
+        return self._send(200, predict_json(outputs, "instances" in body))
 
 
 def make_rest_handler(servables: Servables, metrics_path: str | None) -> type[RestHandler]:

@@ -162,11 +162,14 @@ class Servables:
             raise unknown_signature(signature) from None
         return inputs_spec
 
-    def predict(self, name, servable: ServableHandle, signature, inputs, output_filter=(), entrypoint="REST"):
-        """Returns (version, signature name, outputs); blocks until they are computed. `servable`: the version
-        the caller resolved (REST converts the JSON with its signature's dtypes first) and holds until the answer,
-        so an unload in between cannot take it away."""
+    def predict(self, name, version, label, signature, to_inputs, output_filter=(), entrypoint="REST"):
+        """Returns (version, signature name, outputs); blocks until they are computed. `to_inputs` converts
+        the request with the resolved version's input specs (REST's JSON takes its signature's dtypes); that version
+        is held until the answer, so an unload in between cannot take it away, and every failure is counted."""
         with Tracked(self, name, "predict", entrypoint):
+            signature = signature or DEFAULT_SIGNATURE
+            servable = self.resolve(name, version, label)
+            inputs = to_inputs(self.inputs_spec(servable, signature))
             call = self._prepare(servable, signature, inputs, output_filter)
             if call.key is None:
                 return call.version, call.signature, call.run(inputs)
