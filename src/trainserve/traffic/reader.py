@@ -1,0 +1,194 @@
+"""Captured traffic read back: the TFRecord files of `PredictionLog`s that serve-local's `logging_config` and
+`trainserve capture` write, for `replay`, `drift` and `capture export`.
+
+Files are read in name order (`<prefix>-<host>-<pid>-<UTC time>-<seq>.tfrecord`: one writer's files in the order
+written), records filtered by model and, with `--shard I/N`, every N-th kept record from record I, so N readers
+share one capture and each record is read by exactly one. A capture is often read while it is written or after
+its writer was killed, so damage does not stop the read: a record whose data checksum fails is skipped (its
+length is intact, so the next one is found); a truncated tail or a broken length ends that file. Each is one
+warning line naming the file, the byte and what was skipped. A capture that yields nothing to read is one error
+line: no files, no records, or records of other models only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from google.protobuf.message import DecodeError
+
+from trainserve.errors import TrainserveError
+from trainserve.protos import predict_pb2, prediction_log_pb2
+from trainserve.tfrecord import DamagedRecord, iter_records
+
+log = logging.getLogger(__name__)
+SUFFIX = ".tfrecord"
+_FRAME_OVERHEAD = 16  # length (8), its CRC (4), the data's CRC (4)
+
+
+@dataclass(frozen=True)
+class CaptureShard:
+    """`I/N`: this reader takes kept records I, I + N, I + 2N, ... (0 <= I < N)."""
+
+    index: int = 0
+    count: int = 1
+
+    def describe(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+@dataclass(frozen=True)
+class CapturedRequest:
+    """One captured Predict: what was asked, what was answered, by which version, when, under which id."""
+
+    model: str
+    version: int
+    signature: str
+    timestamp_s: int
+    request_id: str
+    sampling_rate: float
+    request: predict_pb2.PredictRequest
+    response: predict_pb2.PredictResponse
+
+
+@dataclass
+class ReadSummary:
+    """What reading a capture found, for the report and the warning lines."""
+
+    files: int = 0
+    records: int = 0  # every intact record, of every model
+    kept: int = 0  # of the model asked for (and, sharded, this shard's)
+    other_models: Counter = field(default_factory=Counter)
+    skipped: int = 0  # records skipped for a bad checksum, or not a Predict PredictionLog
+    skipped_bytes: int = 0  # tails not read (truncated, broken length)
+    damage: list[str] = field(default_factory=list)  # one line each
+
+    def as_dict(self) -> dict:
+        return {
+            "files": self.files,
+            "records": self.records,
+            "kept": self.kept,
+            "other_models": dict(self.other_models),
+            "skipped_records": self.skipped,
+            "skipped_bytes": self.skipped_bytes,
+            "damage": list(self.damage),
+        }
+
+
+def capture_files(paths: list[Path]) -> list[Path]:
+    """The capture's files in name order: each path a `.tfrecord` file (or any file named directly) or a
+    directory whose `*.tfrecord` files (at any depth) are taken; one error line when there are none."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(p for p in path.rglob(f"*{SUFFIX}") if p.is_file() and not p.name.startswith("."))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise TrainserveError(f"{path}: no such file or directory: expected a capture directory or file")
+    if not files:
+        said = ", ".join(map(str, paths))
+        raise TrainserveError(f"{said}: holds no capture files (*{SUFFIX}): expected the directory a capture wrote")
+    return sorted(dict.fromkeys(files), key=lambda p: (p.name, str(p)))
+
+
+def read_capture(
+    paths: list[Path], model: str, shard: CaptureShard | None = None, summary: ReadSummary | None = None
+) -> Iterator[CapturedRequest]:
+    """Every captured Predict of `model` in the files' name order (this shard's only); `summary` is filled as
+    the read goes. Raises a one-line TrainserveError at the end when nothing of `model` was found."""
+    shard = shard or CaptureShard()
+    summary = summary if summary is not None else ReadSummary()
+    files = capture_files(paths)
+    summary.files = len(files)
+    index = 0
+    for path in files:
+        for captured in _records_of(path, summary):
+            if captured is None:
+                continue
+            if captured.model != model:
+                summary.other_models[captured.model] += 1
+                continue
+            index += 1
+            if (index - 1) % shard.count == shard.index:
+                summary.kept += 1
+                yield captured
+    if index == 0:
+        raise TrainserveError(_nothing_found(paths, model, summary))
+
+
+def _nothing_found(paths: list[Path], model: str, summary: ReadSummary) -> str:
+    said = ", ".join(map(str, paths))
+    if summary.other_models:
+        others = ", ".join(f"{name!r} ({n})" for name, n in summary.other_models.most_common())
+        return f"{said}: holds no records of model {model!r}, only of {others}: expected --model to name one of them"
+    damaged = f" ({summary.damage[0]})" if summary.damage else ""
+    return f"{said}: {summary.files} capture file(s) but no readable Predict records{damaged}"
+
+
+def _records_of(path: Path, summary: ReadSummary) -> Iterator[CapturedRequest | None]:
+    """One file's records, decoded; damage skipped and noted (one warning line each)."""
+    with open(path, "rb") as stream:
+        size = stream.seek(0, 2)
+        start = 0
+        while start is not None:
+            stream.seek(start)
+            start = yield from _run_of_records(path, stream, start, size, summary)
+
+
+def _run_of_records(path: Path, stream: BinaryIO, start: int, size: int, summary: ReadSummary):
+    """Records from `start` until the end (returns None) or damage: where to go on after a bad data checksum
+    (the length is intact), None after a truncated or unreadable tail."""
+    try:
+        for raw in iter_records(stream):
+            summary.records += 1
+            yield _decode(raw, path, summary)
+        return None
+    except DamagedRecord as damage:
+        at = start + damage.offset
+        if damage.reason.startswith("data checksum"):
+            stream.seek(at)
+            length = int.from_bytes(stream.read(8), "little")
+            summary.skipped += 1
+            _note(summary, f"{path}: record at byte {at} skipped: its data checksum does not match (corrupt)")
+            return at + _FRAME_OVERHEAD + length
+        summary.skipped_bytes += size - at
+        what = "the last record is truncated (a writer killed mid-write?)" if "truncated" in damage.reason else ""
+        _note(
+            summary,
+            f"{path}: {what or damage.reason} at byte {at}: records before it read, the last {size - at} bytes skipped",
+        )
+        return None
+
+
+def _decode(raw: bytes, path: Path, summary: ReadSummary) -> CapturedRequest | None:
+    try:
+        entry = prediction_log_pb2.PredictionLog.FromString(raw)
+    except DecodeError:
+        entry = None
+    if entry is None or entry.WhichOneof("log_type") != "predict_log":
+        summary.skipped += 1
+        kind = "not a PredictionLog" if entry is None else f"a {entry.WhichOneof('log_type') or 'empty'} log"
+        _note(summary, f"{path}: record {summary.records} skipped: {kind}, expected a predict_log")
+        return None
+    meta, request = entry.log_metadata, entry.predict_log.request
+    spec = meta.model_spec
+    return CapturedRequest(
+        model=spec.name or request.model_spec.name,
+        version=spec.version.value or entry.predict_log.response.model_spec.version.value,
+        signature=spec.signature_name or request.model_spec.signature_name or "serving_default",
+        timestamp_s=meta.timestamp_secs,
+        request_id=meta.request_origin,
+        sampling_rate=meta.sampling_config.sampling_rate,
+        request=request,
+        response=entry.predict_log.response,
+    )
+
+
+def _note(summary: ReadSummary, line: str) -> None:
+    summary.damage.append(line)
+    log.warning("%s", line)
