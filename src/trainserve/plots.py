@@ -171,3 +171,32 @@ def plot_throughput_vs_latency(points: list[dict], out: Path, title: str, budget
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def plot_histogram(edges, counts, out: Path, title: str, xlabel: str, log_x: bool = False) -> Path:
+    """Counts already binned (mergeable reports keep histograms, not values) drawn as bars over their edges."""
+    plt = _pyplot()
+    edges, counts = np.asarray(edges, np.float64), np.asarray(counts, np.float64)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    if counts.size:
+        ax.stairs(counts, edges, fill=True, alpha=0.8)
+    if log_x:
+        ax.set_xscale("log")
+    _label(ax, xlabel, "count", title)
+    return _save(plt, fig, out)
+
+
+def plot_distributions(edges, expected, observed, out: Path, title: str, labels=None) -> Path:
+    """Two shares over the same bins (training vs traffic): bars side by side, category names when given."""
+    plt = _pyplot()
+    expected, observed = np.asarray(expected, np.float64), np.asarray(observed, np.float64)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    x = np.arange(len(expected))
+    ax.bar(x - 0.2, expected, width=0.4, label="training")
+    ax.bar(x + 0.2, observed, width=0.4, label="traffic")
+    names = labels if labels is not None else [f"{edges[i]:.3g}" for i in range(len(expected))]
+    if len(names) <= 30:
+        ax.set_xticks(x, [str(n)[:12] for n in names], rotation=60, fontsize=7)
+    ax.legend()
+    _label(ax, "bin" if labels is None else "category", "share", title)
+    return _save(plt, fig, out)

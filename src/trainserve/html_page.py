@@ -1,0 +1,54 @@
+"""The pieces of a self-contained HTML report (replay, drift): one style, tables, and PNG figures inlined as
+`data:` URIs, so the page opens from a file, a CI artifact or a mail attachment with nothing beside it."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Callable
+from html import escape
+
+__all__ = ["escape", "figure", "fmt", "page", "table", "verdict"]
+
+STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{font-size:1.35em;padding:.6em .8em;border-radius:6px}.pass{background:#e3f4e1}.fail{background:#fbe3e1}
+.none{background:#fff3cd}table{border-collapse:collapse;margin:.6em 0 1.4em}td,th{border:1px solid #ccc;
+padding:.25em .6em;text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
+img{max-width:100%;height:auto}.side{display:flex;gap:1em;flex-wrap:wrap}.side figure{flex:1;min-width:300px;margin:0}
+code{background:#f3f3f3;padding:0 .25em}"""
+
+
+def page(title: str, body: list[str], footer: str) -> str:
+    """A whole page: `body` is HTML already escaped by the helpers below."""
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{STYLE}</style></head><body>{''.join(body)}<p><small>{escape(footer)}</small></p></body></html>\n"
+    )
+
+
+def verdict(passed: bool | None, said: str) -> str:
+    state = "none" if passed is None else "pass" if passed else "fail"
+    return f'<h1 class="{state}" id="verdict">{escape(said)}</h1>'
+
+
+def table(header: list[str], rows: list[list], caption: str = "", ident: str = "") -> str:
+    head = "".join(f"<th>{escape(str(h))}</th>" for h in header)
+    cells = "".join("<tr>" + "".join(f"<td>{escape(fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
+    cap = f"<caption>{escape(caption)}</caption>" if caption else ""
+    idattr = f' id="{escape(ident)}"' if ident else ""
+    return f"<table{idattr}>{cap}<thead><tr>{head}</tr></thead><tbody>{cells}</tbody></table>"
+
+
+def fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "n/a" if value is None else str(value)
+
+
+def figure(draw: Callable, caption: str, ident: str) -> str:
+    """`draw(out)` writes a PNG to the file-like `out`; the figure holds it inline."""
+    buffer = io.BytesIO()
+    draw(buffer)
+    uri = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    said = escape(caption)
+    return f'<figure><img id="{escape(ident)}" src="{uri}" alt="{said}"><figcaption>{said}</figcaption></figure>'

@@ -1,0 +1,160 @@
+"""The replay report: JSON following replay_report.schema.json (`trainserve.replay/1`), a summary for the terminal,
+and the gate. The figures are derived from the tally the report also stores (`tally`), so a merge of shard reports
+derives them again from the summed tallies and gets what one client would have."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import numpy as np
+
+from trainserve import __version__
+from trainserve.files import write_file_atomic
+from trainserve.replay.tally import SHIFT_BINS, ReplayTally, histogram_quantile, log_edges, wilson_upper
+
+SCHEMA_ID = "trainserve.replay/1"
+SCHEMA_PATH = Path(__file__).with_name("replay_report.schema.json")
+TOP_FLIPS = 20
+
+
+def build_report(head: dict, tally: ReplayTally, max_flip_rate: float | None, alpha: float) -> dict:
+    """`head`: what the run was (model, versions, capture, settings); the rest is derived from `tally`."""
+    report = {
+        "schema": SCHEMA_ID,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "trainserve": __version__,
+        **head,
+        "requests": {"replayed": tally.requests, "paired": tally.paired, "examples": tally.examples},
+        "errors": {side: dict(sorted(c.items())) for side, c in tally.errors.items()},
+        "latency_ms": {side: latency_summary(tally, side) for side in ("candidate", "baseline")},
+        "flips": flips(tally, head["class_names"], alpha) if head["task"] == "classification" else None,
+        "probability_shift": shift_summary(tally) if head["task"] == "classification" else None,
+        "regression_difference": difference_summary(tally) if head["task"] == "regression" else None,
+        "settings": {"max_flip_rate": max_flip_rate, "alpha": alpha},
+        "tally": tally.state(),
+    }
+    report["gates"] = gates(report, max_flip_rate)
+    report["passed"] = all(g["passed"] for g in report["gates"])
+    return report
+
+
+def latency_summary(tally: ReplayTally, side: str) -> dict:
+    counts, edges = tally.latency[side], log_edges()
+    spread = tally.latency_spread[side].summary()
+    quantiles = {f"p{q}": histogram_quantile(counts, edges, q / 100) for q in (50, 90, 99)}
+    return {**quantiles, "mean": spread["mean"], "max": spread["max"] or 0.0, "requests": int(counts.sum())}
+
+
+def class_name(names: list[str], index: int) -> str:
+    return names[index] if index < len(names) else str(index)
+
+
+def flips(tally: ReplayTally, names: list[str], alpha: float) -> dict:
+    """The flip rate with its one-sided upper bound, and where the flips go (baseline's class -> candidate's)."""
+    matrix, n = tally.flips, tally.examples
+    count = tally.flip_count()
+    pairs = [
+        {"from": class_name(names, i), "to": class_name(names, j), "count": int(matrix[i, j])}
+        for i, j in zip(*np.nonzero(matrix))
+        if i != j
+    ]
+    pairs.sort(key=lambda p: (-p["count"], p["from"], p["to"]))
+    per_class = []
+    for k in range(tally.classes):
+        baseline_k = int(matrix[k].sum())
+        out, into = baseline_k - int(matrix[k, k]), int(matrix[:, k].sum() - matrix[k, k])
+        if out or into:
+            per_class.append(
+                {
+                    "class": class_name(names, k),
+                    "baseline_count": baseline_k,
+                    "flips_out": out,
+                    "flips_in": into,
+                    "out_rate": out / baseline_k if baseline_k else 0.0,
+                }
+            )
+    per_class.sort(key=lambda c: (-(c["flips_out"] + c["flips_in"]), c["class"]))
+    return {
+        "count": count,
+        "examples": n,
+        "rate": count / n if n else 0.0,
+        "upper_bound": wilson_upper(count, n, alpha),
+        "bound": f"one-sided {1 - alpha:.0%} Wilson score",
+        "top": pairs[:TOP_FLIPS],
+        "per_class": per_class,
+    }
+
+
+def shift_summary(tally: ReplayTally) -> dict:
+    edges = np.linspace(0, 1, SHIFT_BINS + 1)
+    spread = tally.shift_spread.summary()
+    return {
+        "what": "max over classes of |p_candidate - p_baseline|, per example",
+        "mean": spread["mean"],
+        "max": spread["max"] or 0.0,
+        **{f"p{q}": histogram_quantile(tally.shift, edges, q / 100) for q in (50, 90, 99)},
+        "histogram": {"edges": [0.0, 1.0], "bins": SHIFT_BINS, "counts": tally.shift.tolist()},
+    }
+
+
+def difference_summary(tally: ReplayTally) -> dict:
+    spread = tally.difference.summary()
+    edges = log_edges()
+    quantiles = {f"abs_p{q}": histogram_quantile(tally.abs_difference, edges, q / 100) for q in (50, 90, 99)}
+    return {
+        "what": "candidate - baseline, every example and target",
+        "count": tally.difference.count,
+        **spread,
+        **quantiles,
+    }
+
+
+def gates(report: dict, max_flip_rate: float | None) -> list[dict]:
+    if max_flip_rate is None or report["flips"] is None:
+        return []
+    f = report["flips"]
+    passed = f["upper_bound"] <= max_flip_rate and f["examples"] > 0
+    said = (
+        f"flip rate {f['rate']:.4f} ({f['count']} of {f['examples']}), {f['bound']} upper bound "
+        f"{f['upper_bound']:.4f} {'<=' if passed else '>'} max {max_flip_rate:g}"
+    )
+    return [
+        {"kind": "max_flip_rate", "threshold": max_flip_rate, "value": f["upper_bound"], "passed": passed, "said": said}
+    ]
+
+
+def validate_report(report: dict) -> None:
+    import jsonschema
+
+    jsonschema.validate(report, json.loads(SCHEMA_PATH.read_text()))
+
+
+def write_report(report: dict, path: Path) -> Path:
+    return write_file_atomic(path, (json.dumps(report, indent=2) + "\n").encode())
+
+
+def summary_table(report: dict) -> str:
+    c, b = report["candidate"], report["baseline"]
+    lines = [
+        f"replay {report['model']}: v{c['version']} ({c['reference']}) vs v{b['version']} ({b['reference']}) on "
+        f"{report['requests']['replayed']} captured requests ({report['requests']['examples']} examples compared)"
+    ]
+    if report["flips"] is not None:
+        f = report["flips"]
+        lines.append(f"flip rate {f['rate']:.4f} ({f['count']} of {f['examples']}), upper bound {f['upper_bound']:.4f}")
+        for pair in f["top"][:5]:
+            lines.append(f"  {pair['from']} -> {pair['to']}: {pair['count']}")
+        s = report["probability_shift"]
+        lines.append(f"probability shift: mean {s['mean']:.4f}, p99 <= {s['p99']:.4f}, max {s['max']:.4f}")
+    if report["regression_difference"] is not None:
+        d = report["regression_difference"]
+        lines.append(f"difference: mean {d['mean']:+.4g}, sd {d['sd']:.4g}, |d| p99 <= {d['abs_p99']:.4g}")
+    for side in ("candidate", "baseline"):
+        lat, err = report["latency_ms"][side], report["errors"][side]
+        errors = ", ".join(f"{k} {v}" for k, v in err.items()) or "none"
+        lines.append(f"{side}: latency p50 {lat['p50']:.2f} ms p99 {lat['p99']:.2f} ms; errors {errors}")
+    for gate in report["gates"]:
+        lines.append(f"gate {'PASS' if gate['passed'] else 'FAIL'}: {gate['said']}")
+    return "\n".join(lines)
