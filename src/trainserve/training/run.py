@@ -29,6 +29,7 @@ from trainserve.splits import HeldOutSplit, provenance, write_version_record
 from trainserve.training.builtin_models import default_architecture
 from trainserve.training.callbacks import FitCallbacks, backup_dir_for, make_callbacks
 from trainserve.training.config import TrainConfig
+from trainserve.training.data_profile import write_data_profile
 from trainserve.training.devices import DevicePlan, make_strategy
 from trainserve.training.export import ExportJob, export_and_gate, serving_outputs
 from trainserve.training.gate import FLOAT32_ATOL, MIXED_PRECISION_ATOL, GoldenBatch
@@ -291,6 +292,7 @@ def _export_and_publish(
     )
     if config.data_dir is not None:  # eval finds the version's split here, without the models volume
         write_version_record(config.data_dir, config.model_name, published.version, metadata)
+        write_data_profile(config.data_dir, config.model_name, published.version, dataset)  # for trainserve drift
     return published
 
 

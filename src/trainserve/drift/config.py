@@ -1,0 +1,48 @@
+"""`trainserve drift`'s options, declared once (the CLI is derived from them)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainserve.errors import TrainserveError
+from trainserve.files import ensure_writable_dir
+from trainserve.options import option, positive_int
+from trainserve.traffic.reader import CaptureShard
+
+
+def parse_shard(text: str) -> CaptureShard:
+    index, sep, count = text.partition("/")
+    try:
+        shard = CaptureShard(int(index), int(count))
+    except ValueError:
+        shard = None
+    if not sep or shard is None or not 0 <= shard.index < shard.count:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected I/N with 0 <= I < N, e.g. 0/4")
+    return shard
+
+
+@dataclass
+class DriftConfig:
+    """Everything `trainserve drift` takes besides the capture paths; each field is the flag of the same name."""
+
+    model: str = option("digits", "the model whose captured inputs are compared")
+    data_dir: Path = option(
+        Path("data"), "where training wrote each version's record and data profile (DIR/<model>/versions/)"
+    )
+    max_psi: float = option(0.25, "a feature whose population stability index exceeds this has drifted")
+    max_unseen_share: float = option(
+        0.01, "a category feature whose share of values training never saw exceeds this has drifted"
+    )
+    shard: CaptureShard | None = option(None, "I/N: count every N-th captured record from record I", parse=parse_shard)
+    limit: int | None = option(None, "count only the first N captured requests (of this shard)", parse=positive_int)
+    report: Path | None = option(None, "write the JSON report here (and the HTML page beside it)")
+
+    def check(self) -> None:
+        if self.max_psi <= 0 or not 0 <= self.max_unseen_share <= 1:
+            raise TrainserveError("--max-psi, --max-unseen-share: expected a PSI > 0 and a share in [0, 1]")
+        if not self.data_dir.is_dir():
+            raise TrainserveError(f"--data-dir {self.data_dir}: no such directory: expected where training wrote")
+        if self.report is not None:
+            ensure_writable_dir(self.report.parent, "--report")

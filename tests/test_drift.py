@@ -1,0 +1,154 @@
+"""`trainserve drift`: captured inputs against the training profile of the version that answered them.
+
+A table of a number with missing cells (`age`), a skewed number (`income`) and two categories (`colour`, `size`),
+as a CSV gives them, profiled as training profiles it. Traffic drawn from the same distribution drifts nowhere;
+traffic with `age` shifted by one standard deviation and a new colour names exactly those two, with PSI and the
+Jensen-Shannon distance equal to an independent numpy/scipy computation over the same bins."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import jensenshannon
+
+from captures import write_batches
+from trainserve.cli import main
+from trainserve.data import Dataset
+from trainserve.data_profile import profile_path
+from trainserve.drift.report import validate_report
+from trainserve.task import Task
+from trainserve.training.data_profile import write_data_profile
+
+pytestmark = pytest.mark.unit
+
+COLOURS, SIZES = np.array(["red", "green", "blue"]), np.array(["S", "M", "L"])
+
+
+def table(rows: int, seed: int, age_shift: float = 0.0, new_colour: float = 0.0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    age = rng.normal(40 + age_shift, 10, rows).astype(np.float32)
+    age[rng.random(rows) < 0.05] = np.nan
+    colour = COLOURS[rng.choice(3, rows, p=[0.5, 0.3, 0.2])].astype(object)
+    colour[rng.random(rows) < new_colour] = "purple"
+    return {
+        "age": age,
+        "income": rng.lognormal(10, 0.5, rows).astype(np.float32),
+        "colour": colour.astype(str),
+        "size": SIZES[rng.choice(3, rows)],
+    }
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("drift-data")
+    train = table(6000, 0)
+    dataset = Dataset(
+        "people",
+        train,
+        np.zeros(6000, np.int64),
+        table(10, 1),
+        np.zeros(10, np.int64),
+        Task("classification", classes=2),
+        single=False,
+        tabular=True,
+    )
+    write_data_profile(root, "people", 1, dataset)
+    return root, train
+
+
+def capture(directory, inputs: dict[str, np.ndarray], batch: int = 25):
+    rows = len(next(iter(inputs.values())))
+    batches = [{k: v[i : i + batch] for k, v in inputs.items()} for i in range(0, rows, batch)]
+    write_batches(directory, "people", batches, per_file=20)
+    return directory
+
+
+def drift_cli(tmp_path, data_dir, *args) -> tuple[int, dict]:
+    report = tmp_path / "drift.json"
+    code = main(["drift", *map(str, args), "--model", "people", "--data-dir", str(data_dir), "--report", str(report)])
+    return code, json.loads(report.read_text()) if report.is_file() else None
+
+
+def test_traffic_from_the_training_distribution_does_not_drift(data_dir, tmp_path):
+    root, _ = data_dir
+    code, report = drift_cli(tmp_path, root, capture(tmp_path / "cap", table(3000, 7)))
+    validate_report(report)
+    assert code == 0 and report["passed"] and report["drifted"] == []
+    rows = {r["feature"]: r for r in report["versions"][0]["features"]}
+    assert set(rows) == {"age", "income", "colour", "size"}
+    assert all(r["psi"] < 0.02 and r["js_distance"] < 0.05 for r in rows.values()), rows
+    assert rows["colour"]["unseen_share"] == 0.0 and report["versions"][0]["examples"] == 3000
+
+
+def test_a_shifted_column_and_a_new_category_are_named_with_their_effect_sizes(data_dir, tmp_path, capsys):
+    root, train = data_dir
+    traffic = table(3000, 8, age_shift=10.0, new_colour=0.2)
+    code, report = drift_cli(tmp_path, root, capture(tmp_path / "cap", traffic))
+    validate_report(report)
+    assert code == 1 and sorted(d["feature"] for d in report["drifted"]) == ["age", "colour"]
+    section = report["versions"][0]
+    assert {r["feature"] for r in section["features"][:2]} == {"age", "colour"}  # most drifted first
+    rows = {r["feature"]: r for r in section["features"]}
+    # Independently: deciles of the training ages as bin edges, numpy histograms, PSI by its formula, scipy's JS.
+    finite = train["age"][np.isfinite(train["age"])].astype(np.float64)
+    edges = np.unique(np.percentile(finite, np.arange(10, 100, 10)))
+    bins = np.concatenate([[-np.inf], edges, [np.inf]])
+
+    def shares(values):
+        counts = np.append(np.histogram(values[np.isfinite(values)], bins)[0], np.isnan(values).sum())
+        return counts / counts.sum()
+
+    e, a = shares(train["age"].astype(np.float64)), shares(traffic["age"].astype(np.float64))
+    psi = np.sum((np.maximum(a, 1e-4) - np.maximum(e, 1e-4)) * np.log(np.maximum(a, 1e-4) / np.maximum(e, 1e-4)))
+    assert rows["age"]["psi"] == pytest.approx(psi, rel=1e-9) and psi > 0.25
+    assert rows["age"]["js_distance"] == pytest.approx(jensenshannon(e, a, base=2), rel=1e-9)
+    assert rows["age"]["mean_shift_sd"] == pytest.approx(1.0, abs=0.1)
+    purple = np.mean(traffic["colour"] == "purple")
+    assert rows["colour"]["unseen_share"] == pytest.approx(purple) and rows["colour"]["top_unseen"] == ["purple"]
+    names = ["red", "green", "blue"]
+    e = np.array([np.sum(train["colour"] == c) for c in names] + [0]) / len(train["colour"])
+    a = np.array([np.sum(traffic["colour"] == c) for c in [*names, "purple"]]) / len(traffic["colour"])
+    assert rows["colour"]["js_distance"] == pytest.approx(jensenshannon(e, a, base=2), rel=1e-9)
+    e, a = np.maximum(e, 1e-4), np.maximum(a, 1e-4)
+    assert rows["colour"]["psi"] == pytest.approx(np.sum((a - e) * np.log(a / e)), rel=1e-9)
+    assert rows["income"]["psi"] < 0.02 and rows["size"]["psi"] < 0.02
+    err = capsys.readouterr().err
+    assert "v1 age: PSI 0.8" in err and "unseen categories 20.0% > 1.0%" in err
+    page = (tmp_path / "drift.html").read_text()
+    assert "DRIFT" in page and 'id="drift-v1"' in page and 'src="data:image/png;base64,' in page
+
+
+def test_a_version_without_a_profile_is_one_line(data_dir, tmp_path, capsys):
+    root, _ = data_dir
+    assert profile_path(root, "people", 1).is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _ = drift_cli(tmp_path, empty, capture(tmp_path / "cap", table(50, 9)))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "no data profile for model 'people' version 1" in err
+
+
+def test_training_profiles_its_data_and_held_out_images_do_not_drift(trained_digits, tmp_path):
+    """`trainserve train --data-dir` writes the profile beside the version's record (the session's digits run);
+    the held-out images, captured as requests, are the training distribution; a brightened copy is not."""
+    data = trained_digits / "data"
+    profile = json.loads(profile_path(data, "digits", 1).read_text())
+    assert set(profile["features"]) == {"images.brightness", "images.size"}
+    assert profile["features"]["images.size"]["categories"] == {"8x8x1": profile["examples"]}
+    with np.load(data / "digits" / "test.npz") as split:
+        images = split["x_test"]
+    batches = [{"images": images[i : i + 16]} for i in range(0, len(images), 16)]
+    write_batches(tmp_path / "same", "digits", batches)
+    code, report = main_drift(tmp_path / "same", data, tmp_path / "same.json")
+    assert code == 0, report["drifted"]
+    brighter = [{"images": np.minimum(b["images"].astype(np.int64) * 2 + 40, 255).astype(np.uint8)} for b in batches]
+    write_batches(tmp_path / "bright", "digits", brighter)
+    code, report = main_drift(tmp_path / "bright", data, tmp_path / "bright.json")
+    assert code == 1 and [d["feature"] for d in report["drifted"]] == ["images.brightness"]
+
+
+def main_drift(captures, data_dir, report) -> tuple[int, dict]:
+    code = main(["drift", str(captures), "--model", "digits", "--data-dir", str(data_dir), "--report", str(report)])
+    return code, json.loads(report.read_text())
