@@ -152,3 +152,25 @@ def test_training_profiles_its_data_and_held_out_images_do_not_drift(trained_dig
 def main_drift(captures, data_dir, report) -> tuple[int, dict]:
     code = main(["drift", str(captures), "--model", "digits", "--data-dir", str(data_dir), "--report", str(report)])
     return code, json.loads(report.read_text())
+
+
+def test_shards_merge_into_the_one_client_report(data_dir, tmp_path):
+    root, _ = data_dir
+    captured = capture(tmp_path / "cap", table(2000, 11, age_shift=10.0, new_colour=0.2))
+    _, whole = drift_cli(tmp_path / "whole", root, captured)
+    paths = []
+    for i in range(3):
+        drift_cli(tmp_path / f"s{i}", root, captured, "--shard", f"{i}/3")
+        paths.append(str(tmp_path / f"s{i}" / "drift.json"))
+    assert main(["drift-merge", *paths, "--output", str(tmp_path / "merged.json")]) == 1
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    validate_report(merged)
+    for mine, theirs in zip(merged["versions"][0]["features"], whole["versions"][0]["features"], strict=True):
+        assert (mine["feature"], mine["bins"], mine["unseen_share"]) == (
+            theirs["feature"],
+            theirs["bins"],
+            theirs["unseen_share"],
+        )
+        assert (mine["psi"], mine["js_distance"]) == pytest.approx((theirs["psi"], theirs["js_distance"]), rel=1e-12)
+    assert merged["drifted"] == whole["drifted"] and merged["versions"][0]["examples"] == 2000
+    assert main(["drift-merge", *paths[:2], "--output", str(tmp_path / "m2.json")]) == 2

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from trainserve.errors import TrainserveError, first_line
 from trainserve.options import add_options, config_from_args
 
 
@@ -23,21 +24,54 @@ def add_parsers(commands) -> None:
     p.add_argument("captures", nargs="+", type=Path, metavar="CAPTURES", help="capture directories or files")
     add_options(p, DriftConfig)
     p.set_defaults(func=run_drift)
+    merge = commands.add_parser(
+        "drift-merge",
+        help="combine the reports of `trainserve drift --shard I/N` clients into one",
+        description="Add the shards' traffic counts and compute the effect sizes again against the training "
+        "profiles: the report one client would have written. Exit 1 when a feature drifted past the thresholds.",
+    )
+    merge.add_argument("reports", nargs="+", type=Path, help="every shard's JSON report")
+    merge.add_argument("--output", type=Path, required=True, help="write the merged report here (and its .html)")
+    merge.add_argument("--data-dir", type=Path, default=None, help="the training profiles (default: the reports')")
+    merge.set_defaults(func=run_drift_merge)
 
 
 def run_drift(args: argparse.Namespace) -> int:
     from trainserve.drift.config import DriftConfig
-    from trainserve.drift.html import write_html
-    from trainserve.drift.report import build_report, drift_table, write_report
+    from trainserve.drift.report import build_report
     from trainserve.drift.run import count_capture
 
     config = config_from_args(DriftConfig, args)
     versions, read = count_capture(config, args.captures)
-    report = build_report(config, args.captures, versions, read)
+    return _publish(build_report(config, args.captures, versions, read), config.report)
+
+
+def run_drift_merge(args: argparse.Namespace) -> int:
+    import json
+
+    import jsonschema
+
+    from trainserve.drift.merge import merge_reports
+    from trainserve.drift.report import validate_report
+
+    reports = []
+    for path in args.reports:
+        try:
+            reports.append(json.loads(path.read_text()))
+            validate_report(reports[-1])
+        except (OSError, ValueError, jsonschema.ValidationError) as exc:
+            raise TrainserveError(f"{path}: not a readable drift report ({first_line(exc)})") from None
+    return _publish(merge_reports(reports, [str(p) for p in args.reports], args.data_dir), args.output)
+
+
+def _publish(report: dict, path: Path | None) -> int:
+    from trainserve.drift.html import write_html
+    from trainserve.drift.report import drift_table, write_report
+
     print(drift_table(report))
-    if config.report is not None:
-        print(f"report: {write_report(report, config.report)}")
-        print(f"report: {write_html(report, config.report.with_suffix('.html'))}")
+    if path is not None:
+        print(f"report: {write_report(report, path)}")
+        print(f"report: {write_html(report, path.with_suffix('.html'))}")
     if report["drifted"]:
         said = "; ".join(f"v{d['version']} {d['feature']}: {d['said']}" for d in report["drifted"])
         print(f"trainserve drift: drift past the thresholds: {said}", file=sys.stderr)
