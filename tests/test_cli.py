@@ -17,6 +17,11 @@ COMMANDS = [
     "eval",
     "load",
     "report",
+    "replay",
+    "replay-merge",
+    "drift",
+    "drift-merge",
+    "capture-export",
     "candidate",
     "promote",
     "rollback",
@@ -26,6 +31,8 @@ STAGE_COMMANDS = {
     "training": {"train", "verify", "runs", "tf-config"},
     "serving": {"serve-local"},
     "evaluation": {"eval", "load", "report"},
+    "replay": {"replay", "replay-merge"},
+    "drift": {"drift", "drift-merge"},
     "rollout": {"candidate", "promote", "rollback"},
 }
 
@@ -171,7 +178,15 @@ def test_cli_only_dispatches():
 
 
 # --- TLS towards the server: one declaration (trainserve.tls.ClientTls), every client ---------------------------
-CLIENTS = {"eval": [], "load": [], "candidate": [], "promote": ["--report", "r.json"], "rollback": []}
+CLIENTS = {
+    "eval": [],
+    "load": [],
+    "replay": ["captures"],
+    "candidate": [],
+    "promote": ["--report", "r.json"],
+    "rollback": [],
+}
+POSITIONAL = {"replay": ["captures"]}  # what a command needs before its flags
 TLS_VARIABLES = {
     "TRAINSERVE_TLS_CA": "/run/ca.crt",
     "TRAINSERVE_TLS_CERT": "/run/tls.crt",
@@ -184,16 +199,18 @@ def client_config(command: str, args: list[str]):
     from trainserve.evaluation.config import EvalConfig
     from trainserve.evaluation.load.config import LoadConfig
     from trainserve.options import config_from_args
+    from trainserve.replay.config import ReplayConfig
     from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
 
     classes = {
         "eval": EvalConfig,
         "load": LoadConfig,
+        "replay": ReplayConfig,
         "candidate": CandidateConfig,
         "promote": PromoteConfig,
         "rollback": RollbackConfig,
     }
-    return config_from_args(classes[command], build_parser().parse_args([command, *args]))
+    return config_from_args(classes[command], build_parser().parse_args([command, *POSITIONAL.get(command, []), *args]))
 
 
 @pytest.mark.unit

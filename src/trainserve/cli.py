@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     from trainserve.replay import commands as replay
     from trainserve.rollout import commands as rollout
     from trainserve.serving import commands as serving
+    from trainserve.traffic import commands as traffic
     from trainserve.training import commands as training
 
     parser = EnvDefaults(
@@ -32,7 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trainserve {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=EnvDefaults)
-    for stage in (training, serving, evaluation, replay, drift, rollout):  # the data's path, and the order of --help
+    for stage in (
+        training,
+        serving,
+        evaluation,
+        replay,
+        drift,
+        traffic,
+        rollout,
+    ):  # the data's path, and the order of --help
         stage.add_parsers(commands)
     return parser
 
