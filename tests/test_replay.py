@@ -162,3 +162,23 @@ def test_bad_input_is_one_line(served, tmp_path, capsys, case, fragments):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert all(f in err for f in fragments), err
+
+
+def test_regression_outputs_report_their_differences(served, tmp_path):
+    """The probabilities read as regression targets: the moved mass is +p2 on class 3 and -p2 on class 2."""
+    server, capture, sent = served
+    code, report = replay_cli(
+        server, tmp_path, capture, "--label", "candidate", "--task", "regression", "--output", "probabilities"
+    )
+    validate_report(report)
+    x = np.concatenate([b["x"] for b in sent]).astype(np.float64)
+    p = np.exp(3 * x) / np.exp(3 * x).sum(axis=1, keepdims=True)
+    moved = p[p.argmax(axis=1) == 2, 2]
+    d = report["regression_difference"]
+    assert code == 0 and report["flips"] is None and d["count"] == 4 * len(x)
+    assert (d["min"], d["max"], d["mean"]) == pytest.approx((-moved.max(), moved.max(), 0.0), abs=1e-6)
+    # |d| per example and target, independently; the report's percentile is its histogram bin's upper edge.
+    absolute = np.zeros((len(x), 4))
+    absolute[p.argmax(axis=1) == 2, 2:] = moved[:, None]
+    exact = np.quantile(absolute, 0.99, method="inverted_cdf")
+    assert exact * (1 - 1e-6) <= d["abs_p99"] <= exact * 1.02 + 1e-6
