@@ -115,6 +115,11 @@ class TrainConfig:
         "its labels (stable, previous, candidate...) or version policy name is never deleted",
     )
     seed: int = option(0, "random seed")
+    warmup_from: Path | None = option(
+        None,
+        "a capture (directory or file of PredictionLog TFRecords): the version's warmup requests are this model's "
+        "captured requests its signature takes (up to 1000) instead of held-out examples",
+    )
     synthetic: SyntheticSpec = option(factory=SyntheticSpec)
 
     def check(self) -> None:

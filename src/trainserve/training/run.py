@@ -49,6 +49,7 @@ from trainserve.training.preprocessing import counts_unknown_categories
 from trainserve.training.publish import PublishedVersion, ensure_writable, publish_or_discard, staging_dir
 from trainserve.training.run_records import version_metadata, write_run_summary
 from trainserve.training.transfer import fit_frozen_then_fine_tuned, load_backbone_weights
+from trainserve.training.warmup import captured_warmup, write_captured_warmup
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ def train(config: TrainConfig) -> TrainResult:
     config.check()
     started = time.time()
     dataset = _load_data(config)
+    warmup = captured_warmup(config.warmup_from, config.model_name, dataset)  # checked before training
     keras.utils.set_random_seed(config.seed)
     devices = _set_up_devices(config)
     plan = devices.plan
@@ -118,7 +120,7 @@ def train(config: TrainConfig) -> TrainResult:
         }
         data_info.update({"skipped": dataset.skipped} if dataset.skipped else {})  # image files left out
         published = (
-            _export_and_publish(config, dataset, spec, data_info, model, plan, outcome.metrics)
+            _export_and_publish(config, dataset, spec, data_info, model, plan, outcome.metrics, warmup)
             if plan.is_chief
             else None
         )
@@ -273,6 +275,7 @@ def _export_and_publish(
     model: keras.Model,
     plan: DevicePlan,
     metrics: dict,
+    warmup: list[bytes] | None = None,
 ) -> PublishedVersion:
     """Export a float32 rebuild of `model`, check it on a CPU against `model`'s own outputs, then publish it."""
     golden = _golden_batch(model, serving_examples(dataset, GOLDEN_BATCH), spec)
@@ -286,7 +289,9 @@ def _export_and_publish(
     # when it has no GPU; a multi-worker process also has its cluster's devices, which a server will not.
     job = ExportJob(config.model_reference, spec, model.get_weights(), golden, atol)
     in_process = not plan.gpus and not plan.multi_worker
-    prepare = functools.partial(_export_and_gate, job=job, in_process=in_process, model_name=config.model_name)
+    prepare = functools.partial(
+        _export_and_gate, job=job, in_process=in_process, model_name=config.model_name, warmup=warmup
+    )
     published = publish_or_discard(
         staging_dir(config.export_base / config.model_name), prepare, metadata, config.retention
     )
@@ -304,13 +309,18 @@ def _golden_batch(model: keras.Model, inputs: dict[str, np.ndarray], spec: DataS
     return GoldenBatch(inputs, {k: np.asarray(v) for k, v in outputs.items()})
 
 
-def _export_and_gate(path: Path, *, job: ExportJob, in_process: bool, model_name: str) -> None:
+def _export_and_gate(
+    path: Path, *, job: ExportJob, in_process: bool, model_name: str, warmup: list[bytes] | None = None
+) -> None:
     """Fill the staged version directory and run the CPU gate on it; raises when either fails."""
     started = time.monotonic()
     gate = export_and_gate(job, path, in_process=in_process)
     if not gate.ok:
         raise TrainserveError(f"nothing published: {gate.reason}")
-    write_warmup_requests(path, model_name, job.golden.inputs)  # the held-out examples the gate ran
+    if warmup:  # train --warmup-from: captured requests
+        write_captured_warmup(path, warmup)
+    else:
+        write_warmup_requests(path, model_name, job.golden.inputs)  # the held-out examples the gate ran
     log.info(
         "CPU gate passed (export and gate %s, %.1f s): %s, max abs diff %.2e (<= %g)",
         "in this process: no GPU here" if in_process else "in a child process that sees no GPU",
