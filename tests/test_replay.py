@@ -182,3 +182,16 @@ def test_regression_outputs_report_their_differences(served, tmp_path):
     absolute[p.argmax(axis=1) == 2, 2:] = moved[:, None]
     exact = np.quantile(absolute, 0.99, method="inverted_cdf")
     assert exact * (1 - 1e-6) <= d["abs_p99"] <= exact * 1.02 + 1e-6
+
+
+def test_requests_the_versions_refuse_are_counted_as_errors_not_compared(served, tmp_path):
+    """A client's malformed request (an input the signature lacks, a wrong shape) was refused in production too:
+    both sides' INVALID_ARGUMENT counted, the pair left out of the flips."""
+    server, capture, sent = served
+    mixed = tmp_path / "mixed"
+    good = sent[:20]
+    write_batches(mixed, "scorer", [*good, {"y": np.zeros((2, 4), np.float32)}, {"x": np.zeros((2, 5), np.float32)}])
+    code, report = replay_cli(server, tmp_path, mixed, "--label", "candidate")
+    assert code == 0 and report["errors"] == {"candidate": {"INVALID_ARGUMENT": 2}, "baseline": {"INVALID_ARGUMENT": 2}}
+    assert report["requests"] == {"replayed": 22, "paired": 20, "examples": sum(len(b["x"]) for b in good)}
+    assert report["flips"]["count"] == expected_flips(good)[0]
