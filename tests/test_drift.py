@@ -8,6 +8,7 @@ Jensen-Shannon distance equal to an independent numpy/scipy computation over the
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -174,3 +175,43 @@ def test_shards_merge_into_the_one_client_report(data_dir, tmp_path):
         assert (mine["psi"], mine["js_distance"]) == pytest.approx((theirs["psi"], theirs["js_distance"]), rel=1e-12)
     assert merged["drifted"] == whole["drifted"] and merged["versions"][0]["examples"] == 2000
     assert main(["drift-merge", *paths[:2], "--output", str(tmp_path / "m2.json")]) == 2
+
+
+def test_image_files_are_profiled_by_size_channels_and_brightness(tmp_path):
+    """An image folder's training profile (the files' bytes, as clients send them): the training files sent as
+    traffic do not drift; the same files brightened (same sizes, same channels) drift on brightness alone."""
+    import io
+
+    from image_files import write_image_folder
+    from PIL import Image, ImageEnhance
+
+    from trainserve.data import ImageFormat
+    from trainserve.sources import load_dataset
+
+    folder = write_image_folder(tmp_path / "photos", per_class=24)
+    dataset = load_dataset(str(folder), image=ImageFormat(32, 32, 3), test_fraction=0.25)
+    write_data_profile(tmp_path / "data", "shapes", 1, dataset)
+    features = json.loads(profile_path(tmp_path / "data", "shapes", 1).read_text())["features"]
+    assert set(features) == {f"image_bytes.{f}" for f in ("brightness", "channels", "height", "width")}
+    assert set(features["image_bytes.channels"]["categories"]) <= {"1", "3", "4"}
+    files = [Path(p).read_bytes() for p in dataset.train["image_bytes"]]
+
+    def brightened(data: bytes) -> bytes:
+        """2.5 times as bright, the same size and number of channels."""
+        image, out = Image.open(io.BytesIO(data)), io.BytesIO()
+        mode = {1: "L", 3: "RGB", 4: "RGBA"}[len(image.getbands())]
+        ImageEnhance.Brightness(image.convert("RGB")).enhance(2.5).convert(mode).save(out, "PNG")
+        return out.getvalue()
+
+    for name, sent in (("same", files), ("bright", [brightened(f) for f in files])):
+        batches = [{"image_bytes": np.array(sent[i : i + 4], dtype=object)} for i in range(0, len(sent), 4)]
+        write_batches(tmp_path / name, "shapes", batches)
+    code, report = main_drift_model(tmp_path / "same", tmp_path / "data", tmp_path / "same.json", "shapes")
+    assert code == 0, report["drifted"]
+    code, report = main_drift_model(tmp_path / "bright", tmp_path / "data", tmp_path / "bright.json", "shapes")
+    assert code == 1 and [d["feature"] for d in report["drifted"]] == ["image_bytes.brightness"], report["drifted"]
+
+
+def main_drift_model(captures, data_dir, report, model) -> tuple[int, dict]:
+    code = main(["drift", str(captures), "--model", model, "--data-dir", str(data_dir), "--report", str(report)])
+    return code, json.loads(report.read_text())

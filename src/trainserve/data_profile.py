@@ -6,8 +6,8 @@ An input becomes one or more features:
   mean (`x.mean`);
 - uint8 images `[N, H, W(, C)]` -> `images.brightness` (per-image mean pixel), `images.channel_c` (per-channel
   mean, colour images), `images.size` (`HxWxC`, a category);
-- strings `[N]` -> a category, unless nearly every training value differs (free text, encoded bytes): then its
-  length, a number.
+- image files' bytes (JPEG, PNG, GIF, BMP) -> `name.height`, `name.width`, `name.brightness` and `name.channels`;
+- other strings `[N]` -> a category, unless nearly every training value differs (free text): then its length.
 
 A numeric feature's bins are the training values' deciles (edges at the 10th..90th percentiles, distinct ones
 only), one bin for missing values (NaN) last; training records each bin's count, the quantiles, mean and standard
@@ -42,7 +42,9 @@ def features(inputs: dict[str, np.ndarray], kinds: dict[str, str] | None = None)
     out: dict[str, tuple[str, np.ndarray]] = {}
     for name, array in sorted(inputs.items()):
         array = np.asarray(array)
-        if array.dtype.kind in "SUO":
+        if array.dtype.kind in "SO" and _is_encoded_image(array):
+            out.update(encoded_image_features(name, array.ravel()))
+        elif array.dtype.kind in "SUO":
             values = _strings(array.reshape(len(array), -1)[:, 0] if array.ndim > 1 else array)
             as_text = (kinds or {}).get(f"{name}.length") == "numeric" or (kinds is None and _is_text(values))
             out.update(
@@ -81,6 +83,40 @@ def _image_features(name: str, images: np.ndarray) -> dict[str, tuple[str, np.nd
         out.update({f"{name}.channel_{c}": ("numeric", means[:, c]) for c in range(channels)})
     out[f"{name}.size"] = ("categorical", np.full(len(images), f"{height}x{width}x{channels}"))
     return out
+
+
+IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"BM")
+
+
+def _is_encoded_image(array: np.ndarray) -> bool:
+    first = array.ravel()[:1]
+    return bool(first.size) and isinstance(first[0], bytes) and first[0].startswith(IMAGE_MAGIC)
+
+
+def encoded_image_features(name: str, files: np.ndarray) -> dict[str, tuple[str, np.ndarray]]:
+    """Image files' bytes (`image_bytes`): each file's height, width, channels (a category) and brightness (the mean
+    of its gray levels, 0-255, from a reduced decode), as Pillow reads them; an undecodable file has NaN sizes."""
+    import io
+
+    from PIL import Image
+
+    height, width, brightness = (np.full(len(files), np.nan) for _ in range(3))
+    channels = np.full(len(files), "undecodable", dtype=object)
+    for i, data in enumerate(files):
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                width[i], height[i] = image.size
+                channels[i] = str(len(image.getbands()))
+                image.draft("L", (64, 64))  # JPEG: decode at a reduced scale, enough for a mean
+                brightness[i] = float(np.asarray(image.convert("L"), np.float64).mean())
+        except (OSError, ValueError, Image.DecompressionBombError):
+            continue
+    return {
+        f"{name}.brightness": ("numeric", brightness),
+        f"{name}.channels": ("categorical", channels.astype(str)),
+        f"{name}.height": ("numeric", height),
+        f"{name}.width": ("numeric", width),
+    }
 
 
 def numeric_bins(values: np.ndarray) -> list[float]:
