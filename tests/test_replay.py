@@ -133,6 +133,9 @@ def test_shards_merge_into_the_one_client_report(served, tmp_path):
     assert merged["tally"]["flip_matrix"] == whole["tally"]["flip_matrix"]
     assert merged["probability_shift"]["histogram"] == whole["probability_shift"]["histogram"]
     assert merged["merged"]["shards"] == 3
+    # More shards than records: a shard with none reports nothing replayed, and still merges.
+    code, empty = replay_cli(server, tmp_path / "empty", capture, "--label", "candidate", "--shard", "299/300")
+    assert code == 0 and empty["requests"] == {"replayed": 0, "paired": 0, "examples": 0}
     # A shard missing is refused in one line.
     assert main(["replay-merge", *map(str, paths[:2]), "--output", str(tmp_path / "m2.json")]) == 2
 

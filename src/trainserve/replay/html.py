@@ -75,6 +75,8 @@ def _flips(report: dict, tally: ReplayTally) -> str:
         [[p["class"], p["baseline_count"], p["flips_out"], p["flips_in"], p["out_rate"]] for p in f["per_class"]],
         ident="flips-per-class",
     )
+    if not tally.classes:  # nothing compared (an empty shard): no matrix to draw
+        return f"<h2>Flips</h2>{head}"
     matrix = html_page.figure(
         lambda out: plots.plot_confusion_matrix(tally.flips, names, out, "baseline's class (rows) -> candidate's"),
         "top class, baseline -> candidate",

@@ -59,9 +59,11 @@ def replay(config: ReplayConfig, captures: list[Path]) -> ReplayResult:
     config.check()
     summary = ReadSummary()
     records = read_capture(captures, config.model, config.shard, summary)
-    first = next(records)  # a capture with nothing of this model fails here, before any connection
+    # A capture with nothing of this model fails here, before any connection; a shard may hold no record of it
+    # (more shards than records): its report is empty and still merges.
+    first = next(records, None)
     with ServingClient(config.server, tls=config.tls, timeout=config.timeout) as client:
-        plan = settle(client, config, config.signature_of(first.signature))
+        plan = settle(client, config, config.signature_of(first.signature if first else ""))
         run = PairedReplay(client, config, plan)
         started = time.perf_counter()
         run.send_all(_limited(_chain(first, records), config.limit))
@@ -70,7 +72,8 @@ def replay(config: ReplayConfig, captures: list[Path]) -> ReplayResult:
 
 
 def _chain(first, rest):
-    yield first
+    if first is not None:
+        yield first
     yield from rest
 
 
