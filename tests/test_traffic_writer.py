@@ -16,7 +16,8 @@ import pytest
 
 from trainserve.errors import TrainserveError
 from trainserve.tfrecord import DamagedRecord, frame, iter_records
-from trainserve.traffic.writer import ENCODE_ERROR, QUEUE_FULL, WRITE_ERROR, TrafficWriter, WriterLimits, host_name
+from trainserve.traffic.records import log_metadata, prediction_log, request_id
+from trainserve.traffic.writer import ENCODE_ERROR, MIB, QUEUE_FULL, WRITE_ERROR, TrafficWriter, WriterLimits, host_name
 
 NAME = re.compile(r"^cap-(?P<host>.+)-(?P<pid>\d+)-(?P<stamp>\d{8}T\d{6})-(?P<seq>\d{5})\.tfrecord$")
 
@@ -52,7 +53,7 @@ def test_records_are_written_whole_in_order_under_names_that_carry_host_and_proc
 @pytest.mark.unit
 def test_files_rotate_by_size_and_the_oldest_go_past_the_total(tmp_path):
     size = len(frame(payload(0)))
-    limits = WriterLimits(max_file_bytes=3 * size, max_total_bytes=10 * size, queue_records=1000)
+    limits = WriterLimits(max_file_mb=3 * size / MIB, max_total_mb=10 * size / MIB)
     earlier = tmp_path / f"cap-{host_name()}-1-20200101T000000-00001.tfrecord"  # a previous run's file counts
     earlier.write_bytes(frame(b"old") * 2)
     other_host = tmp_path / "cap-elsewhere-1-20200101T000000-00001.tfrecord"  # another replica's is not ours
@@ -104,7 +105,9 @@ def test_an_unwritable_directory_and_a_broken_encoder_drop_and_count(tmp_path):
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
-    "limits", [WriterLimits(max_file_bytes=0), WriterLimits(max_file_bytes=10, max_total_bytes=5)], ids=str
+    "limits",
+    [WriterLimits(max_file_mb=0), WriterLimits(max_file_mb=10, max_total_mb=5), WriterLimits(queue_records=0)],
+    ids=str,
 )
 def test_limits_are_checked(limits):
     with pytest.raises(TrainserveError, match="expected"):
@@ -113,6 +116,7 @@ def test_limits_are_checked(limits):
 
 WRITE_FOREVER = """
 import itertools, sys
+from trainserve.traffic.records import log_metadata, prediction_log, request_id
 from trainserve.traffic.writer import TrafficWriter
 writer = TrafficWriter(sys.argv[1])
 for i in itertools.count():
@@ -145,6 +149,7 @@ def test_sigkill_mid_write_leaves_every_record_but_the_last(tmp_path):
 
 FULL_DISK = """
 import resource, signal, sys
+from trainserve.traffic.records import log_metadata, prediction_log, request_id
 from trainserve.traffic.writer import TrafficWriter
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
 resource.setrlimit(resource.RLIMIT_FSIZE, (5000, 5000))
@@ -164,3 +169,27 @@ def test_a_full_disk_drops_and_counts_and_leaves_whole_records(tmp_path):
     accepted, written, dropped = map(int, proc.stdout.split())
     assert accepted == 40 and written + dropped == 40 and dropped >= 1 and written >= 5
     assert len(records_in(tmp_path)) == written  # cut back to whole records: no file is damaged
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("version", [0, 7, None], ids=["version-0", "version-7", "no-version"])
+def test_a_record_is_tf_servings_own_prediction_log_with_the_wire_bytes_inside(version):
+    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "m"
+    request.inputs["x"].float_val.extend([1.5, 2.5])
+    response = predict_pb2.PredictResponse()
+    response.outputs["y"].int64_val.append(3)
+    metadata = log_metadata("m", version, "serving_default", 0.25, request_id(None), timestamp=1_700_000_000.7)
+    data = prediction_log(metadata, request.SerializeToString(), response.SerializeToString())
+
+    log = prediction_log_pb2.PredictionLog.FromString(data)
+    assert log.WhichOneof("log_type") == "predict_log"
+    assert log.predict_log.request == request and log.predict_log.response == response
+    spec = log.log_metadata.model_spec
+    assert (spec.name, spec.signature_name, spec.HasField("version")) == ("m", "serving_default", version is not None)
+    assert spec.version.value == (version or 0)
+    assert log.log_metadata.sampling_config.sampling_rate == 0.25 and log.log_metadata.timestamp_secs == 1_700_000_000
+    assert re.fullmatch(r"[0-9a-f]{32}", log.log_metadata.request_origin)
+    assert request_id("client-42") == "client-42"

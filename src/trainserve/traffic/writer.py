@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
+from trainserve.options import option
 from trainserve.tfrecord import frame
 
 log = logging.getLogger(__name__)
@@ -44,18 +45,27 @@ _STOP = object()
 
 @dataclass(frozen=True)
 class WriterLimits:
-    """How much a writer may hold: per file, on disk in all, and records waiting in memory."""
+    """How much a writer may hold: per file, on disk in all (this host's files), and records waiting in memory.
+    A config's field `capture: WriterLimits` makes the flags `--capture-max-file-mb`, ... (trainserve.options)."""
 
-    max_file_bytes: int = 64 * MIB
-    max_total_bytes: int = 1024 * MIB
-    queue_records: int = 1000
+    max_file_mb: float = option(64.0, "close a capture file at this size (MiB) and start the next")
+    max_total_mb: float = option(1024.0, "keep this host's capture files under this size (MiB) in all: oldest go")
+    queue_records: int = option(1000, "records waiting for the disk; past that, records are dropped and counted")
+
+    @property
+    def max_file_bytes(self) -> int:
+        return int(self.max_file_mb * MIB)
+
+    @property
+    def max_total_bytes(self) -> int:
+        return int(self.max_total_mb * MIB)
 
     def check(self) -> None:
         if min(self.max_file_bytes, self.max_total_bytes, self.queue_records) < 1:
-            raise TrainserveError(f"capture limits {self}: expected sizes and queue length >= 1")
+            raise TrainserveError(f"capture limits {self}: expected sizes and a queue length above 0")
         if self.max_file_bytes > self.max_total_bytes:
             raise TrainserveError(
-                f"capture file size {self.max_file_bytes} exceeds the total {self.max_total_bytes}: expected it within"
+                f"capture file size {self.max_file_mb} MiB exceeds the total {self.max_total_mb} MiB: expected <= total"
             )
 
 
