@@ -4,8 +4,10 @@ the sample has the configured rate; a capture directory that cannot be written c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -29,7 +31,7 @@ from trainserve.cli import main
 from trainserve.model_server_config import render_model_config, single_model_config
 from trainserve.protos import prediction_log_pb2
 from trainserve.serving import capture
-from trainserve.tfrecord import iter_records
+from trainserve.tfrecord import DamagedRecord, iter_records
 from trainserve.traffic.records import prediction_log
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
@@ -174,3 +176,46 @@ def test_bad_logging_config_fails_in_one_line_before_serving(tmp_path, rate, pre
     ports = (f"--port={free_port()}", f"--rest_api_port={free_port()}")
     proc = run_cli("serve-local", f"--model_config_file={config}", *ports, cwd=tmp_path, timeout=120)
     assert_one_line_error(proc, "logging_config", fragment)
+
+
+@pytest.mark.integration
+def test_sigkill_while_logging_leaves_readable_files(model_versions, tmp_path, serve_local):
+    from serving_fixtures import predict_request
+
+    install_version(model_versions[0], tmp_path / "m", 1)
+    server = serve_local(f"--model_config_file={write_config(tmp_path, 1.0, str(tmp_path / 'captures' / 'm'))}")
+    server.wait_available("m", 1)
+    stop = threading.Event()
+    request = predict_request().SerializeToString()
+
+    def send() -> None:  # calls keep coming while the server dies
+        with grpc.insecure_channel(server.target) as channel:
+            call = channel.unary_unary(PREDICT)
+            while not stop.is_set():
+                with contextlib.suppress(grpc.RpcError):
+                    call(request, timeout=10)
+
+    senders = [threading.Thread(target=send) for _ in range(2)]
+    for thread in senders:
+        thread.start()
+    try:
+        server.wait_for(lambda: sum(p.stat().st_size for p in tmp_path.glob("captures/*")) > 200_000, "records")
+        server.proc.kill()
+        server.proc.wait()
+    finally:
+        stop.set()
+        for thread in senders:
+            thread.join()
+    kept, damaged = [], []
+    for path in sorted((tmp_path / "captures").glob("*.tfrecord")):
+        with open(path, "rb") as stream:
+            try:
+                kept.extend(iter_records(stream))
+            except DamagedRecord as damage:  # only the record being written when the process died: the file's tail
+                damaged.append((path, damage.offset))
+    assert len(damaged) <= 1 and len(kept) > 10, damaged
+    if damaged:
+        path, offset = damaged[0]
+        assert path.stat().st_size - offset < 10_000, "the damage is in the last record, not before it"
+    logs = [prediction_log_pb2.PredictionLog.FromString(r) for r in kept]
+    assert {log.log_metadata.model_spec.version.value for log in logs} == {1}
