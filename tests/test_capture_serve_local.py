@@ -32,6 +32,7 @@ from trainserve.model_server_config import render_model_config, single_model_con
 from trainserve.protos import prediction_log_pb2
 from trainserve.serving import capture
 from trainserve.tfrecord import DamagedRecord, iter_records
+from trainserve.traffic.metrics import DROPPED, WRITTEN
 from trainserve.traffic.records import prediction_log
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
@@ -71,9 +72,9 @@ def capture_counts(server) -> dict[str, int]:
     text = DIRECT.open(server.rest + "/monitoring/prometheus/metrics", timeout=10).read().decode()
     counts = {}
     for line in text.splitlines():
-        if line.startswith(capture.WRITTEN):
+        if line.startswith(WRITTEN):
             counts["written"] = int(line.rsplit(" ", 1)[1])
-        elif line.startswith(capture.DROPPED):
+        elif line.startswith(DROPPED):
             counts[line.split('reason="')[1].split('"')[0]] = int(line.rsplit(" ", 1)[1])
     return counts
 

@@ -18,6 +18,7 @@ from trainserve.options import EnvDefaults
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from trainserve.capture import commands as capture
     from trainserve.evaluation import commands as evaluation
     from trainserve.rollout import commands as rollout
     from trainserve.serving import commands as serving
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trainserve {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=EnvDefaults)
-    for stage in (training, serving, evaluation, rollout):  # the data's path, and the order of --help
+    for stage in (training, serving, capture, evaluation, rollout):  # the data's path, and the order of --help
         stage.add_parsers(commands)
     return parser
 

@@ -18,12 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
-from trainserve.serving.metrics import _header, _labels
+from trainserve.traffic.metrics import writer_lines
 from trainserve.traffic.records import log_metadata, prediction_log, request_id
-from trainserve.traffic.writer import DROP_REASONS, TrafficWriter, WriterLimits
-
-WRITTEN = ":trainserve:capture:records_written"
-DROPPED = ":trainserve:capture:records_dropped"
+from trainserve.traffic.writer import TrafficWriter, WriterLimits
 
 
 def new_sampler() -> Callable[[], float]:
@@ -93,15 +90,7 @@ class Capture:
             writer.close(timeout)
 
     def prometheus_lines(self) -> list[str]:
-        writers = sorted({t.prefix: t.writer for t in self.models.values()}.items())
-        lines = _header(WRITTEN, "counter", "Captured Predict calls written, by filename_prefix.")
-        lines += [f"{WRITTEN}{_labels(('filename_prefix',), (prefix,))} {w.written}" for prefix, w in writers]
-        lines += _header(DROPPED, "counter", "Sampled Predict calls not written, by filename_prefix and reason.")
-        for prefix, writer in writers:
-            for reason in DROP_REASONS:
-                labels = _labels(("filename_prefix", "reason"), (prefix, reason))
-                lines.append(f"{DROPPED}{labels} {writer.dropped[reason]}")
-        return lines
+        return writer_lines({t.prefix: t.writer for t in self.models.values()})
 
 
 def _settings(model, config_path: str) -> tuple[float, str] | None:
