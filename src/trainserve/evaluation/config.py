@@ -185,11 +185,10 @@ class EvalConfig(ClientOptions):
                 raise TrainserveError(f"--compare-local {self.compare_local}: expected a SavedModel version directory")
 
     def check_comparison(self) -> None:
-        if self.compare_with is None:
-            if self.require_vs_baseline or self.allow_no_baseline:
+        if self.compare_with is None:  # --allow-no-baseline alone is harmless: compose sets it, COMPARE_WITH= not
+            if self.require_vs_baseline:
                 raise TrainserveError(
-                    "--require-vs-baseline/--allow-no-baseline without --compare-with: expected the "
-                    "version or label to compare with"
+                    "--require-vs-baseline without --compare-with: expected the version or label to compare with"
                 )
             return
         if self.shard is not None or self.compare_local is not None or self.limit is not None:
@@ -197,10 +196,10 @@ class EvalConfig(ClientOptions):
                 "--compare-with compares two versions on every example: expected no --shard, --limit or "
                 "--compare-local with it"
             )
-        if self.allow_no_baseline and (self.rollout_config is None or self.compare_with.isdigit()):
+        if self.allow_no_baseline and self.rollout_config is None and not self.compare_with.isdigit():
             raise TrainserveError(
-                "--allow-no-baseline: expected --compare-with LABEL and --rollout-config FILE (the serving config "
-                "whose labels say that no version holds the label yet: a failed lookup is not a first rollout)"
+                "--allow-no-baseline: expected --rollout-config FILE with it (the serving config whose labels say "
+                "that no version holds the label yet: a failed lookup is not a first rollout)"
             )
         if self.rollout_config is not None and not self.rollout_config.is_file():
             raise TrainserveError(f"--rollout-config {self.rollout_config}: no such file (expected models.config)")
