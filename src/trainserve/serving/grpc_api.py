@@ -10,6 +10,7 @@ instead.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from concurrent import futures
 
@@ -64,6 +65,11 @@ def predict_response(name: str, version: int, signature: str, outputs: dict) -> 
     return response
 
 
+def serialized(request, response) -> tuple[bytes, bytes]:
+    """A call's messages as gRPC sends them (SerializeToString is the generated stubs' serializer)."""
+    return request.SerializeToString(), response.SerializeToString()
+
+
 def metadata_value(context, key: str) -> str | None:
     """A request's gRPC metadata value under `key` (lower case), if the client sent one."""
     return next((value for k, value in context.invocation_metadata() or () if k == key), None)
@@ -112,7 +118,7 @@ class Api:
             await context.abort(exc.code, str(exc))
         response = predict_response(name, version, signature, outputs)
         if sampled is not None:
-            wire = lambda: (request.SerializeToString(), response.SerializeToString())  # noqa: E731
+            wire = functools.partial(serialized, request, response)  # serialized on the capture's thread
             Capture.log(sampled, (name, version, signature), wire, metadata_value(context, REQUEST_ID_HEADER))
         return response
 
