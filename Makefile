@@ -160,6 +160,10 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 		$(VENV)/tools/bin/checkov -f $(VENV)/rendered.yaml --framework kubernetes --compact --quiet --skip-download; \
 	done
 
+.PHONY: docs
+docs: venv ## The documentation site into site/: mkdocs build --strict (a broken link or anchor, or a page left out, fails)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 .PHONY: bench
 bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/loop.py
