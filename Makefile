@@ -122,8 +122,8 @@ push: ## Tag and push the three images to REGISTRY (make push REGISTRY=registry.
 	done
 
 .PHONY: standins
-standins: ## Build the local STAND-IN base images the e2e tests use (no registry needed; tests only)
-	TF_VERSION=$(TF_VERSION) scripts/standins/build.sh
+standins: venv ## Build the local STAND-IN base images the e2e tests use (no registry needed; tests only)
+	TF_VERSION=$(TF_VERSION) PYTHON=$(BIN)/python scripts/standins/build.sh
 
 .PHONY: e2e
 e2e: venv ## Only the e2e tier: a real Docker engine with stand-in bases (train -> serve -> eval -> v2, rollout)
