@@ -130,11 +130,16 @@ def test_the_reference_lists_every_command_and_flag(site):
                 assert f"<code>TRAINSERVE_{action.dest.upper()}</code>" in section
 
 
-@pytest.mark.parametrize(
-    "schema", ["evaluation/eval_report.schema.json", "evaluation/load/report.schema.json"], ids=["eval", "load"]
-)
+SCHEMAS = sorted((REPO / "src" / "trainserve").rglob("*.schema.json"))
+
+
+def test_the_report_schemas_are_found():
+    assert {path.name for path in SCHEMAS} >= {"eval_report.schema.json", "report.schema.json"}
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=[path.parent.name for path in SCHEMAS])
 def test_the_reference_renders_the_report_schemas(site, schema):
-    text = json.loads((REPO / "src" / "trainserve" / schema).read_text())
+    text = json.loads(schema.read_text())
     page = (site / "reference" / "schemas" / "index.html").read_text()
     assert text["$id"] in page
     for field in text["properties"]:

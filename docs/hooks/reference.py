@@ -1,7 +1,7 @@
 """MkDocs hook: the reference pages generated at build time from where the code declares them, so they cannot
 drift. `reference/cli.md` is written from the argparse parsers `trainserve` itself builds (`trainserve.cli`,
-whose flags come from the `options.option()` fields of each stage's config), `reference/schemas.md` from the
-report schema files. Neither is a file in docs/: both exist only in the built site."""
+whose flags come from the `options.option()` fields of each stage's config), `reference/schemas.md` from every
+`*.schema.json` file the package ships. Neither is a file in docs/: both exist only in the built site."""
 
 from __future__ import annotations
 
@@ -13,10 +13,6 @@ from pathlib import Path
 from mkdocs.structure.files import File
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMAS = {
-    "trainserve eval --report": "src/trainserve/evaluation/eval_report.schema.json",
-    "trainserve load --report": "src/trainserve/evaluation/load/report.schema.json",
-}
 
 
 def on_files(files, config):
@@ -120,10 +116,11 @@ def schema_rows(node: dict, path: str, required: bool, ids: str) -> list[str]:
     return rows
 
 
-def schema_section(title: str, source: str) -> list[str]:
+def schema_section(source: str) -> list[str]:
     schema = json.loads((REPO / source).read_text())
     header = ["| field | type | required | meaning |", "|---|---|---|---|"]
-    lines = [f"## `{title}`: `{schema['$id']}`", "", schema.get("description", ""), "", f"Source: `{source}`.", ""]
+    title = schema.get("title", source)
+    lines = [f"## {title}: `{schema['$id']}`", "", cell(schema.get("description", "")), "", f"Source: `{source}`.", ""]
     ids = schema["$id"].replace(".", "-").replace("/", "-")
     lines += [*header, *schema_rows(schema, "", True, ids), ""]
     for name, definition in schema.get("$defs", {}).items():
@@ -140,6 +137,6 @@ def schemas_page() -> str:
         "site is built. Fields are only ever added, under a new schema id.",
         "",
     ]
-    for title, source in SCHEMAS.items():
-        lines += schema_section(title, source)
+    for path in sorted((REPO / "src").rglob("*.schema.json")):  # every schema the package ships
+        lines += schema_section(str(path.relative_to(REPO)))
     return "\n".join(lines)
