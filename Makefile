@@ -122,8 +122,8 @@ push: ## Tag and push the three images to REGISTRY (make push REGISTRY=registry.
 	done
 
 .PHONY: standins
-standins: ## Build the local STAND-IN base images the e2e tests use (no registry needed; tests only)
-	TF_VERSION=$(TF_VERSION) scripts/standins/build.sh
+standins: venv ## Build the local STAND-IN base images the e2e tests use (no registry needed; tests only)
+	TF_VERSION=$(TF_VERSION) PYTHON=$(BIN)/python scripts/standins/build.sh
 
 .PHONY: e2e
 e2e: venv ## Only the e2e tier: a real Docker engine with stand-in bases (train -> serve -> eval -> v2, rollout)
@@ -159,6 +159,10 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 		$(VENV)/tools/bin/kubernetes-validate --strict --quiet -k $(KUBERNETES_VERSION) $(VENV)/rendered.yaml; \
 		$(VENV)/tools/bin/checkov -f $(VENV)/rendered.yaml --framework kubernetes --compact --quiet --skip-download; \
 	done
+
+.PHONY: docs
+docs: venv ## The documentation site into site/: mkdocs build --strict (a broken link or anchor, or a page left out, fails)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 .PHONY: bench
 bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)

@@ -115,8 +115,11 @@ def test_the_report_reads_in_a_browser(compared, tmp_path):
     assert console == [], console
     seen = Seen()
     seen.feed(dom)
-    # The verdict first: the gate's outcome, then the comparison's line.
-    assert dom.index('id="verdict"') < dom.index("<table")
+    # What was judged first: model, version, server, data, evidence (digits without a record: unverified).
+    header = " ".join(seen.texts["header"].split())
+    assert dom.index('id="header"') < dom.index('id="verdict"') < dom.index("<table")
+    assert header.startswith(f"model m version 2 on {report['server']}, data ") and "evidence unverified" in header
+    # Then the verdict: the gate's outcome, then the comparison's line.
     assert seen.texts["verdict"].startswith("FAILED: accuracy")  # untrained models miss 0.5
     assert seen.texts["comparison-verdict"] == report["comparison"]["verdict_line"]
     assert seen.texts["comparison-verdict"].startswith("v2 vs v1: ")
@@ -157,3 +160,22 @@ def test_the_browser_check_sees_a_broken_page(tmp_path):
     dom, console = render(page, tmp_path)
     assert any("notDefined" in line for line in console), console
     assert 'data-natural-width="0"' in dom
+
+
+@pytest.mark.parametrize(
+    ("evidence", "headline"),
+    [
+        pytest.param({}, "PASSED: all 1 gate(s) hold", id="own-split"),
+        pytest.param({"kind": "unverified", "said": "no record"}, "UNVERIFIED: all 1 gate(s) hold, on data", id="unv"),
+        pytest.param({"partial": True, "examples": 5}, "UNVERIFIED: all 1 gate(s) hold, on 5 of", id="partial"),
+    ],
+)
+def test_the_headline_says_passed_only_on_verified_whole_evidence(tmp_path, evidence, headline):
+    from reports import eval_report
+
+    from trainserve.evaluation.html_report import _verdict
+
+    (tmp_path / "1").mkdir()
+    report = eval_report(tmp_path / "1")
+    report["evidence"].update(evidence)
+    assert f'id="verdict">{headline}' in _verdict(report)

@@ -164,6 +164,8 @@ class PairedRun:
                 raise TrainserveError(f"server answered version {answer.version} to a request pinned to {version}")
         for tally, answer in zip(self.tallies, answers, strict=True):
             tally.add(answer)
+        if any(a.nonfinite for a in answers):
+            return  # not scored: the run is refused at its end
         self.values[number] = tuple(per_example(a, self.plan, t.quality) for a, t in zip(answers, self.tallies))
 
     def per_example(self, side: int) -> dict[str, np.ndarray]:

@@ -42,7 +42,7 @@ def write_html(result: EvalResult, path: Path) -> Path:
 def render_html(result: EvalResult) -> str:
     report = result.report
     title = f"{report['model']} v{report['version']}"
-    body = [_verdict(report), _gates(report), _data(report), _metrics(report)]
+    body = [_header(report), _verdict(report), _gates(report), _data(report), _metrics(report)]
     comparison = report.get("comparison") or {}
     if "test" in comparison and "discordant" in comparison["test"]:
         body.append(_discordant(comparison))
@@ -72,11 +72,27 @@ def _fmt(value) -> str:
     return "n/a" if value is None else str(value)
 
 
+def _header(report: dict) -> str:
+    """What was judged, before how it went: model, version, server, data and the evidence it is."""
+    evidence = report.get("evidence") or {}
+    kind = evidence.get("kind", "unstated")
+    partial = ", partial" if evidence.get("partial") else ""
+    said = (
+        f"model <b>{escape(report['model'])}</b> version <b>{report['version']}</b> on "
+        f"<code>{escape(report['server'])}</code>, data {escape(report['data']['name'])} "
+        f'({report["data"]["examples"]:,} examples), evidence <b id="evidence-kind">{escape(kind)}{partial}</b>'
+    )
+    return f'<p id="header">{said}</p>'
+
+
 def _verdict(report: dict) -> str:
     comparison = report.get("comparison")
     gates = report["gates"]
+    evidence = report.get("evidence") or {}
     if not gates:
         state, said = "none", "NO GATE: nothing said what good enough is, so promote refuses this report"
+    elif report["passed"] and (evidence.get("kind") != "own-split" or evidence.get("partial")):
+        state, said = "none", f"UNVERIFIED: all {len(gates)} gate(s) hold, on {_unproven(evidence)}"
     elif report["passed"]:
         state, said = "pass", f"PASSED: all {len(gates)} gate(s) hold"
     else:
@@ -87,6 +103,13 @@ def _verdict(report: dict) -> str:
     if comparison:
         lines.append(f'<p id="comparison-verdict"><b>{escape(comparison["verdict_line"])}</b></p>')
     return "".join(lines)
+
+
+def _unproven(evidence: dict) -> str:
+    """Why passing gates do not prove the version good: what the data was."""
+    if evidence.get("kind") != "own-split":
+        return f"data that is not the version's verified held-out split ({evidence.get('said', 'no evidence stated')})"
+    return f"{evidence.get('examples')} of the split's {evidence.get('split_examples')} examples"
 
 
 def _gates(report: dict) -> str:

@@ -137,7 +137,8 @@ class _BatchPredictor:
     def predict(self, columns: dict[str, np.ndarray], labels: np.ndarray, version: int | None) -> BatchAnswer:
         inputs = self.plan.request_inputs(columns)
         prediction = self.client.predict(self.target, inputs, self.plan.output_filter, version, self.retries)
-        output, nonfinite = _finite(prediction.outputs[self.plan.output])
+        output = prediction.outputs[self.plan.output]
+        nonfinite = _nonfinite_examples(output)
         classes = prediction.outputs[self.plan.classes_output] if self.plan.classes_output else None
         local = None
         if self.local_model is not None:
@@ -160,14 +161,12 @@ class _BatchPredictor:
         )
 
 
-def _finite(output: np.ndarray) -> tuple[np.ndarray, int]:
-    """The output with NaN and infinities zeroed, and how many examples held one: never scored (argmax would
-    read NaN as class 0), the run is refused once it ends, naming how many."""
-    if output.dtype.kind not in "fc":
-        return output, 0
-    bad = ~np.isfinite(output.reshape(len(output), -1)).all(axis=1) if output.ndim else ~np.isfinite(output)
-    count = int(np.count_nonzero(bad))
-    return (np.nan_to_num(output, nan=0.0, posinf=0.0, neginf=0.0), count) if count else (output, 0)
+def _nonfinite_examples(output: np.ndarray) -> int:
+    """How many examples' output holds NaN or an infinity (such a batch is never scored: argmax would read NaN as
+    class 0; the run is refused once it ends, naming how many)."""
+    if output.dtype.kind not in "fc" or output.ndim == 0:
+        return 0
+    return int(np.count_nonzero(~np.isfinite(output.reshape(len(output), -1)).all(axis=1)))
 
 
 def refuse_nonfinite(plan: Plan, totals: tuple[RunTotals, ...]) -> None:
@@ -176,7 +175,7 @@ def refuse_nonfinite(plan: Plan, totals: tuple[RunTotals, ...]) -> None:
         if total.tally.nonfinite:
             raise TrainserveError(
                 f"version {total.version} answered NaN or infinite {plan.output!r} for {total.tally.nonfinite} of "
-                f"{total.tally.examples} examples: expected numbers (a diverged training?); nothing was scored"
+                f"{total.tally.answered} examples: expected numbers (a diverged training?); nothing was scored"
             )
 
 

@@ -56,6 +56,9 @@ def decide(report: dict) -> Decision:
             failures.append(f"gate {gate_words(gate)} cannot be re-derived from the report's numbers")
         elif result != gate.get("passed"):
             failures.append(f"gate {gate_words(gate)} says passed={gate.get('passed')} but its numbers say {result}")
+        elif not result and gate.get("kind") in COMPARISON_KINDS and baseline_rows(report) == "overlapping":
+            said = ((report.get("evidence") or {}).get("baseline") or {}).get("said")
+            failures.append(f"gate {gate_words(gate)} cannot pass: the comparison is biased ({said})")
         elif not result:
             failures.append(gate.get("said") or f"{gate_words(gate)} does not hold (value {gate.get('value')})")
     check = report.get("data_check") or {}
