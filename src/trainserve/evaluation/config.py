@@ -12,6 +12,7 @@ from typing import Literal
 
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.gates import ChangeGate, Gate, parse_change_gates, parse_gates
+from trainserve.evaluation.noninferiority import Margin, parse_margins
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.options import key_values, option, parse_bool, positive_int
@@ -154,11 +155,23 @@ class EvalConfig(ClientOptions):
         "rollout) leaves the value gates alone to decide",
     )
     not_worse: bool = option(
-        True, "with --compare-with: exit 1 when significantly worse (false: report only)", parse=parse_bool
+        True,
+        "with --compare-with and no --max-drop: exit 1 when significantly worse (false: report only)",
+        parse=parse_bool,
+    )
+    max_drop: tuple[Margin, ...] = option(
+        (),
+        "METRIC=DROP[%%][,...]: with --compare-with, the non-inferiority gate (instead of not significantly "
+        "worse): pass only when the interval shows METRIC fell by less than DROP (absolute, or %% of the "
+        "baseline's value); too few examples to tell is 'inconclusive', which does not pass",
+        parse=parse_margins,
     )
     alpha: float = option(0.05, "significance level of the comparison's test")
     require_vs_baseline: tuple[ChangeGate, ...] = option(
-        (), "METRIC>=CHANGE or METRIC<=CHANGE[%%][,...]: change thresholds vs --compare-with", parse=parse_change_gates
+        (),
+        "METRIC>=CHANGE or METRIC<=CHANGE[%%][,...]: change thresholds vs --compare-with, on the point estimates "
+        "(TFMA's meaning; --max-drop is the form judged on the interval)",
+        parse=parse_change_gates,
     )
     seed: int = option(0, "seed of the comparison's bootstrap and sign-flip resampling")
     compare_local: Path | None = option(None, "also run this SavedModel version dir in-process on CPU")
@@ -181,9 +194,9 @@ class EvalConfig(ClientOptions):
 
     def check_comparison(self) -> None:
         if self.compare_with is None:
-            if self.require_vs_baseline or self.allow_no_baseline:
+            if self.require_vs_baseline or self.allow_no_baseline or self.max_drop:
                 raise TrainserveError(
-                    "--require-vs-baseline/--allow-no-baseline without --compare-with: expected the "
+                    "--require-vs-baseline/--max-drop/--allow-no-baseline without --compare-with: expected the "
                     "version or label to compare with"
                 )
             return

@@ -26,6 +26,7 @@ from trainserve.evaluation.config import EvalConfig, check_gates
 from trainserve.evaluation.data import Batch, EvalData
 from trainserve.evaluation.held_out import open_for_version
 from trainserve.evaluation.metrics import predicted_classes, task_metrics
+from trainserve.evaluation.noninferiority import check_margins
 from trainserve.evaluation.plan import Plan, plan_requests, with_class_ids
 from trainserve.evaluation.records import BatchAnswer, EvalResult, FinishedRun, LocalComparison, RunTotals, Tally
 from trainserve.evaluation.report import build_report
@@ -50,6 +51,9 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
         data = with_class_ids(client, target, signature, data, config.input_map, config.retries, version)
         plan, data = plan_requests(signature, data, target, config.task, config.output, config.input_map)
         check_gates(config.gates, plan.task)
+        reason = check_margins(config.max_drop, plan.task.kind) if config.compare_with else None
+        if reason:
+            raise TrainserveError(reason)
         if baseline is not None:
             check_comparable(client, config, target, plan, data, (version, baseline))
         local_model = _local_model(config.compare_local)
