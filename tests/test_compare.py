@@ -135,6 +135,55 @@ def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, t
     assert [g["kind"] for g in report["gates"]] == ["significance"] and report["passed"] is True
 
 
+def test_the_margin_gate_fails_the_worse_version_and_passes_an_equal_one(side_by_side, tmp_path, capsys):
+    """--max-drop replaces "not significantly worse": the one-epoch version is shown worse than a 1-point margin
+    allows (or the data cannot tell), two seeds of one training on 2,000 examples are shown within it."""
+    server, _, split = side_by_side
+    code, report = eval_cli(
+        server,
+        tmp_path,
+        "--model",
+        "digits",
+        "--version",
+        2,
+        "--compare-with",
+        1,
+        "--data",
+        split,
+        "--max-drop",
+        "accuracy=0.01",
+    )
+    out = capsys.readouterr()
+    validate_report(report)
+    (gate,) = report["gates"]
+    accuracy = report["comparison"]["metrics"]["accuracy"]
+    assert gate["kind"] == "non-inferiority" and gate["verdict"] in ("inferior", "inconclusive") and code == 1
+    assert gate["value"] == pytest.approx(accuracy["interval"][0]) and gate["margin"] == 0.01
+    assert gate["mdd"] == accuracy["mdd"] > 0 and "detectable with 80% power" in out.out
+    assert f"accuracy is {gate['verdict']} to version 1" in out.err
+    code, report = eval_cli(
+        server,
+        tmp_path,
+        "--model",
+        "syn",
+        "--version",
+        2,
+        "--compare-with",
+        1,
+        "--data",
+        "synthetic",
+        "--synthetic-shape",
+        "8,8,1",
+        "--synthetic-size",
+        SYN.size,
+        "--max-drop",
+        "accuracy=0.01",
+    )
+    (gate,) = report["gates"]
+    assert (gate["verdict"], gate["passed"], code) == ("non-inferior", True, 0), gate
+    assert report["intervals"]["accuracy"]["interval"][0] < report["metrics"]["accuracy"] <= 1
+
+
 def test_a_label_names_the_baseline_and_change_thresholds_gate(side_by_side, tmp_path):
     server, _, split = side_by_side
     flags = ("--not-worse=false", "--require-vs-baseline", "accuracy>=-90%")  # report-only significance
