@@ -122,9 +122,10 @@ class EvalConfig(ClientOptions):
     """Everything `trainserve eval` takes; each field is the flag of the same name."""
 
     data: str = option(
-        "digits",
-        "held-out (the served version's own split, from --data-dir) | digits | synthetic | "
-        "FILE.npz (x_test or x_test/<input>, y_test) | FILE.csv",
+        "auto",
+        "auto (held-out where --data-dir has the version's record, else digits) | held-out (the served "
+        "version's own split, from --data-dir) | digits | synthetic | FILE.npz (x_test or x_test/<input>, y_test) "
+        "| FILE.csv | IMAGE_FOLDER",
     )
     data_dir: Path | None = option(
         Path("data"),
@@ -151,8 +152,12 @@ class EvalConfig(ClientOptions):
     )
     allow_no_baseline: bool = option(
         False,
-        "with --compare-with LABEL: a label that names no version yet (the first "
-        "rollout) leaves the value gates alone to decide",
+        "with --compare-with LABEL and --rollout-config: when the config labels no version LABEL (the first "
+        "rollout), the value gates alone decide",
+    )
+    rollout_config: Path | None = option(
+        None,
+        "the serving config the rollout steps own (models.config): its labels say whether a baseline exists",
     )
     not_worse: bool = option(
         True,
@@ -200,11 +205,18 @@ class EvalConfig(ClientOptions):
                     "version or label to compare with"
                 )
             return
-        if self.shard is not None or self.compare_local is not None:
+        if self.shard is not None or self.compare_local is not None or self.limit is not None:
             raise TrainserveError(
-                "--compare-with compares two versions on every example: expected no --shard and no "
+                "--compare-with compares two versions on every example: expected no --shard, --limit or "
                 "--compare-local with it"
             )
+        if self.allow_no_baseline and (self.rollout_config is None or self.compare_with.isdigit()):
+            raise TrainserveError(
+                "--allow-no-baseline: expected --compare-with LABEL and --rollout-config FILE (the serving config "
+                "whose labels say that no version holds the label yet: a failed lookup is not a first rollout)"
+            )
+        if self.rollout_config is not None and not self.rollout_config.is_file():
+            raise TrainserveError(f"--rollout-config {self.rollout_config}: no such file (expected models.config)")
         if not 0 < self.alpha < 1:
             raise TrainserveError(f"--alpha {self.alpha:g}: expected a significance level between 0 and 1")
 
