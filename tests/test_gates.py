@@ -210,3 +210,31 @@ def test_lower_is_better_metrics_judge_the_change_downwards():
     d = base * 0.7 - base
     want = stats.ttest_1samp(d, 0).confidence_interval(0.95).high
     assert ni[0]["value"] == pytest.approx(-want, rel=1e-9)
+
+
+def test_promote_re_derives_a_margin_gate_from_the_recorded_interval():
+    """trainserve.evidence.decision judges the non-inferiority gate again from the comparison's numbers: a report
+    edited to pass (the gate's verdict, its bound, or the interval under it) is refused."""
+    import copy
+
+    from trainserve.evidence import decision
+
+    tallies = (_tally("classification"), _tally("classification"))
+    c = summarize("1", (2, 1), tallies, _classification_values(*_pairs(3000, 30, 31)), 0.05, 0)
+    report = {"comparison": c, "gates": [margin_gate(parse_margins("accuracy=1%")[0], c)]}
+    assert report["gates"][0]["verdict"] == "non-inferior" and decision.decide(report).passed
+    assert decision.derive_gate(report["gates"][0], report) is True
+    inconclusive = copy.deepcopy(report)
+    inconclusive["comparison"]["metrics"]["accuracy"]["interval"][0] = -0.5  # the numbers no longer prove it
+    flipped = copy.deepcopy(report)
+    flipped["gates"][0].update(verdict="inconclusive", passed=False)
+    wider = copy.deepcopy(report)
+    wider["gates"][0]["margin"] = 0.5
+    for edited in (inconclusive, flipped, wider):
+        assert decision.derive_gate(edited["gates"][0], edited) is None and not decision.decide(edited).passed
+    # Lower is better: the bound is the negated upper end of the MSE change, and it is re-derived so.
+    rng = np.random.default_rng(1)
+    base = rng.exponential(1.0, 300)
+    r = summarize("1", (2, 1), (_tally("regression"),) * 2, tuple(_regression_values(base * 1.4, base)), 0.05, 0)
+    gate = margin_gate(Margin("mse", 5.0, relative=True), r)
+    assert gate["verdict"] == "inferior" and decision.derive_gate(gate, {"comparison": r}) is False

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from trainserve.evaluation.gates import HIGHER_IS_BETTER, LOWER_IS_BETTER, PAIRED_METRICS
 from trainserve.evaluation.power import examples_to_decide
+from trainserve.evidence.decision import gain_interval, non_inferiority
 
 VERDICTS = ("non-inferior", "inconclusive", "inferior")
 _MARGIN = re.compile(r"^\s*([a-z_0-9]+)\s*=\s*([0-9.eE+]+)\s*(%?)\s*$")
@@ -67,13 +68,10 @@ def check_margins(margins: tuple[Margin, ...], kind: str) -> str | None:
     return None
 
 
-def judge(low: float, high: float, margin: float) -> str:
-    """Non-inferior, inferior or inconclusive, from the interval [low, high] of the gain (better is positive)."""
-    if low > -margin:
-        return "non-inferior"
-    if high < -margin:
-        return "inferior"
-    return "inconclusive"
+def judge(low: float | None, high: float | None, margin: float) -> str:
+    """Non-inferior, inferior or inconclusive, from the interval [low, high] of the gain (better is positive):
+    the rule promote re-derives the gate by (trainserve.evidence.decision)."""
+    return non_inferiority(low, high, margin)
 
 
 def margin_gate(margin: Margin, comparison: dict) -> dict:
@@ -81,14 +79,10 @@ def margin_gate(margin: Margin, comparison: dict) -> dict:
     is the lower end of the gain's interval, `passed` is value > -margin."""
     m, version = comparison["metrics"][margin.metric], comparison["baseline"]["version"]
     low, high = m["interval"]
-    sign = 1 if m["higher_is_better"] else -1
     absolute = margin.absolute(m["baseline"])
-    if low is None or high is None:  # no interval (fewer than 2 examples): nothing is proven
-        gain_low, verdict = None, "inconclusive"
-    else:
-        gain_low, gain_high = (low, high) if sign > 0 else (-high, -low)
-        verdict = judge(gain_low, gain_high, absolute)
-    gain = sign * m["difference"]
+    gain_low, gain_high = gain_interval(m)
+    verdict = judge(gain_low, gain_high, absolute)
+    gain = m["difference"] if m["higher_is_better"] else -m["difference"]
     needed = None
     if verdict == "inconclusive":
         needed = examples_to_decide(gain, absolute, m.get("sd", 0.0), comparison.get("level", 0.95))
