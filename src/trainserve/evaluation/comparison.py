@@ -38,6 +38,7 @@ from trainserve.evaluation.paired_stats import (
 from trainserve.evaluation.plan import Plan
 from trainserve.evaluation.power import POWER, discordant_share, mdd_mean, mdd_paired_proportions
 from trainserve.evaluation.records import BatchAnswer, Tally
+from trainserve.evaluation.slicing import slice_table, worse_line
 from trainserve.evidence.decision import significantly_worse
 
 MCNEMAR, SIGN_FLIP = "McNemar's exact test", "paired sign-flip test on squared errors"
@@ -66,7 +67,7 @@ def per_example(answer: BatchAnswer, plan: Plan, quality: ClassificationMetrics 
         }
     error = answer.output.reshape(labels.shape).astype(np.float64) - labels
     squared = np.mean(error**2, axis=1)
-    return {"mse": squared, "rmse": squared, "mae": np.mean(np.abs(error), axis=1)}
+    return {"mse": squared, "rmse": squared, "mae": np.mean(np.abs(error), axis=1), "squared_per_target": error**2}
 
 
 def summarize(
@@ -76,8 +77,11 @@ def summarize(
     values: tuple[dict, dict],
     alpha: float,
     seed: int,
+    slices: list[tuple[str, np.ndarray]] | None = None,
+    correction: str = "holm",
 ) -> dict:
-    """The report's `comparison`: evaluated (candidate) vs baseline on the same examples."""
+    """The report's `comparison`: evaluated (candidate) vs baseline on the same examples; `slices` (name, each
+    example's slice) as --slice asks, else by class (classification) or by target (several targets)."""
     kind = tallies[0].plan.task.kind
     metrics = {
         name: paired_metric(name, values[0][name], values[1][name], alpha, seed) for name in PAIRED_METRICS[kind]
@@ -89,6 +93,8 @@ def summarize(
         test = {"name": SIGN_FLIP, "p_value": p, "flips": FLIPS}
     primary = PAIRED_METRICS[kind][0]
     verdict = _verdict(metrics[primary], test["p_value"], alpha)
+    table = _slices(tallies[0].plan.task, values, slices, alpha, correction, seed)
+    line = verdict_line(versions, verdict, primary, metrics[primary], test)
     return {
         "baseline": {"reference": ref, "version": versions[1]},
         "candidate_version": versions[0],
@@ -96,7 +102,8 @@ def summarize(
         "metrics": metrics,
         "test": test,
         "verdict": verdict,
-        "verdict_line": verdict_line(versions, verdict, primary, metrics[primary], test),
+        "verdict_line": line + (worse_line(table) if table else ""),
+        "slices": table,
         "alpha": alpha,
         "level": 1 - alpha,
         "bootstrap": {"resamples": RESAMPLES, "seed": seed, "level": 1 - alpha},
@@ -106,6 +113,17 @@ def summarize(
         },
         "baseline_metrics": tallies[1].quality.summary(),
     }
+
+
+def _slices(task, values: tuple[dict, dict], slices, alpha: float, correction: str, seed: int) -> dict | None:
+    if slices is None and task.kind == "classification":
+        names = np.asarray(task.label_names or [str(c) for c in range(task.classes)])
+        slices = [("class", np.char.add("class=", names[values[0]["truth"]]))]
+    elif slices is None and task.kind == "regression" and task.targets > 1:
+        slices = []  # per target
+    elif slices is None:
+        return None
+    return slice_table(task.kind, values, slices, alpha, correction, seed)
 
 
 def no_baseline(ref: str, version: int, said: str) -> dict:

@@ -13,6 +13,7 @@ from typing import Literal
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.gates import ChangeGate, Gate, parse_change_gates, parse_gates
 from trainserve.evaluation.noninferiority import Margin, parse_margins
+from trainserve.evaluation.slicing import parse_slice
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.options import key_values, option, parse_bool, positive_int
@@ -178,6 +179,20 @@ class EvalConfig(ClientOptions):
         "(TFMA's meaning; --max-drop is the form judged on the interval)",
         parse=parse_change_gates,
     )
+    slice: tuple[tuple[str, ...], ...] = option(
+        (),
+        "with --compare-with: the comparison per slice of the examples sharing a value of COLUMN (a CSV "
+        "column, an npz key, or class); repeatable, COLUMN,COLUMN crosses (default: per class, per target)",
+        parse=parse_slice,
+        repeat=True,
+        metavar="COLUMN[,COLUMN]",
+    )
+    slice_correction: Literal["holm", "bh"] = option(
+        "holm", "the slices' multiplicity correction: holm (family-wise error) or bh (false discovery rate)"
+    )
+    gate_slices: bool = option(
+        False, "with --compare-with: exit 1 when any slice is significantly worse (after the correction)"
+    )
     seed: int = option(0, "seed of the comparison's bootstrap and sign-flip resampling")
     compare_local: Path | None = option(None, "also run this SavedModel version dir in-process on CPU")
     synthetic: SyntheticSpec = option(factory=SyntheticSpec)
@@ -199,9 +214,10 @@ class EvalConfig(ClientOptions):
 
     def check_comparison(self) -> None:
         if self.compare_with is None:
-            if self.require_vs_baseline or self.allow_no_baseline or self.max_drop:
+            if self.require_vs_baseline or self.allow_no_baseline or self.max_drop or self.slice or self.gate_slices:
                 raise TrainserveError(
-                    "--require-vs-baseline/--max-drop/--allow-no-baseline without --compare-with: expected the "
+                    "--require-vs-baseline/--max-drop/--slice/--gate-slices/--allow-no-baseline without "
+                    "--compare-with: expected the "
                     "version or label to compare with"
                 )
             return

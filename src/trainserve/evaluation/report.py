@@ -84,10 +84,12 @@ def _comparison_gates(comparison: dict | None, config) -> list[dict]:
         return []
     from trainserve.evaluation.gates import change_gates, not_worse_gate
     from trainserve.evaluation.noninferiority import margin_gate
+    from trainserve.evaluation.slicing import slice_gate
 
     margins = [margin_gate(m, comparison) for m in config.max_drop]
     significance = [not_worse_gate(comparison, config.alpha)] if config.not_worse and not margins else []
-    return margins + significance + change_gates(config.require_vs_baseline, comparison)
+    slices = [slice_gate(comparison["slices"], comparison["baseline"]["version"])] if config.gate_slices else []
+    return margins + significance + slices + change_gates(config.require_vs_baseline, comparison)
 
 
 def _data_section(run: FinishedRun) -> dict:
