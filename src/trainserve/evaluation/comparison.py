@@ -38,7 +38,7 @@ from trainserve.evaluation.paired_stats import (
 from trainserve.evaluation.plan import Plan
 from trainserve.evaluation.power import POWER, discordant_share, mdd_mean, mdd_paired_proportions
 from trainserve.evaluation.records import BatchAnswer, Tally
-from trainserve.evaluation.slicing import slice_table, worse_line
+from trainserve.evaluation.slicing import slice_lines, slice_table, worse_line
 from trainserve.evidence.decision import significantly_worse
 
 MCNEMAR, SIGN_FLIP = "McNemar's exact test", "paired sign-flip test on squared errors"
@@ -260,4 +260,4 @@ def comparison_lines(c: dict) -> list[str]:
             f"  pairs           right only in {v}: {d['candidate_only']}, only in {b}: {d['baseline_only']}, "
             f"both: {d['both_right']}, neither: {d['both_wrong']}"
         )
-    return lines
+    return lines + (slice_lines(c["slices"]) if c.get("slices") else [])

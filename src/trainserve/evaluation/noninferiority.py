@@ -117,7 +117,7 @@ def describe_margin_gate(gate: dict) -> str:
     """The summary's line: `accuracy non-inferior to v1 (drop at most 0.01: bound -0.0042, detectable 0.021)`."""
     unit = "%" if gate["relative"] else ""
     bound = "n/a" if gate["value"] is None else f"{gate['value']:+.4f}"
-    mdd = "n/a" if gate.get("mdd") is None else f"{gate['mdd']:.4f}"
+    mdd = "none (too few discordant pairs)" if gate.get("mdd") is None else f"{gate['mdd']:.4f}"
     said = (
         f"{gate['metric']} {gate['verdict']} to v{gate['baseline_version']} (drop at most {gate['threshold']:g}{unit}"
         f" = {gate['margin']:.4g}: bound of the change {bound}; detectable with 80% power {mdd}"

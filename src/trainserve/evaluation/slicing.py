@@ -171,3 +171,24 @@ def slice_gate(table: dict, baseline_version: int) -> dict:
         "said": f"significantly worse than version {baseline_version} on {len(worse)} slice(s) "
         f"({table['correction']}-adjusted, alpha {table['alpha']:g}): {', '.join(worse) or 'none'}",
     }
+
+
+SHOWN = 5  # slice rows in the summary; the report and report.html hold them all
+
+
+def slice_lines(table: dict) -> list[str]:
+    """The summary's slice lines: the first rows by evidence, and how many more the report holds."""
+    rows = table["rows"]
+    lines = [
+        f"  slices          {len(rows)} by evidence, p adjusted by {table['correction_name']}"
+        f"; significantly worse: {', '.join(table['worse']) or 'none'}"
+    ]
+    for r in rows[:SHOWN]:
+        values = "" if r.get("candidate") is None else f"{r['candidate']:.4f} vs {r['baseline']:.4f}  "
+        lines.append(
+            f"    {r['name'][:28]:<28} n={r['examples']:<6} {values}p={r['p_value']:.3g}  "
+            f"adjusted {r['p_adjusted']:.3g}  {r['direction']}"
+        )
+    if len(rows) > SHOWN:
+        lines.append(f"    ... {len(rows) - SHOWN} more in the report")
+    return lines
