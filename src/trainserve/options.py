@@ -136,8 +136,8 @@ def add_options(parser: argparse.ArgumentParser, cls, prefix: str = "", *, word_
             kwargs["choices"] = choices_of(kind)
         else:
             kwargs["type"] = f.metadata.get("parse") or (kind if kind in (int, float, Path) else str)
-        if f.metadata.get("repeat"):
-            kwargs["action"] = "append"
+        if f.metadata.get("repeat"):  # argparse appends to a list of its own; the field's default stays put
+            kwargs.update(action="append", default=None)
         action = parser.add_argument(flag, **kwargs)
         action.from_env = f.metadata.get("env", True)
 
@@ -151,7 +151,8 @@ def config_from_args(cls, args: argparse.Namespace, prefix: str = ""):
         dest = f"{prefix}{f.name}"
         values[f.name] = config_from_args(kind, args, f"{dest}_") if _is_group(kind, f) else getattr(args, dest)
         if f.metadata.get("repeat"):
-            values[f.name] = tuple(values[f.name])
+            given = values[f.name]
+            values[f.name] = tuple(given) if given is not None else tuple(f.default)
     return cls(**values)
 
 
