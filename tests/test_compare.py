@@ -20,7 +20,7 @@ from scipy import stats
 from conftest import digits_cnn, export_digits_cnn, install_version, predict_count, save_foreign_model
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
-from trainserve.evaluation.report import validate_report
+from trainserve.evaluation.report import describe_gate, validate_report
 from trainserve.savedmodel import LoadedModel
 from trainserve.sources import load_dataset
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples
@@ -241,6 +241,7 @@ def test_slices_of_an_npz_key_gate_the_run_and_equal_versions_pass(side_by_side,
     table = report["comparison"]["slices"]
     assert (code, table["worse"], len(table["rows"])) == (0, [], 10), table
     assert report["gates"][-1]["kind"] == "slice" and report["gates"][-1]["passed"] is True
+    assert describe_gate(report["gates"][-1]) == "no slice significantly worse than v1 (holm): worse on none"
 
 
 def test_a_label_names_the_baseline_and_change_thresholds_gate(side_by_side, tmp_path):

@@ -181,6 +181,9 @@ def describe_gate(gate: dict) -> str:
     if gate.get("kind") == "significance":
         p, alpha = gate["value"], gate["threshold"]
         return f"not significantly worse than v{gate['baseline_version']} (p={p:.3g}, alpha {alpha:g})"
+    if gate.get("kind") == "slice":
+        worse = ", ".join(gate["slices"]) or "none"
+        return f"no slice significantly worse than v{gate['baseline_version']} ({gate['correction']}): worse on {worse}"
     if gate.get("kind") == "non-inferiority":
         from trainserve.evaluation.noninferiority import describe_margin_gate
 
