@@ -243,6 +243,29 @@ def share_split(dataset, data_dir: Path, model: str) -> Path:
     return data_dir / model / "test.npz"
 
 
+def record_version(version_dir: Path, data_dir: Path, model: str, inputs: dict, labels, origin: dict) -> Path:
+    """What `trainserve train --data-dir` leaves for eval beside a published version: its held-out split and its
+    record (with the SHA-256 of its files), written through the production path; returns the record."""
+    import time
+
+    from trainserve.layout import version_files_sha256
+    from trainserve.splits import HeldOutSplit, write_version_record
+    from trainserve.task import Task
+
+    task = Task("classification", classes=int(np.max(labels)) + 1)
+    split = HeldOutSplit(inputs, np.asarray(labels), task, len(inputs) == 1, origin)
+    split.share(data_dir, model)
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    metadata = {
+        "model_name": model,
+        "task": task.to_json(),
+        "created": created,
+        "data": {"test_split": split.record(True)},
+    }
+    files = version_files_sha256(version_dir)
+    return write_version_record(data_dir, model, int(version_dir.name), metadata, files)
+
+
 def digits_spec():
     """The built-in CNN's data as `trainserve train` sees 8x8 digits: uint8 `images`, 10 classes."""
     from trainserve.task import Task

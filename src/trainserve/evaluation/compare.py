@@ -50,7 +50,7 @@ def resolve_baseline(client: ServingClient, config: EvalConfig, target: Target, 
     ref = config.compare_with
     if ref.isdigit():
         version = _served_version(client, config, target.model, int(ref))
-    elif config.allow_no_baseline:
+    elif config.allow_no_baseline:  # config.check: with --rollout-config
         labelled = config_labels(config.rollout_config, target.model).get(ref)
         if labelled is None:
             return _first_rollout(client, config, target.model)

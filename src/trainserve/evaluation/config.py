@@ -213,12 +213,12 @@ class EvalConfig(ClientOptions):
                 raise TrainserveError(f"--compare-local {self.compare_local}: expected a SavedModel version directory")
 
     def check_comparison(self) -> None:
+        # --allow-no-baseline and --max-drop alone are harmless: compose sets them, COMPARE_WITH= not.
         if self.compare_with is None:
-            if self.require_vs_baseline or self.allow_no_baseline or self.max_drop or self.slice or self.gate_slices:
+            if self.require_vs_baseline or self.slice or self.gate_slices:
                 raise TrainserveError(
-                    "--require-vs-baseline/--max-drop/--slice/--gate-slices/--allow-no-baseline without "
-                    "--compare-with: expected the "
-                    "version or label to compare with"
+                    "--require-vs-baseline/--slice/--gate-slices without --compare-with: expected the version or "
+                    "label to compare with"
                 )
             return
         if self.shard is not None or self.compare_local is not None or self.limit is not None:
@@ -226,10 +226,10 @@ class EvalConfig(ClientOptions):
                 "--compare-with compares two versions on every example: expected no --shard, --limit or "
                 "--compare-local with it"
             )
-        if self.allow_no_baseline and (self.rollout_config is None or self.compare_with.isdigit()):
+        if self.allow_no_baseline and self.rollout_config is None and not self.compare_with.isdigit():
             raise TrainserveError(
-                "--allow-no-baseline: expected --compare-with LABEL and --rollout-config FILE (the serving config "
-                "whose labels say that no version holds the label yet: a failed lookup is not a first rollout)"
+                "--allow-no-baseline: expected --rollout-config FILE with it (the serving config whose labels say "
+                "that no version holds the label yet: a failed lookup is not a first rollout)"
             )
         if self.rollout_config is not None and not self.rollout_config.is_file():
             raise TrainserveError(f"--rollout-config {self.rollout_config}: no such file (expected models.config)")
