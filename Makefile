@@ -98,7 +98,7 @@ eval: ## Evaluate the served model over gRPC; report in the `reports` volume
 	$(COMPOSE) --profile eval run --rm eval
 
 .PHONY: promote
-promote: ## Gated rollout: candidate -> eval (not worse than stable, MIN_ACCURACY) -> stable only if it passed
+promote: ## Gated rollout: candidate -> eval (non-inferior to stable by MAX_DROP, MIN_ACCURACY) -> stable only if it passed
 	$(COMPOSE) --profile promote run --rm candidate
 	$(COMPOSE) --profile promote run --rm promote-eval
 	$(COMPOSE) --profile promote run --rm promote

@@ -20,7 +20,7 @@ from scipy import stats
 from conftest import digits_cnn, export_digits_cnn, install_version, predict_count, save_foreign_model
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
-from trainserve.evaluation.report import validate_report
+from trainserve.evaluation.report import describe_gate, validate_report
 from trainserve.savedmodel import LoadedModel
 from trainserve.sources import load_dataset
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples
@@ -133,6 +133,115 @@ def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, t
     assert min(c["metrics"]["accuracy"]["candidate"], c["metrics"]["accuracy"]["baseline"]) >= 0.98
     assert report["data"]["examples"] == SYN.size
     assert [g["kind"] for g in report["gates"]] == ["significance"] and report["passed"] is True
+
+
+def test_the_margin_gate_fails_the_worse_version_and_passes_an_equal_one(side_by_side, tmp_path, capsys):
+    """--max-drop replaces "not significantly worse": the one-epoch version is shown worse than a 1-point margin
+    allows (or the data cannot tell), two seeds of one training on 2,000 examples are shown within it."""
+    server, _, split = side_by_side
+    code, report = eval_cli(
+        server,
+        tmp_path,
+        "--model",
+        "digits",
+        "--version",
+        2,
+        "--compare-with",
+        1,
+        "--data",
+        split,
+        "--max-drop",
+        "accuracy=0.01",
+    )
+    out = capsys.readouterr()
+    validate_report(report)
+    (gate,) = report["gates"]
+    accuracy = report["comparison"]["metrics"]["accuracy"]
+    assert gate["kind"] == "non-inferiority" and gate["verdict"] in ("inferior", "inconclusive") and code == 1
+    assert gate["value"] == pytest.approx(accuracy["interval"][0]) and gate["margin"] == 0.01
+    assert gate["mdd"] == accuracy["mdd"] > 0 and "detectable with 80% power" in out.out
+    assert f"accuracy is {gate['verdict']} to version 1" in out.err
+    code, report = eval_cli(
+        server,
+        tmp_path,
+        "--model",
+        "syn",
+        "--version",
+        2,
+        "--compare-with",
+        1,
+        "--data",
+        "synthetic",
+        "--synthetic-shape",
+        "8,8,1",
+        "--synthetic-size",
+        SYN.size,
+        "--max-drop",
+        "accuracy=0.01",
+    )
+    (gate,) = report["gates"]
+    assert (gate["verdict"], gate["passed"], code) == ("non-inferior", True, 0), gate
+    assert report["intervals"]["accuracy"]["interval"][0] < report["metrics"]["accuracy"] <= 1
+
+
+def test_slices_of_an_npz_key_gate_the_run_and_equal_versions_pass(side_by_side, tmp_path, capsys):
+    """--slice region (an npz key beside x_test) with --gate-slices: the one-epoch version's worse slices are named
+    with their corrected p-values and fail the run; two seeds of one training pass per class (the default)."""
+    server, _, split = side_by_side
+    with np.load(split) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["region"] = np.where(arrays["y_test"] % 2 == 0, "even", "odd")
+    sliced = tmp_path / "sliced.npz"
+    np.savez(sliced, **arrays)
+    code, report = eval_cli(
+        server,
+        tmp_path,
+        "--model",
+        "digits",
+        "--version",
+        2,
+        "--compare-with",
+        1,
+        "--data",
+        sliced,
+        "--slice",
+        "region",
+        "--slice",
+        "region,class",
+        "--gate-slices",
+        "--not-worse=false",
+    )
+    out = capsys.readouterr()
+    validate_report(report)
+    table = report["comparison"]["slices"]
+    names = {r["name"] for r in table["rows"]}
+    assert {"region=even", "region=odd", "region=even,class=0"} <= names and len(names) == 2 + 10
+    assert table["worse"] and code == 1 and [g["kind"] for g in report["gates"]] == ["slice"]
+    worst = table["rows"][0]
+    assert worst["name"] in table["worse"] and worst["p_adjusted"] < 0.05 and worst["direction"] == "worse"
+    assert f"significantly worse on {worst['name']} (n={worst['examples']}" in report["comparison"]["verdict_line"]
+    assert "significantly worse than version 1 on" in out.err
+    code, report = eval_cli(
+        server,
+        tmp_path,
+        "--model",
+        "syn",
+        "--version",
+        2,
+        "--compare-with",
+        1,
+        "--data",
+        "synthetic",
+        "--synthetic-shape",
+        "8,8,1",
+        "--synthetic-size",
+        SYN.size,
+        "--gate-slices",
+    )
+    table = report["comparison"]["slices"]
+    assert (code, table["worse"], len(table["rows"])) == (0, [], 10), table
+    assert report["gates"][-1]["kind"] == "slice" and report["gates"][-1]["passed"] is True
+    assert describe_gate(report["gates"][-1]) == "no slice significantly worse than v1 (holm): worse on none"
 
 
 def test_a_label_names_the_baseline_and_change_thresholds_gate(side_by_side, tmp_path):

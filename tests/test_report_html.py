@@ -98,6 +98,8 @@ def compared(model_versions, tmp_path_factory):
                 str(root / "eval.json"),
                 "--min-accuracy",
                 "0.5",
+                "--max-drop",
+                "accuracy=0.01",
             ]
         )
     finally:
@@ -128,7 +130,9 @@ def test_the_report_reads_in_a_browser(compared, tmp_path):
         "v2",
         "v1",
         "difference",
-        "95% CI (paired bootstrap)",
+        "95% CI",
+        "detectable with 80% power",
+        "adjusted p",
         "v2 right",
         "v1 wrong",
         "precision",
@@ -139,6 +143,14 @@ def test_the_report_reads_in_a_browser(compared, tmp_path):
     accuracy = report["comparison"]["metrics"]["accuracy"]
     row = seen.cells[seen.cells.index("accuracy") : seen.cells.index("accuracy") + 3]
     assert row == ["accuracy", f"{accuracy['candidate']:.4f}", f"{accuracy['baseline']:.4f}"]
+    # What the eval could see: each metric's interval and detectable difference; the slices by evidence.
+    assert _number_or_none(accuracy["mdd"]) in seen.texts["evidence"]
+    assert accuracy["interval_method"] in seen.texts["evidence"]
+    slices = report["comparison"]["slices"]
+    assert [r["name"] for r in slices["rows"]] == [c for c in seen.cells if c.startswith("class=")]
+    assert [r["p_adjusted"] for r in slices["rows"]] == sorted(r["p_adjusted"] for r in slices["rows"])
+    (margin,) = [g for g in report["gates"] if g.get("kind") == "non-inferiority"]
+    assert any(c.startswith(f"accuracy {margin['verdict']} to v1") for c in seen.cells), seen.cells
     # Every image decoded: both confusion matrices and both latency histograms, each with a real size.
     ids = {image["id"]: image for image in seen.images}
     assert set(ids) == {"confusion-v2", "confusion-v1", "latency-v2", "latency-v1"}
@@ -146,6 +158,10 @@ def test_the_report_reads_in_a_browser(compared, tmp_path):
     assert all(
         int(image["data-natural-width"]) > 100 and int(image["data-natural-height"]) > 100 for image in ids.values()
     ), ids
+
+
+def _number_or_none(value) -> str:
+    return "none: too few examples" if value is None else f"{value:.4f}"
 
 
 def test_the_browser_check_sees_a_broken_page(tmp_path):

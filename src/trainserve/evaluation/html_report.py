@@ -17,6 +17,7 @@ from pathlib import Path
 from trainserve.evaluation.metrics import latency_percentiles
 from trainserve.evaluation.records import EvalResult
 from trainserve.evaluation.report import describe_gate
+from trainserve.evaluation.statistics_html import interval_text, slice_section, what_it_could_see
 from trainserve.files import write_file_atomic
 
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -44,6 +45,10 @@ def render_html(result: EvalResult) -> str:
     title = f"{report['model']} v{report['version']}"
     body = [_header(report), _verdict(report), _gates(report), _data(report), _metrics(report)]
     comparison = report.get("comparison") or {}
+    if "metrics" in comparison or report.get("intervals"):
+        body.append(what_it_could_see(report))
+    if comparison.get("slices"):
+        body.append(slice_section(comparison["slices"]))
     if "test" in comparison and "discordant" in comparison["test"]:
         body.append(_discordant(comparison))
     if report["task"]["kind"] == "classification":
@@ -133,16 +138,15 @@ def _metrics(report: dict) -> str:
     v, b = f"v{comparison['candidate_version']}", f"v{comparison['baseline']['version']}"
     rows = []
     for name, c in comparison["metrics"].items():
-        low, high = c["interval"]
         better = "higher" if c["higher_is_better"] else "lower"
         rows.append(
-            [name, c["candidate"], c["baseline"], f"{c['difference']:+.4f}", f"[{low:+.4f}, {high:+.4f}]", better]
+            [name, c["candidate"], c["baseline"], f"{c['difference']:+.4f}", interval_text(c["interval"]), better]
         )
     base = comparison["baseline_metrics"]
     rows += [[k, m[k], base.get(k), "", "", ""] for k in names if k not in comparison["metrics"]]
     lat = comparison["latency_ms"]
     rows += [[f"latency {q} ms", lat["candidate"][q], lat["baseline"][q], "", "", "lower"] for q in ("p50", "p99")]
-    header = ["metric", v, b, "difference", "95% CI (paired bootstrap)", "better"]
+    header = ["metric", v, b, "difference", f"{100 * comparison.get('level', 0.95):g}% CI", "better"]
     return "<h2>Metrics</h2>" + _table(header, rows)
 
 
