@@ -44,6 +44,7 @@ def rollout_config(path, base, candidate: int, stable: int | None = None):
 def refused(config, report, capsys, *fragments) -> None:
     """promote exits 2 with one error line naming the first fragment, config untouched."""
     before = config.read_bytes()
+    capsys.readouterr()  # what eval said before
     assert main(["promote", "--config", str(config), "--report", str(report)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("trainserve promote: error:"), err
