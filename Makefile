@@ -98,7 +98,7 @@ eval: ## Evaluate the served model over gRPC; report in the `reports` volume
 	$(COMPOSE) --profile eval run --rm eval
 
 .PHONY: promote
-promote: ## Gated rollout: candidate -> eval (not worse than stable, MIN_ACCURACY) -> stable only if it passed
+promote: ## Gated rollout: candidate -> eval (non-inferior to stable by MAX_DROP, MIN_ACCURACY) -> stable only if it passed
 	$(COMPOSE) --profile promote run --rm candidate
 	$(COMPOSE) --profile promote run --rm promote-eval
 	$(COMPOSE) --profile promote run --rm promote
@@ -122,8 +122,8 @@ push: ## Tag and push the three images to REGISTRY (make push REGISTRY=registry.
 	done
 
 .PHONY: standins
-standins: ## Build the local STAND-IN base images the e2e tests use (no registry needed; tests only)
-	TF_VERSION=$(TF_VERSION) scripts/standins/build.sh
+standins: venv ## Build the local STAND-IN base images the e2e tests use (no registry needed; tests only)
+	TF_VERSION=$(TF_VERSION) PYTHON=$(BIN)/python scripts/standins/build.sh
 
 .PHONY: e2e
 e2e: venv ## Only the e2e tier: a real Docker engine with stand-in bases (train -> serve -> eval -> v2, rollout)
@@ -152,13 +152,17 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 	$(BIN)/yamllint compose.yaml compose.tls.yaml .yamllint.yaml
 	for files in "-f compose.yaml" "-f compose.yaml -f compose.tls.yaml"; do \
 		$(BIN)/docker-compose $$files config --quiet; \
-		for profile in train eval promote; do $(BIN)/docker-compose $$files --profile $$profile config --quiet; done; \
+		for profile in train eval promote capture; do $(BIN)/docker-compose $$files --profile $$profile config --quiet; done; \
 	done
 	for dir in k8s/base k8s/overlays/*; do \
 		kubectl kustomize $$dir > $(VENV)/rendered.yaml; \
 		$(VENV)/tools/bin/kubernetes-validate --strict --quiet -k $(KUBERNETES_VERSION) $(VENV)/rendered.yaml; \
 		$(VENV)/tools/bin/checkov -f $(VENV)/rendered.yaml --framework kubernetes --compact --quiet --skip-download; \
 	done
+
+.PHONY: docs
+docs: venv ## The documentation site into site/: mkdocs build --strict (a broken link or anchor, or a page left out, fails)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 .PHONY: bench
 bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
@@ -169,6 +173,7 @@ bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/tls_cost.py
 	$(BIN)/python bench/serve_batching.py
 	$(BIN)/python bench/compare_cost.py
+	$(BIN)/python bench/capture_cost.py
 
 # One export per image, from the same lock: eval is the core install (no TensorFlow); the GPU image keeps its
 # base's TensorFlow (no tensorflow-cpu); serve.txt is serve-local with the CPU TensorFlow (the test stand-in).

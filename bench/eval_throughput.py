@@ -36,7 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
-from loopback import process_cpu_s, start_serve_local, train_bench_model  # noqa: E402
+from loopback import start_serve_local, train_bench_model  # noqa: E402
 
 from trainserve.protos import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples  # noqa: E402
@@ -100,21 +100,31 @@ def rest_json(rest: str, x: np.ndarray, batch: int = 256) -> float:
     return len(x) / (time.perf_counter() - started)
 
 
-# `trainserve eval` with a hook that prints when the first Predict goes out (wall clock, seconds).
+# `trainserve eval` with a hook that prints when the first Predict goes out (wall clock, seconds), and the CPU
+# seconds of this client and of the server (pid in SERVER_PID) over one window, the first Predict's start to the
+# last one's answer, measured by the same clock: CPU seconds per second of that window cannot exceed the cores.
 TIMED_EVAL = """
-import sys, time
+import os, sys, time
 from trainserve.client import connection as client
 predict = client.ServingClient.predict
-def first_predict(self, *args, **kwargs):
-    if not getattr(first_predict, "done", False):
-        first_predict.done = True
-        first_predict.cpu_s = time.process_time()
+CLOCK = os.sysconf("SC_CLK_TCK")
+def server_cpu_s():
+    fields = open(f"/proc/{os.environ['SERVER_PID']}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK
+def timed_predict(self, *args, **kwargs):
+    if not getattr(timed_predict, "first", None):
+        timed_predict.first = (time.perf_counter(), time.process_time(), server_cpu_s())
         print(f"first-request {time.time()}", file=sys.stderr, flush=True)
-    return predict(self, *args, **kwargs)
-client.ServingClient.predict = first_predict
+    answer = predict(self, *args, **kwargs)
+    timed_predict.last = (time.perf_counter(), time.process_time(), server_cpu_s())
+    return answer
+client.ServingClient.predict = timed_predict
 from trainserve.cli import main
 code = main(sys.argv[1:])
-print(f"cpu-s {time.process_time() - first_predict.cpu_s}", file=sys.stderr)
+(wall, cpu, server), (wall0, cpu0, server0) = timed_predict.last, timed_predict.first
+print(f"window-s {wall - wall0}", file=sys.stderr)
+print(f"cpu-s {cpu - cpu0}", file=sys.stderr)
+print(f"server-cpu-s {server - server0}", file=sys.stderr)
 # VmHWM: this process's own peak RSS (ru_maxrss survives exec: it can report the parent's, here TensorFlow's).
 peak = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(f"peak-rss-kb {peak}", file=sys.stderr)
@@ -129,13 +139,12 @@ class EvalRun:
     report: dict
     start_s: float  # launch to its first Predict
     peak_rss_mb: float
-    client_cores: float  # its CPU seconds from the first Predict on, per second of its evaluation
-    server_cores: float  # the server's CPU seconds over the whole process, per second of the evaluation
+    client_cores: float  # its CPU seconds per second, first Predict to last answer
+    server_cores: float  # the server's CPU seconds per second over the same window
 
 
 def timed_eval(server: str, server_pid: int, report: Path, *args: str) -> EvalRun:
     """One `trainserve eval` process, with its CPU use and the server's beside its figures."""
-    server_before = process_cpu_s(server_pid)
     launched = time.time()
     proc = subprocess.Popen(
         [
@@ -156,22 +165,36 @@ def timed_eval(server: str, server_pid: int, report: Path, *args: str) -> EvalRu
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "SERVER_PID": str(server_pid)},
     )
     stderr = proc.stderr.read()
     if proc.wait() != 0:
         raise SystemExit(f"trainserve eval failed ({proc.returncode}):\n{stderr}")
-    server_cpu = process_cpu_s(server_pid) - server_before
-    keys = ("first-request ", "peak-rss-kb ", "cpu-s ")
+    keys = ("first-request ", "peak-rss-kb ", "cpu-s ", "server-cpu-s ", "window-s ")
     said = dict(line.split(" ", 1) for line in stderr.splitlines() if line.startswith(keys))
-    result = json.loads(report.read_text())
-    wall = result["performance"]["wall_s"]
+    client, server = cores_used(float(said["cpu-s"]), float(said["server-cpu-s"]), float(said["window-s"]))
     return EvalRun(
-        result,
+        json.loads(report.read_text()),
         float(said["first-request"]) - launched,
         int(said["peak-rss-kb"]) / 1024,
-        float(said["cpu-s"]) / wall,
-        server_cpu / wall,
+        client,
+        server,
     )
+
+
+def cores_used(client_s: float, server_s: float, window_s: float) -> tuple[float, float]:
+    """CPU seconds per second of one window for the client and the server. Both ran on this machine's cores, so
+    neither, nor both together, can exceed them beyond the clock's resolution: a figure that does fails the bench
+    (it would mean the windows differ, which is what printed 2.61 + 1.71 of 2 cores before)."""
+    cores = len(os.sched_getaffinity(0))
+    slack = 2 * 2 / os.sysconf("SC_CLK_TCK") / window_s  # two clock ticks at each end of the window
+    client, server = client_s / window_s, server_s / window_s
+    if min(client, server) < 0 or client + server > cores * (1 + 0.02) + slack:
+        raise SystemExit(
+            f"impossible CPU accounting: client {client:.2f} + server {server:.2f} cores over a {window_s:.2f} s "
+            f"window on {cores} cores: expected at most {cores}"
+        )
+    return client, server
 
 
 def tensorflow_serving_import() -> tuple[float, float]:

@@ -20,7 +20,7 @@ from scipy import stats
 from conftest import digits_cnn, export_digits_cnn, install_version, predict_count, save_foreign_model
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
-from trainserve.evaluation.report import validate_report
+from trainserve.evaluation.report import describe_gate, validate_report
 from trainserve.savedmodel import LoadedModel
 from trainserve.sources import load_dataset
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples
@@ -135,6 +135,115 @@ def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, t
     assert [g["kind"] for g in report["gates"]] == ["significance"] and report["passed"] is True
 
 
+def test_the_margin_gate_fails_the_worse_version_and_passes_an_equal_one(side_by_side, tmp_path, capsys):
+    """--max-drop replaces "not significantly worse": the one-epoch version is shown worse than a 1-point margin
+    allows (or the data cannot tell), two seeds of one training on 2,000 examples are shown within it."""
+    server, _, split = side_by_side
+    code, report = eval_cli(
+        server,
+        tmp_path,
+        "--model",
+        "digits",
+        "--version",
+        2,
+        "--compare-with",
+        1,
+        "--data",
+        split,
+        "--max-drop",
+        "accuracy=0.01",
+    )
+    out = capsys.readouterr()
+    validate_report(report)
+    (gate,) = report["gates"]
+    accuracy = report["comparison"]["metrics"]["accuracy"]
+    assert gate["kind"] == "non-inferiority" and gate["verdict"] in ("inferior", "inconclusive") and code == 1
+    assert gate["value"] == pytest.approx(accuracy["interval"][0]) and gate["margin"] == 0.01
+    assert gate["mdd"] == accuracy["mdd"] > 0 and "detectable with 80% power" in out.out
+    assert f"accuracy is {gate['verdict']} to version 1" in out.err
+    code, report = eval_cli(
+        server,
+        tmp_path,
+        "--model",
+        "syn",
+        "--version",
+        2,
+        "--compare-with",
+        1,
+        "--data",
+        "synthetic",
+        "--synthetic-shape",
+        "8,8,1",
+        "--synthetic-size",
+        SYN.size,
+        "--max-drop",
+        "accuracy=0.01",
+    )
+    (gate,) = report["gates"]
+    assert (gate["verdict"], gate["passed"], code) == ("non-inferior", True, 0), gate
+    assert report["intervals"]["accuracy"]["interval"][0] < report["metrics"]["accuracy"] <= 1
+
+
+def test_slices_of_an_npz_key_gate_the_run_and_equal_versions_pass(side_by_side, tmp_path, capsys):
+    """--slice region (an npz key beside x_test) with --gate-slices: the one-epoch version's worse slices are named
+    with their corrected p-values and fail the run; two seeds of one training pass per class (the default)."""
+    server, _, split = side_by_side
+    with np.load(split) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["region"] = np.where(arrays["y_test"] % 2 == 0, "even", "odd")
+    sliced = tmp_path / "sliced.npz"
+    np.savez(sliced, **arrays)
+    code, report = eval_cli(
+        server,
+        tmp_path,
+        "--model",
+        "digits",
+        "--version",
+        2,
+        "--compare-with",
+        1,
+        "--data",
+        sliced,
+        "--slice",
+        "region",
+        "--slice",
+        "region,class",
+        "--gate-slices",
+        "--not-worse=false",
+    )
+    out = capsys.readouterr()
+    validate_report(report)
+    table = report["comparison"]["slices"]
+    names = {r["name"] for r in table["rows"]}
+    assert {"region=even", "region=odd", "region=even,class=0"} <= names and len(names) == 2 + 10
+    assert table["worse"] and code == 1 and [g["kind"] for g in report["gates"]] == ["slice"]
+    worst = table["rows"][0]
+    assert worst["name"] in table["worse"] and worst["p_adjusted"] < 0.05 and worst["direction"] == "worse"
+    assert f"significantly worse on {worst['name']} (n={worst['examples']}" in report["comparison"]["verdict_line"]
+    assert "significantly worse than version 1 on" in out.err
+    code, report = eval_cli(
+        server,
+        tmp_path,
+        "--model",
+        "syn",
+        "--version",
+        2,
+        "--compare-with",
+        1,
+        "--data",
+        "synthetic",
+        "--synthetic-shape",
+        "8,8,1",
+        "--synthetic-size",
+        SYN.size,
+        "--gate-slices",
+    )
+    table = report["comparison"]["slices"]
+    assert (code, table["worse"], len(table["rows"])) == (0, [], 10), table
+    assert report["gates"][-1]["kind"] == "slice" and report["gates"][-1]["passed"] is True
+    assert describe_gate(report["gates"][-1]) == "no slice significantly worse than v1 (holm): worse on none"
+
+
 def test_a_label_names_the_baseline_and_change_thresholds_gate(side_by_side, tmp_path):
     server, _, split = side_by_side
     flags = ("--not-worse=false", "--require-vs-baseline", "accuracy>=-90%")  # report-only significance
@@ -145,35 +254,69 @@ def test_a_label_names_the_baseline_and_change_thresholds_gate(side_by_side, tmp
     assert [g["kind"] for g in report["gates"]] == ["change"] and code == 0, report["gates"]
 
 
-def test_first_rollout_passes_on_its_value_gates_and_says_so(side_by_side, tmp_path):
-    server, _, split = side_by_side
-    code, report = eval_cli(
-        server,
-        tmp_path,
+def first_rollout_args(config) -> tuple:
+    return (
         "--model",
         "syn",
         "--compare-with",
         "stable",
         "--allow-no-baseline",
+        "--rollout-config",
+        config,
         "--data",
         "synthetic",
         "--synthetic-shape",
         "8,8,1",
-        "--limit",
+        "--synthetic-size",
         64,
         "--min-accuracy",
         "0.5",
     )
+
+
+def test_first_rollout_passes_on_its_value_gates_when_the_config_says_so(side_by_side, tmp_path):
+    server, root, _ = side_by_side
+    code, report = eval_cli(server, tmp_path, *first_rollout_args(root / "models.config"))
     assert code == 0 and report["comparison"]["verdict"] == "no baseline"
-    assert "first rollout" in report["comparison"]["verdict_line"]
+    assert "labels no 'stable' version of model syn: a first rollout" in report["comparison"]["verdict_line"]
     assert [g["metric"] for g in report["gates"]] == ["accuracy"] and "kind" not in report["gates"][0]
+    assert report["evidence"]["baseline"]["version"] is None
+
+
+def test_a_stable_the_server_cannot_answer_for_fails_the_eval_with_its_error(side_by_side, tmp_path, capsys):
+    """The config labels syn's stable (version 2), the server resolves no such label: not a first rollout."""
+    server, root, _ = side_by_side
+    labelled = tmp_path / "labelled.config"
+    labelled.write_text(
+        (root / "models.config")
+        .read_text()
+        .replace("{ all {} }  }", '{ all {} } version_labels { key: "stable" value: 2 } }')
+    )
+    assert 'key: "stable" value: 2' in labelled.read_text()
+    code, report = eval_cli(server, tmp_path, *first_rollout_args(labelled), "--wait", 0)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and report is None and len(err.splitlines()) == 1, err
+    assert "label 'stable' of model syn resolves to nothing" in err and "expected version 2" in err, err
+    assert "NOT_FOUND" in err or "INVALID_ARGUMENT" in err, err
+
+
+def test_no_baseline_needs_the_config_and_never_comes_from_a_failed_lookup(side_by_side, tmp_path, capsys):
+    server, _, _ = side_by_side
+    args = first_rollout_args("unused")
+    without_config = args[: args.index("--rollout-config")] + args[args.index("--rollout-config") + 2 :]
+    code, _ = eval_cli(server, tmp_path, *without_config)
+    assert code == 2 and "--allow-no-baseline: expected --rollout-config FILE" in capsys.readouterr().err
+    no_allow = tuple(a for a in without_config if a != "--allow-no-baseline")
+    code, _ = eval_cli(server, tmp_path, *no_allow)
+    err = capsys.readouterr().err
+    assert code == 2 and "resolves no version for label 'stable' of model 'syn'" in err, err
 
 
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
         pytest.param(("--version", 2, "--compare-with", 9), "has no version 9 on", id="version-not-served"),
-        pytest.param(("--version", 2, "--compare-with", "nope"), "has no label 'nope'", id="label-not-served"),
+        pytest.param(("--version", 2, "--compare-with", "nope"), "no version for label 'nope'", id="label-not-served"),
         pytest.param(("--version", 1, "--compare-with", "stable"), "the version evaluated", id="itself"),
         pytest.param(("--version", 1, "--compare-with", 3), "differ in inputs", id="other-signature"),
         pytest.param(

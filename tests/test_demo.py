@@ -36,5 +36,7 @@ def test_demo_trains_serves_and_evaluates_the_version_it_published(tmp_path):
     assert "no GPU visible: training on the CPU" in text and "published digits version 1 at" in text
     report = json.loads((demo / "reports" / "eval.json").read_text())
     assert report["version"] == 1 and report["passed"] and report["metrics"]["accuracy"] >= 0.9
+    evidence = report["evidence"]  # the version on its own held-out split, verified against its record, whole
+    assert (evidence["kind"], evidence["partial"], report["data_check"]["matches"]) == ("own-split", False, True)
     assert {p.name for p in (demo / "reports").glob("*.png")} == {"confusion_matrix.png", "latency_histogram.png"}
     assert "waiting for digits to become AVAILABLE" in (demo / "serve-local.log").read_text(), "the server came first"

@@ -1,6 +1,6 @@
 """The gated rollout as deployed: `make promote`, compose's promote profile and the Kubernetes promote Job gate the
-candidate on its own held-out split, on "not significantly worse than stable" and MIN_ACCURACY by default, and a
-user can turn either off. Rendered (kustomize, `docker-compose config`, `make -n`) and read, not run."""
+candidate on its own held-out split, on non-inferiority to stable (a stated margin, MAX_DROP) and MIN_ACCURACY by
+default, and a user can turn either off. Rendered (kustomize, `docker-compose config`, `make -n`) and read, not run."""
 
 from __future__ import annotations
 
@@ -46,9 +46,14 @@ def test_the_promote_job_compares_with_stable_on_the_candidates_own_split():
         True,
     )
     assert config.min_accuracy and config.min_accuracy > 0
+    assert [m.describe() for m in config.max_drop] == ["accuracy=0.01"], "the default gate is non-inferiority"
     assert config.data == "held-out"
     claim, inside, _ = volume_path(spec, step, f"{flag(step, 'data-dir')}/digits/versions/3.json")
     assert (claim, inside) == ("data", "digits/versions/3.json"), "where training writes the version records"
+    claim, inside, _ = volume_path(spec, step, str(config.rollout_config))
+    promote_step = {c["name"]: c for c in all_containers(spec)}["promote"]
+    assert (claim, inside) == ("models", ".rollout/models.config"), "the labels the rollout steps write"
+    assert f"--config={config.rollout_config}" in promote_step["args"], "promote's own config"
     (job,) = [d for d in docs if d["kind"] == "Job" and d["metadata"]["name"] == "eval"]
     assert {"--data=held-out", "--data-dir=/data"} <= set(job["spec"]["template"]["spec"]["containers"][0]["args"])
 
@@ -57,7 +62,7 @@ def compose_config(**env: str) -> dict:
     proc = subprocess.run(
         [COMPOSE, "-f", REPO / "compose.yaml", "--profile", "promote", "config", "--format", "yaml"],
         cwd=REPO,
-        env={k: v for k, v in os.environ.items() if k not in ("COMPARE_WITH", "MIN_ACCURACY")} | env,
+        env={k: v for k, v in os.environ.items() if k not in ("COMPARE_WITH", "MIN_ACCURACY", "MAX_DROP")} | env,
         capture_output=True,
         text=True,
     )
@@ -68,21 +73,25 @@ def compose_config(**env: str) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("env", "compare_with", "min_accuracy"),
+    ("env", "compare_with", "min_accuracy", "max_drop"),
     [
-        pytest.param({}, "stable", 0.9, id="default-both-gates"),
-        pytest.param({"COMPARE_WITH": ""}, None, 0.9, id="comparison-off"),
-        pytest.param({"MIN_ACCURACY": ""}, "stable", None, id="min-accuracy-off"),
+        pytest.param({}, "stable", 0.9, ["accuracy=0.01"], id="default-both-gates"),
+        pytest.param({"COMPARE_WITH": ""}, None, 0.9, ["accuracy=0.01"], id="comparison-off"),
+        pytest.param({"MIN_ACCURACY": ""}, "stable", None, ["accuracy=0.01"], id="min-accuracy-off"),
+        pytest.param({"MAX_DROP": ""}, "stable", 0.9, [], id="margin-off-significance-only"),
     ],
 )
-def test_compose_promote_eval_gates_by_default_and_each_gate_turns_off(env, compare_with, min_accuracy):
+def test_compose_promote_eval_gates_by_default_and_each_gate_turns_off(env, compare_with, min_accuracy, max_drop):
     service = compose_config(**env)["services"]["promote-eval"]
     variables = {k: str(v) for k, v in service["environment"].items() if k.startswith("TRAINSERVE_")}
     config = eval_config([], variables)
     assert (config.compare_with, config.min_accuracy, config.label) == (compare_with, min_accuracy, "candidate")
+    assert [m.describe() for m in config.max_drop] == max_drop
     assert config.data == "held-out" and config.allow_no_baseline is True
     mounts = {m["target"]: m["source"] for m in service["volumes"]}
     assert mounts[str(config.data_dir)] == "data" and mounts[str(config.report.parent)] == "reports"
+    promote = compose_config(**env)["services"]["promote"]["environment"]["TRAINSERVE_CONFIG"]
+    assert str(config.rollout_config) == promote and mounts[str(config.rollout_config.parent)] == "rollout"
 
 
 def test_make_promote_runs_candidate_then_the_gate_then_promote():

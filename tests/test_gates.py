@@ -12,6 +12,7 @@ from scipy import stats
 
 from trainserve.evaluation.comparison import summarize
 from trainserve.evaluation.gates import ChangeGate, change_gates, not_worse_gate, parse_change_gates
+from trainserve.evaluation.noninferiority import Margin, margin_gate, parse_margins
 from trainserve.evaluation.paired_stats import (
     RESAMPLES,
     bootstrap_interval,
@@ -141,3 +142,99 @@ def test_verdict_and_not_worse_gate_follow_the_test_not_the_point_estimate():
         assert c["verdict"] == verdict and c["verdict_line"].startswith(f"v2 vs v1: {verdict} (p=")
         assert not_worse_gate(c, 0.05)["passed"] is (verdict != "worse")
     assert c["test"]["discordant"] == {"both_right": 300, "candidate_only": 0, "baseline_only": 2, "both_wrong": 98}
+
+
+def test_sign_flip_counts_the_observed_arrangement_and_ties_as_extreme():
+    # Twenty equal differences: no flip is more extreme, so p is the observed arrangement's own 1 / (1 + flips).
+    assert sign_flip_test(np.ones(20), flips=99, seed=0) == pytest.approx(0.01)
+    # Four equal differences: |sum| ties the observed one exactly when all signs agree, 2 of 16 arrangements.
+    assert sign_flip_test(np.ones(4), flips=20000, seed=0) == pytest.approx(0.125, abs=0.01)
+
+
+def _classification_values(mine: np.ndarray, theirs: np.ndarray) -> tuple[dict, dict]:
+    truth = np.zeros(len(mine), np.int64)
+    right = lambda p: {"accuracy": p, "top_k_accuracy": p, "loss": 1.0 - p, "truth": truth}  # noqa: E731
+    return right(mine.astype(float)), right(theirs.astype(float))
+
+
+def _pairs(n: int, candidate_only: int, baseline_only: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-example correctness of two versions: both right except the discordant pairs."""
+    mine, theirs = np.ones(n, bool), np.ones(n, bool)
+    theirs[:candidate_only] = False
+    mine[candidate_only : candidate_only + baseline_only] = False
+    return mine, theirs
+
+
+def test_worse_at_the_level_asked_not_half_of_it():
+    """6 discordant pairs all against the candidate: p = 0.03125, between alpha / 2 and alpha = 0.05."""
+    tallies = (_tally("classification"), _tally("classification"))
+    c = summarize("1", (2, 1), tallies, _classification_values(*_pairs(300, 0, 6)), 0.05, 0)
+    assert c["test"]["p_value"] == pytest.approx(stats.binomtest(0, 6).pvalue) == 0.03125
+    assert c["verdict"] == "worse" and c["metrics"]["accuracy"]["interval"][1] < 0
+    c = summarize("1", (2, 1), tallies, _classification_values(*_pairs(300, 0, 6)), 0.02, 0)
+    assert c["verdict"] == "no significant difference" and c["metrics"]["accuracy"]["interval"][1] > 0
+
+
+def test_three_points_worse_on_300_examples_does_not_pass_the_default_margin():
+    tallies = (_tally("classification"), _tally("classification"))
+    c = summarize("1", (2, 1), tallies, _classification_values(*_pairs(300, 6, 15)), 0.05, 0)
+    gate = margin_gate(parse_margins("accuracy=0.01")[0], c)
+    assert c["metrics"]["accuracy"]["difference"] == pytest.approx(-0.03)
+    assert gate["verdict"] in ("inconclusive", "inferior") and gate["passed"] is False
+    assert gate["mdd"] == c["metrics"]["accuracy"]["mdd"] > 0.03 and gate["examples_needed"] > 300
+    assert "examples would decide" in gate["said"]
+    # The significance gate alone lets it through: absence of evidence (p = 0.078).
+    assert not_worse_gate(c, 0.05)["passed"] is True
+    # 5 examples, 1.0 vs 0.0: nothing passes as proven.
+    c = summarize("1", (2, 1), tallies, _classification_values(*_pairs(5, 0, 5)), 0.05, 0)
+    assert margin_gate(parse_margins("accuracy=0.01")[0], c)["verdict"] == "inconclusive"
+
+
+def _regression_values(mine: np.ndarray, theirs: np.ndarray) -> tuple[dict, dict]:
+    return ({"mse": v, "rmse": v, "mae": np.sqrt(v)} for v in (mine, theirs))
+
+
+def test_lower_is_better_metrics_judge_the_change_downwards():
+    """MSE: a candidate with smaller squared errors is better and non-inferior; one with larger is worse."""
+    rng = np.random.default_rng(0)
+    base = rng.exponential(1.0, 400)
+    tallies = (_tally("regression"), _tally("regression"))
+    smaller = summarize("1", (2, 1), tallies, tuple(_regression_values(base * 0.7, base)), 0.05, 0)
+    larger = summarize("1", (2, 1), tallies, tuple(_regression_values(base * 1.5, base)), 0.05, 0)
+    assert smaller["verdict"] == "better" and larger["verdict"] == "worse"
+    assert smaller["primary_metric"] == "mse" and smaller["test"]["p_value"] < 0.01
+    ni = [margin_gate(Margin("mse", 5.0, relative=True), c) for c in (smaller, larger)]
+    assert [g["verdict"] for g in ni] == ["non-inferior", "inferior"] and [g["passed"] for g in ni] == [True, False]
+    assert ni[0]["margin"] == pytest.approx(0.05 * base.mean())
+    # The bound is the t interval's end in the better direction: the negated upper end of the MSE change.
+    d = base * 0.7 - base
+    want = stats.ttest_1samp(d, 0).confidence_interval(0.95).high
+    assert ni[0]["value"] == pytest.approx(-want, rel=1e-9)
+
+
+def test_promote_re_derives_a_margin_gate_from_the_recorded_interval():
+    """trainserve.evidence.decision judges the non-inferiority gate again from the comparison's numbers: a report
+    edited to pass (the gate's verdict, its bound, or the interval under it) is refused."""
+    import copy
+
+    from trainserve.evidence import decision
+
+    tallies = (_tally("classification"), _tally("classification"))
+    c = summarize("1", (2, 1), tallies, _classification_values(*_pairs(3000, 30, 31)), 0.05, 0)
+    report = {"comparison": c, "gates": [margin_gate(parse_margins("accuracy=1%")[0], c)]}
+    assert report["gates"][0]["verdict"] == "non-inferior" and decision.decide(report).passed
+    assert decision.derive_gate(report["gates"][0], report) is True
+    inconclusive = copy.deepcopy(report)
+    inconclusive["comparison"]["metrics"]["accuracy"]["interval"][0] = -0.5  # the numbers no longer prove it
+    flipped = copy.deepcopy(report)
+    flipped["gates"][0].update(verdict="inconclusive", passed=False)
+    wider = copy.deepcopy(report)
+    wider["gates"][0]["margin"] = 0.5
+    for edited in (inconclusive, flipped, wider):
+        assert decision.derive_gate(edited["gates"][0], edited) is None and not decision.decide(edited).passed
+    # Lower is better: the bound is the negated upper end of the MSE change, and it is re-derived so.
+    rng = np.random.default_rng(1)
+    base = rng.exponential(1.0, 300)
+    r = summarize("1", (2, 1), (_tally("regression"),) * 2, tuple(_regression_values(base * 1.4, base)), 0.05, 0)
+    gate = margin_gate(Margin("mse", 5.0, relative=True), r)
+    assert gate["verdict"] == "inferior" and decision.derive_gate(gate, {"comparison": r}) is False

@@ -18,7 +18,14 @@ from trainserve.serving.config import parse_batching, parse_monitoring
 
 pytestmark = pytest.mark.unit  # kubectl and the validators run as subprocesses; nothing imports TensorFlow
 SERVE_CPU = REPO / "images" / "serve-cpu"
-KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/local", "k8s/overlays/gpu", "k8s/overlays/multi-worker", "k8s/overlays/tls"]
+KUSTOMIZATIONS = [
+    "k8s/base",
+    "k8s/overlays/local",
+    "k8s/overlays/gpu",
+    "k8s/overlays/multi-worker",
+    "k8s/overlays/tls",
+    "k8s/overlays/capture",
+]
 TOOLS = Path(sys.executable).parent.parent / "tools" / "bin"  # .venv/tools: see the Makefile
 KUBERNETES_VERSION = "1.33.0"
 
@@ -130,7 +137,8 @@ def test_every_container_is_locked_down(rendered):
 
 def serving_container(docs: list[dict]) -> dict:
     (deployment,) = (d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "serve-cpu")
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    # TF Serving's container; the capture component adds a sidecar beside it.
+    (container,) = (c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "serve-cpu")
     return container
 
 
@@ -163,8 +171,9 @@ def test_serving_is_consistent(rendered):
         (tmp / key).write_text(config[key])
         parse(tmp / key)
     access = {d["metadata"]["name"]: d["spec"]["accessModes"] for d in docs if d["kind"] == "PersistentVolumeClaim"}
-    expected = ["ReadWriteOnce"] if name.endswith(("local", "tls")) else ["ReadWriteMany"]  # tls: local + TLS
-    assert access == {"models": expected, "data": expected}
+    expected = ["ReadWriteOnce"] if name.endswith(("local", "tls", "capture")) else ["ReadWriteMany"]  # on local
+    captures = {"captures": expected} if name.endswith("capture") else {}
+    assert access == {"models": expected, "data": expected, **captures}
 
 
 def test_every_pod_may_resolve_names(rendered):
@@ -229,7 +238,8 @@ def resolved(docs: list[dict]) -> dict[str, dict]:
     data = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
     found = {}
     for doc, spec in pod_specs(docs):
-        (container,) = spec["containers"]
+        # The workload's own container (the capture component adds a `capture` sidecar to serve-cpu's pods).
+        (container,) = (c for c in spec["containers"] if c["name"] != "capture")
         env = {}
         for var in container.get("env", []):
             if "value" in var:
@@ -317,7 +327,7 @@ def flag(container: dict, name: str) -> str:
 def test_promote_job_gates_a_rollout_with_least_privilege(rendered):
     """candidate -> eval of the candidate -> promote, run on demand from a suspended CronJob; the config it
     rewrites is the one serving polls, on the models volume; no Kubernetes API access, gRPC to serving only."""
-    _, docs, _ = rendered
+    overlay, docs, _ = rendered
     by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     serving = serving_container(docs)
     serving_spec = by_kind[("Deployment", "serve-cpu")]["spec"]["template"]["spec"]
@@ -360,7 +370,8 @@ def test_promote_job_gates_a_rollout_with_least_privilege(rendered):
             for r in egress
             if r["to"][0].get("podSelector", {}).get("matchLabels") == {"app.kubernetes.io/name": "serve-cpu"}
         ]
-        assert [p["port"] for r in to_serving for p in r["ports"]] == [8500]
+        # (with the capture component, its sidecar's gRPC port too: the Service sends calls through it)
+        assert [p["port"] for r in to_serving for p in r["ports"]] == [8500] + ([8510] if "capture" in overlay else [])
         dns = [r for r in egress if {p["port"] for p in r["ports"]} == {53}]
         assert dns and all(r in to_serving + dns for r in egress), "serve-cpu by name, then its gRPC port only"
         ingress = by_kind[("NetworkPolicy", "serve-cpu-from-clients")]["spec"]["ingress"][0]

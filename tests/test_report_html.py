@@ -98,6 +98,8 @@ def compared(model_versions, tmp_path_factory):
                 str(root / "eval.json"),
                 "--min-accuracy",
                 "0.5",
+                "--max-drop",
+                "accuracy=0.01",
             ]
         )
     finally:
@@ -115,8 +117,11 @@ def test_the_report_reads_in_a_browser(compared, tmp_path):
     assert console == [], console
     seen = Seen()
     seen.feed(dom)
-    # The verdict first: the gate's outcome, then the comparison's line.
-    assert dom.index('id="verdict"') < dom.index("<table")
+    # What was judged first: model, version, server, data, evidence (digits without a record: unverified).
+    header = " ".join(seen.texts["header"].split())
+    assert dom.index('id="header"') < dom.index('id="verdict"') < dom.index("<table")
+    assert header.startswith(f"model m version 2 on {report['server']}, data ") and "evidence unverified" in header
+    # Then the verdict: the gate's outcome, then the comparison's line.
     assert seen.texts["verdict"].startswith("FAILED: accuracy")  # untrained models miss 0.5
     assert seen.texts["comparison-verdict"] == report["comparison"]["verdict_line"]
     assert seen.texts["comparison-verdict"].startswith("v2 vs v1: ")
@@ -125,7 +130,9 @@ def test_the_report_reads_in_a_browser(compared, tmp_path):
         "v2",
         "v1",
         "difference",
-        "95% CI (paired bootstrap)",
+        "95% CI",
+        "detectable with 80% power",
+        "adjusted p",
         "v2 right",
         "v1 wrong",
         "precision",
@@ -136,6 +143,14 @@ def test_the_report_reads_in_a_browser(compared, tmp_path):
     accuracy = report["comparison"]["metrics"]["accuracy"]
     row = seen.cells[seen.cells.index("accuracy") : seen.cells.index("accuracy") + 3]
     assert row == ["accuracy", f"{accuracy['candidate']:.4f}", f"{accuracy['baseline']:.4f}"]
+    # What the eval could see: each metric's interval and detectable difference; the slices by evidence.
+    assert _number_or_none(accuracy["mdd"]) in seen.texts["evidence"]
+    assert accuracy["interval_method"] in seen.texts["evidence"]
+    slices = report["comparison"]["slices"]
+    assert [r["name"] for r in slices["rows"]] == [c for c in seen.cells if c.startswith("class=")]
+    assert [r["p_adjusted"] for r in slices["rows"]] == sorted(r["p_adjusted"] for r in slices["rows"])
+    (margin,) = [g for g in report["gates"] if g.get("kind") == "non-inferiority"]
+    assert any(c.startswith(f"accuracy {margin['verdict']} to v1") for c in seen.cells), seen.cells
     # Every image decoded: both confusion matrices and both latency histograms, each with a real size.
     ids = {image["id"]: image for image in seen.images}
     assert set(ids) == {"confusion-v2", "confusion-v1", "latency-v2", "latency-v1"}
@@ -143,6 +158,10 @@ def test_the_report_reads_in_a_browser(compared, tmp_path):
     assert all(
         int(image["data-natural-width"]) > 100 and int(image["data-natural-height"]) > 100 for image in ids.values()
     ), ids
+
+
+def _number_or_none(value) -> str:
+    return "none: too few examples" if value is None else f"{value:.4f}"
 
 
 def test_the_browser_check_sees_a_broken_page(tmp_path):
@@ -157,3 +176,22 @@ def test_the_browser_check_sees_a_broken_page(tmp_path):
     dom, console = render(page, tmp_path)
     assert any("notDefined" in line for line in console), console
     assert 'data-natural-width="0"' in dom
+
+
+@pytest.mark.parametrize(
+    ("evidence", "headline"),
+    [
+        pytest.param({}, "PASSED: all 1 gate(s) hold", id="own-split"),
+        pytest.param({"kind": "unverified", "said": "no record"}, "UNVERIFIED: all 1 gate(s) hold, on data", id="unv"),
+        pytest.param({"partial": True, "examples": 5}, "UNVERIFIED: all 1 gate(s) hold, on 5 of", id="partial"),
+    ],
+)
+def test_the_headline_says_passed_only_on_verified_whole_evidence(tmp_path, evidence, headline):
+    from reports import eval_report
+
+    from trainserve.evaluation.html_report import _verdict
+
+    (tmp_path / "1").mkdir()
+    report = eval_report(tmp_path / "1")
+    report["evidence"].update(evidence)
+    assert f'id="verdict">{headline}' in _verdict(report)

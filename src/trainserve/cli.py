@@ -18,6 +18,7 @@ from trainserve.options import EnvDefaults
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from trainserve.capture import commands as capture
     from trainserve.drift import commands as drift
     from trainserve.evaluation import commands as evaluation
     from trainserve.replay import commands as replay
@@ -33,15 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trainserve {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=EnvDefaults)
-    for stage in (
-        training,
-        serving,
-        evaluation,
-        replay,
-        drift,
-        traffic,
-        rollout,
-    ):  # the data's path, and the order of --help
+    # the data's path, and the order of --help
+    for stage in (training, serving, capture, evaluation, replay, drift, traffic, rollout):
         stage.add_parsers(commands)
     return parser
 

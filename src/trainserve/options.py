@@ -28,11 +28,14 @@ def option(
     factory=None,
     metavar: str | None = None,
     env: bool = True,
+    repeat: bool = False,
 ) -> Any:
     """A config field that is also a flag. `parse` converts the flag's text (default: from the type); `metavar`
     names its value in --help (default: the flag's name in capitals); `env=False`: a flag only, never read from
-    the environment (an override must be typed where it is meant, not inherited from a shell)."""
-    metadata = {"help": help, "parse": parse, "flag": flag, "metavar": metavar, "env": env}
+    the environment (an override must be typed where it is meant, not inherited from a shell); `repeat=True`: the
+    flag may be given again, each value parsed and kept in order (a tuple; a flag only)."""
+    metadata = {"help": help, "parse": parse, "flag": flag, "metavar": metavar, "env": env and not repeat}
+    metadata["repeat"] = repeat
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -133,6 +136,8 @@ def add_options(parser: argparse.ArgumentParser, cls, prefix: str = "", *, word_
             kwargs["choices"] = choices_of(kind)
         else:
             kwargs["type"] = f.metadata.get("parse") or (kind if kind in (int, float, Path) else str)
+        if f.metadata.get("repeat"):  # argparse appends to a list of its own; the field's default stays put
+            kwargs.update(action="append", default=None)
         action = parser.add_argument(flag, **kwargs)
         action.from_env = f.metadata.get("env", True)
 
@@ -145,6 +150,9 @@ def config_from_args(cls, args: argparse.Namespace, prefix: str = ""):
         kind = _unwrap_optional(hints[f.name])
         dest = f"{prefix}{f.name}"
         values[f.name] = config_from_args(kind, args, f"{dest}_") if _is_group(kind, f) else getattr(args, dest)
+        if f.metadata.get("repeat"):
+            given = values[f.name]
+            values[f.name] = tuple(given) if given is not None else tuple(f.default)
     return cls(**values)
 
 

@@ -73,6 +73,22 @@ class ClientTls:
         return [(TARGET_NAME_OVERRIDE, self.server_name)] if self.server_name else []
 
 
+def server_credentials(cert: Path, key: Path, client_ca: Path | None, flags: str):
+    """grpc.ServerCredentials for a server's own port (`flags`-cert, -key, -client-ca name the files in errors),
+    each file checked as a client's are; with `client_ca`, clients must present a certificate it signed."""
+    import grpc
+
+    chain, private_key = _read_pem(cert, f"{flags}-cert"), _read_pem(key, f"{flags}-key")
+    _check_certificates(chain, cert, f"{flags}-cert")
+    _check_pair(cert, key, flags)
+    roots = _read_pem(client_ca, f"{flags}-client-ca") if client_ca else None
+    if roots is not None:
+        _check_certificates(roots, client_ca, f"{flags}-client-ca")
+    return grpc.ssl_server_credentials(
+        [(private_key, chain)], root_certificates=roots, require_client_auth=roots is not None
+    )
+
+
 def _read_pem(path: Path, flag: str) -> bytes:
     try:
         data = Path(path).read_bytes()
@@ -100,20 +116,20 @@ def _no_passphrase() -> bytes:
     raise _EncryptedKey  # gRPC takes no passphrase; without this callback OpenSSL would prompt on the terminal
 
 
-def _check_pair(cert: Path, key: Path) -> None:
+def _check_pair(cert: Path, key: Path, flags: str = "--tls") -> None:
     """The key parses and is the certificate's own (OpenSSL's check, through Python's ssl)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     try:
         context.load_cert_chain(cert, key, password=_no_passphrase)
     except _EncryptedKey:
-        raise TrainserveError(f"--tls-key {key} is encrypted: expected an unencrypted PEM private key") from None
+        raise TrainserveError(f"{flags}-key {key} is encrypted: expected an unencrypted PEM private key") from None
     except ssl.SSLError as exc:
         if exc.reason == "KEY_VALUES_MISMATCH":
             raise TrainserveError(
-                f"--tls-key {key} is not the key of --tls-cert {cert}: expected its own key"
+                f"{flags}-key {key} is not the key of {flags}-cert {cert}: expected its own key"
             ) from None
         raise TrainserveError(
-            f"--tls-key {key} is not a valid PEM private key ({_reason(exc)}): expected -----BEGIN PRIVATE KEY-----"
+            f"{flags}-key {key} is not a valid PEM private key ({_reason(exc)}): expected -----BEGIN PRIVATE KEY-----"
         ) from None
 
 

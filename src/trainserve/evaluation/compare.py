@@ -50,7 +50,7 @@ def resolve_baseline(client: ServingClient, config: EvalConfig, target: Target, 
     ref = config.compare_with
     if ref.isdigit():
         version = _served_version(client, config, target.model, int(ref))
-    elif config.allow_no_baseline:
+    elif config.allow_no_baseline:  # config.check: with --rollout-config
         labelled = config_labels(config.rollout_config, target.model).get(ref)
         if labelled is None:
             return _first_rollout(client, config, target.model)
@@ -164,6 +164,8 @@ class PairedRun:
                 raise TrainserveError(f"server answered version {answer.version} to a request pinned to {version}")
         for tally, answer in zip(self.tallies, answers, strict=True):
             tally.add(answer)
+        if any(a.nonfinite for a in answers):
+            return  # not scored: the run is refused at its end
         self.values[number] = tuple(per_example(a, self.plan, t.quality) for a, t in zip(answers, self.tallies))
 
     def per_example(self, side: int) -> dict[str, np.ndarray]:

@@ -1,16 +1,25 @@
 """The comparison section of a report: per metric both versions' values, the paired difference with its
-bootstrap interval, the test that decides the verdict, and the verdict line a person reads first.
+interval at level 1 - alpha and the smallest difference the data could have shown (80 % power), the test that
+decides the verdict, and the verdict line a person reads first.
 
 Classification is decided by accuracy with McNemar's exact test; regression by MSE with a paired sign-flip
 test on the per-example squared errors (paired_stats.py says why those). "better" or "worse" only when the
-test's p-value is below --alpha; otherwise "no significant difference", whatever the point estimates say.
+test's p-value is below --alpha; otherwise "no significant difference", whatever the point estimates say, and
+never "no difference": the detectable difference says how large a one could have gone unseen.
+
+Intervals (intervals.py): accuracies, which are right or wrong per example, by the paired score interval that
+agrees with McNemar's exact test; losses and errors, which are means, by Student's t; RMSE, the root of a mean,
+by the paired bootstrap (its resamples are recorded).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from trainserve.evaluation.gates import HIGHER_IS_BETTER, PAIRED_METRICS
+from trainserve.evaluation.intervals import mean_interval, paired_proportion_interval, two_sided_z, z_quantile
 from trainserve.evaluation.metrics import (
     ClassificationMetrics,
     RegressionMetrics,
@@ -27,10 +36,18 @@ from trainserve.evaluation.paired_stats import (
     sign_flip_test,
 )
 from trainserve.evaluation.plan import Plan
+from trainserve.evaluation.power import POWER, discordant_share, mdd_mean, mdd_paired_proportions
 from trainserve.evaluation.records import BatchAnswer, Tally
+from trainserve.evaluation.slicing import slice_lines, slice_table, worse_line
 from trainserve.evidence.decision import significantly_worse
 
 MCNEMAR, SIGN_FLIP = "McNemar's exact test", "paired sign-flip test on squared errors"
+PROPORTIONS = frozenset({"accuracy", "top_k_accuracy"})  # right or wrong per example
+INTERVAL_METHODS = {
+    "proportions": "paired score interval (Tango), holding every difference McNemar's exact test does not reject",
+    "mean": "Student's t interval of the mean paired difference",
+    "bootstrap": "paired percentile bootstrap",
+}
 
 
 def per_example(answer: BatchAnswer, plan: Plan, quality: ClassificationMetrics | RegressionMetrics) -> dict:
@@ -50,7 +67,7 @@ def per_example(answer: BatchAnswer, plan: Plan, quality: ClassificationMetrics 
         }
     error = answer.output.reshape(labels.shape).astype(np.float64) - labels
     squared = np.mean(error**2, axis=1)
-    return {"mse": squared, "rmse": squared, "mae": np.mean(np.abs(error), axis=1)}
+    return {"mse": squared, "rmse": squared, "mae": np.mean(np.abs(error), axis=1), "squared_per_target": error**2}
 
 
 def summarize(
@@ -60,10 +77,15 @@ def summarize(
     values: tuple[dict, dict],
     alpha: float,
     seed: int,
+    slices: list[tuple[str, np.ndarray]] | None = None,
+    correction: str = "holm",
 ) -> dict:
-    """The report's `comparison`: evaluated (candidate) vs baseline on the same examples."""
+    """The report's `comparison`: evaluated (candidate) vs baseline on the same examples; `slices` (name, each
+    example's slice) as --slice asks, else by class (classification) or by target (several targets)."""
     kind = tallies[0].plan.task.kind
-    metrics = {name: _metric(name, values[0][name], values[1][name], seed) for name in PAIRED_METRICS[kind]}
+    metrics = {
+        name: paired_metric(name, values[0][name], values[1][name], alpha, seed) for name in PAIRED_METRICS[kind]
+    }
     if kind == "classification":
         test = _mcnemar(values, tallies[0])
     else:
@@ -71,6 +93,8 @@ def summarize(
         test = {"name": SIGN_FLIP, "p_value": p, "flips": FLIPS}
     primary = PAIRED_METRICS[kind][0]
     verdict = _verdict(metrics[primary], test["p_value"], alpha)
+    table = _slices(tallies[0].plan.task, values, slices, alpha, correction, seed)
+    line = verdict_line(versions, verdict, primary, metrics[primary], test)
     return {
         "baseline": {"reference": ref, "version": versions[1]},
         "candidate_version": versions[0],
@@ -78,15 +102,28 @@ def summarize(
         "metrics": metrics,
         "test": test,
         "verdict": verdict,
-        "verdict_line": verdict_line(versions, verdict, primary, metrics[primary], test),
+        "verdict_line": line + (worse_line(table) if table else ""),
+        "slices": table,
         "alpha": alpha,
-        "bootstrap": {"resamples": RESAMPLES, "seed": seed, "level": 0.95},
+        "level": 1 - alpha,
+        "bootstrap": {"resamples": RESAMPLES, "seed": seed, "level": 1 - alpha},
         "latency_ms": {
             "candidate": latency_percentiles(tallies[0].latencies),
             "baseline": latency_percentiles(tallies[1].latencies),
         },
         "baseline_metrics": tallies[1].quality.summary(),
     }
+
+
+def _slices(task, values: tuple[dict, dict], slices, alpha: float, correction: str, seed: int) -> dict | None:
+    if slices is None and task.kind == "classification":
+        names = np.asarray(task.label_names or [str(c) for c in range(task.classes)])
+        slices = [("class", np.char.add("class=", names[values[0]["truth"]]))]
+    elif slices is None and task.kind == "regression" and task.targets > 1:
+        slices = []  # per target
+    elif slices is None:
+        return None
+    return slice_table(task.kind, values, slices, alpha, correction, seed)
 
 
 def no_baseline(ref: str, version: int, said: str) -> dict:
@@ -101,15 +138,41 @@ def no_baseline(ref: str, version: int, said: str) -> dict:
     }
 
 
-def _metric(name: str, a: np.ndarray, b: np.ndarray, seed: int) -> dict:
+def paired_metric(name: str, a: np.ndarray, b: np.ndarray, alpha: float, seed: int) -> dict:
+    """One metric of both versions on the same examples: values, difference, its interval at 1 - alpha, the
+    per-example standard deviation of the difference and the smallest difference detectable with 80 % power."""
     statistic = root_mean if name == "rmse" else mean
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    n, level = len(a), 1 - alpha
     candidate, baseline = float(statistic(a)), float(statistic(b))
-    low, high = bootstrap_interval(a, b, statistic, seed=seed)
+    difference = candidate - baseline
+    if name in PROPORTIONS:
+        mine, theirs = a.astype(bool), b.astype(bool)
+        only_mine, only_theirs = int(np.sum(mine & ~theirs)), int(np.sum(~mine & theirs))
+        low, high = paired_proportion_interval(only_mine, only_theirs, n, level)
+        share = discordant_share(only_mine + only_theirs, n, level)
+        sd = math.sqrt(max(share - difference**2, 0.0))
+        mdd, method = mdd_paired_proportions(n, share, alpha), "proportions"
+    elif name == "rmse":
+        low, high = bootstrap_interval(a, b, statistic, seed=seed, level=level)
+        se = (high - low) / (2 * two_sided_z(level))  # the bootstrap's standard error, for sizing
+        sd, method = se * math.sqrt(n), "bootstrap"
+        mdd = (two_sided_z(level) + z_quantile(POWER)) * se if n > 1 else None
+    else:
+        low, high = mean_interval(a - b, level)
+        sd = float(np.std(a - b, ddof=1)) if n > 1 else 0.0
+        mdd, method = mdd_mean(n, sd, alpha), "mean"
+    finite = math.isfinite(low) and math.isfinite(high)
     return {
         "candidate": candidate,
         "baseline": baseline,
-        "difference": candidate - baseline,
-        "interval": [low, high],
+        "difference": difference,
+        "interval": [low, high] if finite else [None, None],
+        "interval_method": INTERVAL_METHODS[method],
+        "sd": sd,
+        "mdd": mdd,
+        "examples": n,
+        "level": level,
         "higher_is_better": name in HIGHER_IS_BETTER,
     }
 
@@ -145,17 +208,33 @@ def _verdict(metric: dict, p: float, alpha: float) -> str:
 
 
 def verdict_line(versions: tuple[int, int], verdict: str, primary: str, metric: dict, test: dict) -> str:
-    """`v7 vs v6: worse (p=0.0012, McNemar's exact test; accuracy 0.9100 vs 0.9600, ...)`."""
-    low, high = metric["interval"]
+    """`v7 vs v6: worse (p=0.0012, McNemar's exact test; accuracy 0.9100 vs 0.9600, ...; detectable: 0.0214)`."""
     said = (
         f"v{versions[0]} vs v{versions[1]}: {verdict} (p={test['p_value']:.3g}, {test['name']}; {primary} "
         f"{metric['candidate']:.4f} vs {metric['baseline']:.4f}, difference {metric['difference']:+.4f}, "
-        f"95% CI [{low:+.4f}, {high:+.4f}]"
+        f"{_level(metric)} CI {_interval(metric)}"
     )
     if "discordant" in test:
         d = test["discordant"]
         said += f"; right only in v{versions[0]}: {d['candidate_only']}, only in v{versions[1]}: {d['baseline_only']}"
-    return said + ")"
+    return said + f"; {_detectable(metric)})"
+
+
+def _level(metric: dict, level: float | None = None) -> str:
+    return f"{100 * (level if level is not None else metric.get('level', 0.95)):g}%"
+
+
+def _interval(metric: dict) -> str:
+    low, high = metric["interval"]
+    return "n/a" if low is None else f"[{low:+.4f}, {high:+.4f}]"
+
+
+def _detectable(metric: dict) -> str:
+    """What the data could have shown: the smallest difference detected with 80 % power."""
+    mdd = metric.get("mdd")
+    if mdd is None:
+        return "too few examples or discordant pairs to detect any difference with 80% power"
+    return f"smallest difference detectable with 80% power: {mdd:.4f}"
 
 
 def comparison_lines(c: dict) -> list[str]:
@@ -164,12 +243,13 @@ def comparison_lines(c: dict) -> list[str]:
     if c["baseline"]["version"] is None:
         return lines
     v, b = f"v{c['candidate_version']}", f"v{c['baseline']['version']}"
-    lines.append(f"  {'':<15} {v:>10} {b:>10} {'difference':>11}  95% CI (paired bootstrap)")
+    level = _level({}, c.get("level", 0.95))
+    lines.append(f"  {'':<15} {v:>10} {b:>10} {'difference':>11}  {level} CI             detectable (80% power)")
     for name, m in c["metrics"].items():
-        low, high = m["interval"]
+        mdd = "n/a" if m.get("mdd") is None else f"{m['mdd']:.4f}"
         lines.append(
             f"  {name:<15} {m['candidate']:>10.4f} {m['baseline']:>10.4f} {m['difference']:>+11.4f}  "
-            f"[{low:+.4f}, {high:+.4f}]"
+            f"{_interval(m):<20} {mdd}"
         )
     mine, theirs = c["latency_ms"]["candidate"], c["latency_ms"]["baseline"]
     for q in ("p50", "p99"):
@@ -180,4 +260,4 @@ def comparison_lines(c: dict) -> list[str]:
             f"  pairs           right only in {v}: {d['candidate_only']}, only in {b}: {d['baseline_only']}, "
             f"both: {d['both_right']}, neither: {d['both_wrong']}"
         )
-    return lines
+    return lines + (slice_lines(c["slices"]) if c.get("slices") else [])

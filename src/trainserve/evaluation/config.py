@@ -12,6 +12,8 @@ from typing import Literal
 
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.gates import ChangeGate, Gate, parse_change_gates, parse_gates
+from trainserve.evaluation.noninferiority import Margin, parse_margins
+from trainserve.evaluation.slicing import parse_slice
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.options import key_values, option, parse_bool, positive_int
@@ -159,11 +161,37 @@ class EvalConfig(ClientOptions):
         "the serving config the rollout steps own (models.config): its labels say whether a baseline exists",
     )
     not_worse: bool = option(
-        True, "with --compare-with: exit 1 when significantly worse (false: report only)", parse=parse_bool
+        True,
+        "with --compare-with and no --max-drop: exit 1 when significantly worse (false: report only)",
+        parse=parse_bool,
+    )
+    max_drop: tuple[Margin, ...] = option(
+        (),
+        "METRIC=DROP[%%][,...]: with --compare-with, the non-inferiority gate (instead of not significantly "
+        "worse): pass only when the interval shows METRIC fell by less than DROP (absolute, or %% of the "
+        "baseline's value); too few examples to tell is 'inconclusive', which does not pass",
+        parse=parse_margins,
     )
     alpha: float = option(0.05, "significance level of the comparison's test")
     require_vs_baseline: tuple[ChangeGate, ...] = option(
-        (), "METRIC>=CHANGE or METRIC<=CHANGE[%%][,...]: change thresholds vs --compare-with", parse=parse_change_gates
+        (),
+        "METRIC>=CHANGE or METRIC<=CHANGE[%%][,...]: change thresholds vs --compare-with, on the point estimates "
+        "(TFMA's meaning; --max-drop is the form judged on the interval)",
+        parse=parse_change_gates,
+    )
+    slice: tuple[tuple[str, ...], ...] = option(
+        (),
+        "with --compare-with: the comparison per slice of the examples sharing a value of COLUMN (a CSV "
+        "column, an npz key, or class); repeatable, COLUMN,COLUMN crosses (default: per class, per target)",
+        parse=parse_slice,
+        repeat=True,
+        metavar="COLUMN[,COLUMN]",
+    )
+    slice_correction: Literal["holm", "bh"] = option(
+        "holm", "the slices' multiplicity correction: holm (family-wise error) or bh (false discovery rate)"
+    )
+    gate_slices: bool = option(
+        False, "with --compare-with: exit 1 when any slice is significantly worse (after the correction)"
     )
     seed: int = option(0, "seed of the comparison's bootstrap and sign-flip resampling")
     compare_local: Path | None = option(None, "also run this SavedModel version dir in-process on CPU")
@@ -185,11 +213,12 @@ class EvalConfig(ClientOptions):
                 raise TrainserveError(f"--compare-local {self.compare_local}: expected a SavedModel version directory")
 
     def check_comparison(self) -> None:
+        # --allow-no-baseline and --max-drop alone are harmless: compose sets them, COMPARE_WITH= not.
         if self.compare_with is None:
-            if self.require_vs_baseline or self.allow_no_baseline:
+            if self.require_vs_baseline or self.slice or self.gate_slices:
                 raise TrainserveError(
-                    "--require-vs-baseline/--allow-no-baseline without --compare-with: expected the "
-                    "version or label to compare with"
+                    "--require-vs-baseline/--slice/--gate-slices without --compare-with: expected the version or "
+                    "label to compare with"
                 )
             return
         if self.shard is not None or self.compare_local is not None or self.limit is not None:
@@ -197,10 +226,10 @@ class EvalConfig(ClientOptions):
                 "--compare-with compares two versions on every example: expected no --shard, --limit or "
                 "--compare-local with it"
             )
-        if self.allow_no_baseline and (self.rollout_config is None or self.compare_with.isdigit()):
+        if self.allow_no_baseline and self.rollout_config is None and not self.compare_with.isdigit():
             raise TrainserveError(
-                "--allow-no-baseline: expected --compare-with LABEL and --rollout-config FILE (the serving config "
-                "whose labels say that no version holds the label yet: a failed lookup is not a first rollout)"
+                "--allow-no-baseline: expected --rollout-config FILE with it (the serving config whose labels say "
+                "that no version holds the label yet: a failed lookup is not a first rollout)"
             )
         if self.rollout_config is not None and not self.rollout_config.is_file():
             raise TrainserveError(f"--rollout-config {self.rollout_config}: no such file (expected models.config)")

@@ -5,7 +5,9 @@ better for accuracy, lower for loss, MSE, RMSE and MAE, and the threshold bounds
 `accuracy>=-0.005` lets accuracy fall by at most half a point, `loss<=0.01` lets the loss rise by at most 0.01;
 `accuracy>=-1%` and `mse<=2%` are relative to the baseline's value. The op must agree with the direction (a
 `accuracy<=...` change threshold would reward a worse model), so a wrong one is refused, not obeyed.
-Change thresholds judge point estimates; the significance gate asks whether the data shows a difference at all.
+Change thresholds judge point estimates, as TFMA's do (the report says so, with the interval beside them);
+noninferiority.py's --max-drop is the form judged on the interval's end. The significance gate asks whether the
+data shows a difference at all: absence of evidence passes it, so a rollout's gate is better --max-drop.
 Value gates (`--require`, `--min-accuracy`) judge the candidate's own metrics.
 """
 
@@ -125,6 +127,8 @@ def not_worse_gate(comparison: dict, alpha: float) -> dict:
         "op": "not worse",
         "threshold": alpha,
         "value": test["p_value"],
+        "interval": comparison["metrics"][metric]["interval"],
+        "mdd": comparison["metrics"][metric].get("mdd"),
         "baseline_version": comparison["baseline"]["version"],
         "passed": not worse,
         "said": f"{metric} is significantly worse than version {comparison['baseline']['version']} "
@@ -135,7 +139,12 @@ def not_worse_gate(comparison: dict, alpha: float) -> dict:
 def change_gates(gates: tuple[ChangeGate, ...], comparison: dict) -> list[dict]:
     """Each change gate judged on the comparison's point estimates."""
     metrics, version = comparison["metrics"], comparison["baseline"]["version"]
-    return [g.judge(metrics[g.metric]["candidate"], metrics[g.metric]["baseline"], version) for g in gates]
+    judged = []
+    for gate in gates:
+        m = metrics[gate.metric]
+        said = gate.judge(m["candidate"], m["baseline"], version)
+        judged.append({**said, "estimate": "point estimate (TFMA)", "interval": m.get("interval"), "mdd": m.get("mdd")})
+    return judged
 
 
 def check_change_gates(gates: tuple[ChangeGate, ...], kind: str) -> str | None:

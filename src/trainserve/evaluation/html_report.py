@@ -17,6 +17,7 @@ from pathlib import Path
 from trainserve.evaluation.metrics import latency_percentiles
 from trainserve.evaluation.records import EvalResult
 from trainserve.evaluation.report import describe_gate
+from trainserve.evaluation.statistics_html import interval_text, slice_section, what_it_could_see
 from trainserve.files import write_file_atomic
 
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -42,8 +43,12 @@ def write_html(result: EvalResult, path: Path) -> Path:
 def render_html(result: EvalResult) -> str:
     report = result.report
     title = f"{report['model']} v{report['version']}"
-    body = [_verdict(report), _gates(report), _data(report), _metrics(report)]
+    body = [_header(report), _verdict(report), _gates(report), _data(report), _metrics(report)]
     comparison = report.get("comparison") or {}
+    if "metrics" in comparison or report.get("intervals"):
+        body.append(what_it_could_see(report))
+    if comparison.get("slices"):
+        body.append(slice_section(comparison["slices"]))
     if "test" in comparison and "discordant" in comparison["test"]:
         body.append(_discordant(comparison))
     if report["task"]["kind"] == "classification":
@@ -72,11 +77,27 @@ def _fmt(value) -> str:
     return "n/a" if value is None else str(value)
 
 
+def _header(report: dict) -> str:
+    """What was judged, before how it went: model, version, server, data and the evidence it is."""
+    evidence = report.get("evidence") or {}
+    kind = evidence.get("kind", "unstated")
+    partial = ", partial" if evidence.get("partial") else ""
+    said = (
+        f"model <b>{escape(report['model'])}</b> version <b>{report['version']}</b> on "
+        f"<code>{escape(report['server'])}</code>, data {escape(report['data']['name'])} "
+        f'({report["data"]["examples"]:,} examples), evidence <b id="evidence-kind">{escape(kind)}{partial}</b>'
+    )
+    return f'<p id="header">{said}</p>'
+
+
 def _verdict(report: dict) -> str:
     comparison = report.get("comparison")
     gates = report["gates"]
+    evidence = report.get("evidence") or {}
     if not gates:
         state, said = "none", "NO GATE: nothing said what good enough is, so promote refuses this report"
+    elif report["passed"] and (evidence.get("kind") != "own-split" or evidence.get("partial")):
+        state, said = "none", f"UNVERIFIED: all {len(gates)} gate(s) hold, on {_unproven(evidence)}"
     elif report["passed"]:
         state, said = "pass", f"PASSED: all {len(gates)} gate(s) hold"
     else:
@@ -87,6 +108,13 @@ def _verdict(report: dict) -> str:
     if comparison:
         lines.append(f'<p id="comparison-verdict"><b>{escape(comparison["verdict_line"])}</b></p>')
     return "".join(lines)
+
+
+def _unproven(evidence: dict) -> str:
+    """Why passing gates do not prove the version good: what the data was."""
+    if evidence.get("kind") != "own-split":
+        return f"data that is not the version's verified held-out split ({evidence.get('said', 'no evidence stated')})"
+    return f"{evidence.get('examples')} of the split's {evidence.get('split_examples')} examples"
 
 
 def _gates(report: dict) -> str:
@@ -110,16 +138,15 @@ def _metrics(report: dict) -> str:
     v, b = f"v{comparison['candidate_version']}", f"v{comparison['baseline']['version']}"
     rows = []
     for name, c in comparison["metrics"].items():
-        low, high = c["interval"]
         better = "higher" if c["higher_is_better"] else "lower"
         rows.append(
-            [name, c["candidate"], c["baseline"], f"{c['difference']:+.4f}", f"[{low:+.4f}, {high:+.4f}]", better]
+            [name, c["candidate"], c["baseline"], f"{c['difference']:+.4f}", interval_text(c["interval"]), better]
         )
     base = comparison["baseline_metrics"]
     rows += [[k, m[k], base.get(k), "", "", ""] for k in names if k not in comparison["metrics"]]
     lat = comparison["latency_ms"]
     rows += [[f"latency {q} ms", lat["candidate"][q], lat["baseline"][q], "", "", "lower"] for q in ("p50", "p99")]
-    header = ["metric", v, b, "difference", "95% CI (paired bootstrap)", "better"]
+    header = ["metric", v, b, "difference", f"{100 * comparison.get('level', 0.95):g}% CI", "better"]
     return "<h2>Metrics</h2>" + _table(header, rows)
 
 

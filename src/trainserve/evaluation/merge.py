@@ -16,6 +16,7 @@ import numpy as np
 
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.gates import Gate
+from trainserve.evaluation.intervals import single_version_intervals
 from trainserve.evaluation.metrics import (
     SCORE_BINS,
     RegressionMetrics,
@@ -46,6 +47,8 @@ def merge_reports(reports: list[dict], sources: list[str]) -> dict:
     merged["settings"]["shard"] = None
     merged["metrics"] = (_classification if task.kind == "classification" else _regression)(reports, task)
     merged["performance"] = _performance(reports)
+    if "intervals" in merged:  # each shard's would be its own: the merged metrics' intervals, over every example
+        merged["intervals"] = single_version_intervals(merged["metrics"], merged["data"]["examples"])
     merged["compare_local"] = _compare_local(reports)
     gates = [Gate(g["metric"], g["op"], g["threshold"]) for g in merged["gates"]]
     merged["gates"] = [gate.judge(merged["metrics"]) for gate in gates]

@@ -50,17 +50,21 @@ class Tally:
     unknown_cells: int = 0  # category values training never saw (served through the OOV bucket)
     unknown_examples: int = 0  # examples holding at least one
     nonfinite: int = 0  # examples whose output was not a number
+    answered: int = 0  # examples answered, scored or not
 
     @property
     def examples(self) -> int:
         return self.quality.examples
 
     def add(self, answer: BatchAnswer) -> None:
-        self.quality.add(answer.labels, answer.output, self.plan.output, answer.classes)
         self.requests += 1
         self.retries += answer.retries
         self.latencies.append(answer.latency_s)
         self.nonfinite += answer.nonfinite
+        self.answered += len(answer.labels)
+        if answer.nonfinite:
+            return  # not scored: the run is refused at its end (run.refuse_nonfinite)
+        self.quality.add(answer.labels, answer.output, self.plan.output, answer.classes)
         if answer.unknown is not None:
             self.unknown_cells += int(answer.unknown.sum())
             self.unknown_examples += int(np.count_nonzero(answer.unknown))

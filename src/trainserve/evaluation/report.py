@@ -12,6 +12,7 @@ import numpy as np
 
 from trainserve import __version__
 from trainserve.evaluation.config import ClientOptions
+from trainserve.evaluation.intervals import single_version_intervals
 from trainserve.evaluation.metrics import latency_histogram, latency_percentiles, precision_recall_curve
 from trainserve.evaluation.records import EvalResult, FinishedRun
 from trainserve.evidence import decision
@@ -54,6 +55,7 @@ def build_report(run: FinishedRun) -> dict:
             "shard": config.shard.describe() if config.shard else None,
         },
         "metrics": metrics,
+        "intervals": single_version_intervals(metrics, totals.tally.examples),
         "performance": _performance_section(run),
         "compare_local": None,
         "min_accuracy": config.min_accuracy,
@@ -81,9 +83,13 @@ def _comparison_gates(comparison: dict | None, config) -> list[dict]:
     if comparison is None or comparison["baseline"]["version"] is None:
         return []
     from trainserve.evaluation.gates import change_gates, not_worse_gate
+    from trainserve.evaluation.noninferiority import margin_gate
+    from trainserve.evaluation.slicing import slice_gate
 
-    significance = [not_worse_gate(comparison, config.alpha)] if config.not_worse else []
-    return significance + change_gates(config.require_vs_baseline, comparison)
+    margins = [margin_gate(m, comparison) for m in config.max_drop]
+    significance = [not_worse_gate(comparison, config.alpha)] if config.not_worse and not margins else []
+    slices = [slice_gate(comparison["slices"], comparison["baseline"]["version"])] if config.gate_slices else []
+    return margins + significance + slices + change_gates(config.require_vs_baseline, comparison)
 
 
 def _data_section(run: FinishedRun) -> dict:
@@ -175,6 +181,13 @@ def describe_gate(gate: dict) -> str:
     if gate.get("kind") == "significance":
         p, alpha = gate["value"], gate["threshold"]
         return f"not significantly worse than v{gate['baseline_version']} (p={p:.3g}, alpha {alpha:g})"
+    if gate.get("kind") == "slice":
+        worse = ", ".join(gate["slices"]) or "none"
+        return f"no slice significantly worse than v{gate['baseline_version']} ({gate['correction']}): worse on {worse}"
+    if gate.get("kind") == "non-inferiority":
+        from trainserve.evaluation.noninferiority import describe_margin_gate
+
+        return describe_margin_gate(gate)
     if gate.get("kind") == "change":
         unit = "%" if gate["relative"] else ""
         change, threshold = f"{gate['value']:+.4g}{unit}", f"{gate['threshold']:+g}{unit}"

@@ -26,10 +26,12 @@ from trainserve.evaluation.config import EvalConfig, check_gates
 from trainserve.evaluation.data import Batch, EvalData
 from trainserve.evaluation.held_out import open_for_version
 from trainserve.evaluation.metrics import predicted_classes, task_metrics
+from trainserve.evaluation.noninferiority import check_margins
 from trainserve.evaluation.plan import Plan, plan_requests, with_class_ids
 from trainserve.evaluation.proof import baseline_evidence, evidence_section
 from trainserve.evaluation.records import BatchAnswer, EvalResult, FinishedRun, LocalComparison, RunTotals, Tally
 from trainserve.evaluation.report import build_report
+from trainserve.evaluation.slicing import slice_keys
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
         data = with_class_ids(client, target, signature, data, config.input_map, config.retries, version)
         plan, data = plan_requests(signature, data, target, config.task, config.output, config.input_map)
         check_gates(config.gates, plan.task)
+        slices = _slices_of(config, plan, data)
         if baseline is not None:
             check_comparable(client, config, target, plan, data, (version, baseline))
         local_model = _local_model(config.compare_local)
@@ -76,7 +79,7 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     finally:
         client.close()
     refuse_nonfinite(plan, (totals,) if paired is None else (totals, baseline_totals))
-    comparison = _comparison(config, paired, totals.version, resolved)
+    comparison = _comparison(config, paired, totals.version, resolved, slices)
     against = baseline_evidence(config, baseline, record, resolved.first_rollout) if resolved else None
     evidence = evidence_section(config, data_check, record, totals.tally.examples, against)
     finished = FinishedRun(config, data, plan, totals, start_rss, _peak_rss_mb(), data_check, comparison, evidence)
@@ -87,13 +90,27 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     return EvalResult(report, report["passed"], latencies, totals.tally, paired.tallies[1] if paired else None)
 
 
-def _comparison(config: EvalConfig, paired: PairedRun | None, version: int | None, baseline) -> dict | None:
+def _slices_of(config: EvalConfig, plan: Plan, data: EvalData) -> list[tuple[str, np.ndarray]] | None:
+    """--max-drop's metrics and --slice's columns checked before any Predict; each example's slice per --slice
+    (None: the default slicing)."""
+    reason = check_margins(config.max_drop, plan.task.kind) if config.compare_with else None
+    if reason:
+        raise TrainserveError(reason)
+    if not config.slice:
+        return None
+    return [(",".join(spec), slice_keys(data, spec)) for spec in config.slice]
+
+
+def _comparison(config: EvalConfig, paired: PairedRun | None, version: int | None, baseline, slices) -> dict | None:
     if config.compare_with is None:
         return None
     if paired is None:
         return no_baseline(config.compare_with, version, baseline.first_rollout)
     values = (paired.per_example(0), paired.per_example(1))
-    return summarize(config.compare_with, paired.versions, paired.tallies, values, config.alpha, config.seed)
+    tallies, versions = paired.tallies, paired.versions
+    return summarize(
+        config.compare_with, versions, tallies, values, config.alpha, config.seed, slices, config.slice_correction
+    )
 
 
 def _local_model(version_dir: Path | None):
@@ -137,7 +154,8 @@ class _BatchPredictor:
     def predict(self, columns: dict[str, np.ndarray], labels: np.ndarray, version: int | None) -> BatchAnswer:
         inputs = self.plan.request_inputs(columns)
         prediction = self.client.predict(self.target, inputs, self.plan.output_filter, version, self.retries)
-        output, nonfinite = _finite(prediction.outputs[self.plan.output])
+        output = prediction.outputs[self.plan.output]
+        nonfinite = _nonfinite_examples(output)
         classes = prediction.outputs[self.plan.classes_output] if self.plan.classes_output else None
         local = None
         if self.local_model is not None:
@@ -160,14 +178,12 @@ class _BatchPredictor:
         )
 
 
-def _finite(output: np.ndarray) -> tuple[np.ndarray, int]:
-    """The output with NaN and infinities zeroed, and how many examples held one: never scored (argmax would
-    read NaN as class 0), the run is refused once it ends, naming how many."""
-    if output.dtype.kind not in "fc":
-        return output, 0
-    bad = ~np.isfinite(output.reshape(len(output), -1)).all(axis=1) if output.ndim else ~np.isfinite(output)
-    count = int(np.count_nonzero(bad))
-    return (np.nan_to_num(output, nan=0.0, posinf=0.0, neginf=0.0), count) if count else (output, 0)
+def _nonfinite_examples(output: np.ndarray) -> int:
+    """How many examples' output holds NaN or an infinity (such a batch is never scored: argmax would read NaN as
+    class 0; the run is refused once it ends, naming how many)."""
+    if output.dtype.kind not in "fc" or output.ndim == 0:
+        return 0
+    return int(np.count_nonzero(~np.isfinite(output.reshape(len(output), -1)).all(axis=1)))
 
 
 def refuse_nonfinite(plan: Plan, totals: tuple[RunTotals, ...]) -> None:
@@ -176,7 +192,7 @@ def refuse_nonfinite(plan: Plan, totals: tuple[RunTotals, ...]) -> None:
         if total.tally.nonfinite:
             raise TrainserveError(
                 f"version {total.version} answered NaN or infinite {plan.output!r} for {total.tally.nonfinite} of "
-                f"{total.tally.examples} examples: expected numbers (a diverged training?); nothing was scored"
+                f"{total.tally.answered} examples: expected numbers (a diverged training?); nothing was scored"
             )
 
 

@@ -12,7 +12,7 @@ import operator
 from dataclasses import dataclass
 
 _OPS = {">=": operator.ge, "<=": operator.le}
-COMPARISON_KINDS = ("change", "significance")
+COMPARISON_KINDS = ("change", "significance", "non-inferiority", "slice")
 
 
 def holds(op: str, value: float, threshold: float) -> bool:
@@ -33,6 +33,58 @@ def significantly_worse(metric: dict, p_value: float, alpha: float) -> bool:
     if p_value >= alpha or metric["difference"] == 0:
         return False
     return metric["difference"] < 0 if metric["higher_is_better"] else metric["difference"] > 0
+
+
+def non_inferiority(low: float | None, high: float | None, margin: float) -> str:
+    """Non-inferior, inferior or inconclusive, from the interval [low, high] of the change in the better
+    direction (the "gain"): inside the margin only when its lower end lies above -margin."""
+    if low is None or high is None:
+        return "inconclusive"  # no interval (too few examples): nothing is proven
+    if low > -margin:
+        return "non-inferior"
+    if high < -margin:
+        return "inferior"
+    return "inconclusive"
+
+
+def gain_interval(metric: dict) -> tuple[float | None, float | None]:
+    """The interval of a comparison metric's change, turned so that better is positive."""
+    low, high = metric["interval"]
+    if metric["higher_is_better"] or low is None or high is None:
+        return low, high
+    return -high, -low
+
+
+def margin_of(gate: dict, metric: dict) -> float:
+    """A non-inferiority gate's margin in the metric's units: its threshold, or that % of the baseline's value."""
+    return gate["threshold"] / 100 * abs(metric["baseline"]) if gate.get("relative") else gate["threshold"]
+
+
+def _non_inferior(gate: dict, metric: dict | None) -> bool | None:
+    """Re-derived from the comparison's interval and the gate's own margin: the recorded bound and verdict must
+    be the ones the numbers give."""
+    if metric is None or gate.get("margin") != margin_of(gate, metric):
+        return None
+    low, high = gain_interval(metric)
+    verdict = non_inferiority(low, high, gate["margin"])
+    if gate.get("value") != low or gate.get("verdict") != verdict:
+        return None
+    return verdict == "non-inferior"
+
+
+def _slices_not_worse(gate: dict, comparison: dict) -> bool | None:
+    """A slice gate: re-derived from the slice table, each slice's corrected p-value against alpha."""
+    table = comparison.get("slices") or {}
+    if table.get("correction") != gate.get("correction") or table.get("alpha") != gate.get("threshold"):
+        return None
+    worse = [
+        s["name"]
+        for s in table.get("rows", [])
+        if s.get("p_adjusted") is not None and s["p_adjusted"] < gate["threshold"] and s.get("direction") == "worse"
+    ]
+    if sorted(worse) != sorted(gate.get("slices", [])) or gate.get("value") != len(worse):
+        return None
+    return not worse
 
 
 @dataclass(frozen=True)
@@ -56,6 +108,9 @@ def decide(report: dict) -> Decision:
             failures.append(f"gate {gate_words(gate)} cannot be re-derived from the report's numbers")
         elif result != gate.get("passed"):
             failures.append(f"gate {gate_words(gate)} says passed={gate.get('passed')} but its numbers say {result}")
+        elif not result and gate.get("kind") in COMPARISON_KINDS and baseline_rows(report) == "overlapping":
+            said = ((report.get("evidence") or {}).get("baseline") or {}).get("said")
+            failures.append(f"gate {gate_words(gate)} cannot pass: the comparison is biased ({said})")
         elif not result:
             failures.append(gate.get("said") or f"{gate_words(gate)} does not hold (value {gate.get('value')})")
     check = report.get("data_check") or {}
@@ -86,6 +141,10 @@ def derive_gate(gate: dict, report: dict) -> bool | None:
         return None
     if baseline_rows(report) == "overlapping":
         return False  # the baseline was scored on rows it trained on: flattered, so no comparison can pass
+    if kind == "non-inferiority":
+        return _non_inferior(gate, metrics.get(gate["metric"]))
+    if kind == "slice":
+        return _slices_not_worse(gate, comparison)
     if kind == "change":
         metric = metrics.get(gate["metric"])
         if metric is None:

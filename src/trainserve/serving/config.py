@@ -23,6 +23,7 @@ from trainserve.model_server_config import (  # noqa: F401  (parse_model_config,
 )
 from trainserve.options import option, parse_bool
 from trainserve.protos import monitoring_config_pb2, session_bundle_config_pb2
+from trainserve.traffic.writer import WriterLimits
 
 # tensorflow_model_server's flags (model_servers/main.cc). The stand-in and the static checks of
 # compose and k8s manifests use this list: the real server silently ignores a misspelt flag.
@@ -170,6 +171,8 @@ class ServerOptions:
     enable_grpc_healthcheck_service: bool = option(
         False, "grpc.health.v1 on --port: SERVING while every model has a version AVAILABLE", parse=parse_bool
     )
+    # serve-local's own (tensorflow_model_server logs no requests): bounds of what logging_config writes.
+    capture: WriterLimits = option(factory=WriterLimits)
     allow_version_labels_for_unavailable_models: bool = option(
         False,
         "a NEW label (or an unchanged one) may name a version not yet AVAILABLE; needed to start with labels in "

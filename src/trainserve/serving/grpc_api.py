@@ -10,6 +10,7 @@ instead.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from concurrent import futures
 
@@ -19,9 +20,11 @@ from trainserve.errors import TrainserveError
 from trainserve.protos import get_model_metadata_pb2, get_model_status_pb2, predict_pb2
 from trainserve.protos.model_service_pb2_grpc import add_ModelServiceServicer_to_server
 from trainserve.protos.prediction_service_pb2_grpc import add_PredictionServiceServicer_to_server
+from trainserve.serving.capture import Capture
 from trainserve.serving.health import health_handler
 from trainserve.serving.servables import Servables, ServingError
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
+from trainserve.traffic.records import REQUEST_ID_HEADER
 
 MAX_MESSAGE = 2**31 - 1  # TF Serving's gRPC message limit, both ways (INT32_MAX, model_servers/server.cc)
 ERROR_CODE_UNKNOWN = 2  # tensorflow.error.Code UNKNOWN: what a failed load reports in its status
@@ -62,6 +65,16 @@ def predict_response(name: str, version: int, signature: str, outputs: dict) -> 
     return response
 
 
+def serialized(request, response) -> tuple[bytes, bytes]:
+    """A call's messages as gRPC sends them (SerializeToString is the generated stubs' serializer)."""
+    return request.SerializeToString(), response.SerializeToString()
+
+
+def metadata_value(context, key: str) -> str | None:
+    """A request's gRPC metadata value under `key` (lower case), if the client sent one."""
+    return next((value for k, value in context.invocation_metadata() or () if k == key), None)
+
+
 def check_metadata_fields(fields) -> None:
     """GetModelMetadata answers signature_def only, as TF Serving does."""
     unsupported = [f for f in fields if f != "signature_def"]
@@ -90,6 +103,7 @@ class Api:
 
     async def Predict(self, request, context):
         name, version, label = parse_model_spec(request.model_spec)
+        sampled = self.servables.capture.sample(name) if self.servables.capture else None
         try:
             version, signature, outputs = await self.servables.predict_async(
                 name,
@@ -102,7 +116,11 @@ class Api:
             )
         except ServingError as exc:
             await context.abort(exc.code, str(exc))
-        return predict_response(name, version, signature, outputs)
+        response = predict_response(name, version, signature, outputs)
+        if sampled is not None:
+            wire = functools.partial(serialized, request, response)  # serialized on the capture's thread
+            Capture.log(sampled, (name, version, signature), wire, metadata_value(context, REQUEST_ID_HEADER))
+        return response
 
     async def GetModelMetadata(self, request, context):
         name, version, label = parse_model_spec(request.model_spec)

@@ -8,6 +8,7 @@ status TF Serving maps the gRPC code to.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import re
@@ -21,12 +22,17 @@ from google.protobuf import json_format
 
 from trainserve.errors import first_line
 from trainserve.layout import DEFAULT_SIGNATURE
+from trainserve.protos import predict_pb2
 from trainserve.protos.get_model_status_pb2 import ModelVersionStatus
+from trainserve.serving.capture import Capture
+from trainserve.serving.grpc_api import predict_response
 from trainserve.serving.manager import VersionState
 from trainserve.serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from trainserve.serving.metrics import prometheus_text
 from trainserve.serving.rest_json import rest_inputs
 from trainserve.serving.servables import Servables, ServingError
+from trainserve.tensors import to_tensor_proto
+from trainserve.traffic.records import REQUEST_ID_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +119,22 @@ def _batch_size(outputs: dict[str, np.ndarray]) -> int:
     return next(iter(sizes.values()))
 
 
+def grpc_wire(asked: tuple, inputs: dict, answered: tuple, outputs: dict) -> tuple[bytes, bytes]:
+    """A REST predict as the gRPC PredictRequest that asks the same (name, version or label, signature; inputs as
+    converted with the signature's dtypes) and the PredictResponse gRPC would have answered: what capture records."""
+    name, version, label, signature = asked
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name, request.model_spec.signature_name = name, signature
+    if version is not None:
+        request.model_spec.version.SetInParent()
+        request.model_spec.version.value = version
+    elif label is not None:
+        request.model_spec.version_label = label
+    for key, value in inputs.items():
+        to_tensor_proto(value, into=request.inputs[key])
+    return request.SerializeToString(), predict_response(*answered, outputs).SerializeToString()
+
+
 def status_json(states: list[VersionState]) -> dict:
     """GetModelStatusResponse as JSON: versions as strings, states by name (as TF Serving prints them)."""
     return {
@@ -186,6 +208,8 @@ class RestHandler(BaseHTTPRequestHandler):
         if self.metrics_path and self.path.split("?")[0] == self.metrics_path:
             servables = self.servables
             text = prometheus_text(servables.metrics, servables.manager, batching=servables.batching is not None)
+            if servables.capture is not None:
+                text += "\n".join(servables.capture.prometheus_lines()) + "\n"
             return self._send(200, text.encode(), METRICS_CONTENT_TYPE)
         self._handle(self._get)
 
@@ -220,8 +244,19 @@ class RestHandler(BaseHTTPRequestHandler):
             raise ServingError(grpc.StatusCode.NOT_FOUND, f"Malformed request: POST {self.path}")
         body = parse_json_body(raw)
         signature = body.get("signature_name") or DEFAULT_SIGNATURE
+        sampled = self.servables.capture.sample(name) if self.servables.capture else None
+        inputs: dict[str, np.ndarray] = {}
+
+        def to_inputs(spec) -> dict[str, np.ndarray]:
+            inputs.update(rest_inputs(body, spec)[0])
+            return inputs
+
         # The JSON is converted with the resolved version's dtypes, inside the request's bookkeeping.
-        _, _, outputs = self.servables.predict(name, version, label, signature, lambda spec: rest_inputs(body, spec)[0])
+        answered, signature, outputs = self.servables.predict(name, version, label, signature, to_inputs)
+        if sampled is not None:
+            asked = (name, version, label, body.get("signature_name", ""))
+            wire = functools.partial(grpc_wire, asked, inputs, (name, answered, signature), outputs)
+            Capture.log(sampled, (name, answered, signature), wire, self.headers.get(REQUEST_ID_HEADER))
         return self._send(200, predict_json(outputs, "instances" in body))
 
 

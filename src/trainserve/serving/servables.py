@@ -27,6 +27,7 @@ from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.protos import get_model_metadata_pb2
 from trainserve.savedmodel import LoadedModel, RunError, UnknownSignature
 from trainserve.serving.batching import Arrays, BatchScheduler, QueueFull, shape_key, task_size
+from trainserve.serving.capture import Capture
 from trainserve.serving.config import Batching
 from trainserve.serving.manager import ModelManager, NotFound, ServableHandle, UnknownLabel, VersionState
 from trainserve.serving.metrics import UNKNOWN_MODEL, ServingMetrics
@@ -138,8 +139,9 @@ class PredictCall:
 class Servables:
     """The served models as requests see them, plus the request bookkeeping (in flight, counts)."""
 
-    def __init__(self, manager: ModelManager, batching: Batching | None):
+    def __init__(self, manager: ModelManager, batching: Batching | None, capture: Capture | None = None):
         self.manager, self.batching = manager, batching
+        self.capture = capture  # logging_config: sampled Predict calls are written (serving/capture.py)
         self.metrics = ServingMetrics()
         self.scheduler = BatchScheduler(batching, self.metrics.record_batch) if batching else None
         self.stopping = threading.Event()  # set when the drain begins (health answers NOT_SERVING)

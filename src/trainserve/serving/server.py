@@ -19,6 +19,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
+from trainserve.serving.capture import Capture
 from trainserve.serving.config import (
     Batching,
     ServerOptions,
@@ -42,6 +43,7 @@ def serve(options: ServerOptions, stop: threading.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT (or `stop` is set); returns the exit code."""
     config = load_config(options)
     batching, metrics_path, tls = check_flags(options)
+    capture = Capture.from_config(config, options.capture, options.model_config_file)  # logging_config
     manager = ModelManager(
         options.tensorflow_intra_op_parallelism,
         options.tensorflow_inter_op_parallelism,
@@ -56,14 +58,18 @@ def serve(options: ServerOptions, stop: threading.Event | None = None) -> int:
     log.info("waiting for %s to become AVAILABLE (ports open then)", ", ".join(sorted(manager.models)))
     if not manager.wait_until_available(poll_seconds, stop):
         log.info("stopped before any model was available")
+        if capture is not None:
+            capture.close()
         return 0
 
-    servables = Servables(manager, batching)
+    servables = Servables(manager, batching, capture)
     grpc_server, http_server = _open_ports(options, servables, metrics_path, tls)
     poller = threading.Thread(target=_poll_loop, args=(manager, options, stop, poll_seconds), daemon=True)
     poller.start()
     stop.wait()
     _stop_serving(servables, grpc_server, http_server, grace_seconds=options.rest_api_timeout_in_ms / 1000)
+    if capture is not None:
+        capture.close()  # after the last answer: its record is queued by then
     poller.join(timeout=5)
     manager.close()
     _restore_signal_handlers(previous_handlers)

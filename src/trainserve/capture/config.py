@@ -1,0 +1,62 @@
+"""`trainserve capture`'s options, declared once: type, default and help. The CLI is derived from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainserve.errors import TrainserveError
+from trainserve.options import option
+from trainserve.tls import ClientTls
+from trainserve.traffic.writer import WriterLimits
+
+
+@dataclass(frozen=True)
+class ListenTls:
+    """TLS on the proxy's gRPC port, toward its clients: `--listen-tls-cert/-key`, plus `--listen-tls-client-ca`
+    for mutual TLS (clients must then present a certificate that CA signed)."""
+
+    cert: Path | None = option(None, "PEM certificate (chain) the proxy presents to its gRPC clients", metavar="FILE")
+    key: Path | None = option(None, "PEM private key of --listen-tls-cert, unencrypted", metavar="FILE")
+    client_ca: Path | None = option(
+        None, "PEM CA that signs client certificates: clients must present one (mutual TLS)", metavar="FILE"
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert or self.key or self.client_ca)
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """Everything `trainserve capture` takes; each field is the flag of the same name."""
+
+    upstream: str = option("localhost:8500", "TF Serving's gRPC address (HOST:PORT): every call goes there")
+    upstream_rest: str = option("", "TF Serving's REST address (HOST:PORT); empty: no REST pass-through")
+    port: int = option(8500, "gRPC port the clients call (0: any free port)")
+    rest_port: int = option(8501, "REST port, forwarded to --upstream-rest (0: any free port)")
+    filename_prefix: str = option("", "path prefix of the capture files, e.g. /captures/serving (required)")
+    sampling_rate: float = option(1.0, "share of Predict calls written (0 to 1)")
+    metrics_path: str = option("/monitoring/capture/metrics", "Prometheus counters on the REST port (not forwarded)")
+    capture: WriterLimits = option(factory=WriterLimits)
+    tls: ClientTls = option(factory=ClientTls)  # toward TF Serving
+    listen_tls: ListenTls = option(factory=ListenTls)  # toward the clients
+
+    def check(self) -> None:
+        """Bad flags fail here in one line, before any port opens."""
+        if not self.filename_prefix or self.filename_prefix.endswith("/"):
+            raise TrainserveError(
+                f"--filename-prefix {self.filename_prefix!r}: expected a path prefix for the capture files, "
+                "e.g. /captures/serving"
+            )
+        if not 0.0 <= self.sampling_rate <= 1.0:
+            raise TrainserveError(f"--sampling-rate {self.sampling_rate}: expected a share between 0 and 1")
+        if ":" not in self.upstream or (self.upstream_rest and ":" not in self.upstream_rest):
+            raise TrainserveError(f"--upstream {self.upstream!r} / --upstream-rest: expected HOST:PORT")
+        if self.upstream_rest and self.port and self.port == self.rest_port:
+            raise TrainserveError(f"--port and --rest-port are both {self.port}: expected different ports")
+        listen = self.listen_tls
+        if listen.enabled and not (listen.cert and listen.key):
+            raise TrainserveError("--listen-tls-* needs --listen-tls-cert and --listen-tls-key: expected both")
+        self.capture.check()
+        self.tls.check()

@@ -1,0 +1,127 @@
+"""Non-inferiority, the question a rollout asks: is the candidate no worse than the baseline by more than a
+margin, with the comparison's confidence?
+
+`--max-drop accuracy=0.01` allows accuracy to fall by at most one point; `--max-drop loss=5%` the loss to rise by
+at most 5 % of the baseline's loss (the direction comes from the metric). The gate looks at the interval of the
+change in the better direction (the "gain"), at level 1 - alpha:
+
+- its lower end above -margin: **non-inferior**, the gate passes;
+- its upper end below -margin: **inferior**, it fails;
+- otherwise **inconclusive**: the data cannot tell, and the gate does not pass; the report says how many examples
+  would decide it if the observed difference held.
+
+This is the bound-based form of a change threshold (`accuracy>=-0.01` judged on the interval's end, not on the
+point estimate as TFMA's change thresholds and --require-vs-baseline are).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+
+from trainserve.evaluation.gates import HIGHER_IS_BETTER, LOWER_IS_BETTER, PAIRED_METRICS
+from trainserve.evaluation.power import examples_to_decide
+from trainserve.evidence.decision import gain_interval, non_inferiority
+
+VERDICTS = ("non-inferior", "inconclusive", "inferior")
+_MARGIN = re.compile(r"^\s*([a-z_0-9]+)\s*=\s*([0-9.eE+]+)\s*(%?)\s*$")
+
+
+@dataclass(frozen=True)
+class Margin:
+    """The largest change for the worse `metric` may show: absolute, or in % of the baseline's value."""
+
+    metric: str
+    drop: float
+    relative: bool = False
+
+    def describe(self) -> str:
+        return f"{self.metric}={self.drop:g}{'%' if self.relative else ''}"
+
+    def absolute(self, baseline: float) -> float:
+        return self.drop / 100 * abs(baseline) if self.relative else self.drop
+
+
+def parse_margins(text: str) -> tuple[Margin, ...]:
+    """`accuracy=0.01,loss=5%` -> margins (each metric needs a known direction)."""
+    margins = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        match = _MARGIN.match(item)
+        if not match:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected METRIC=DROP or METRIC=DROP%, e.g. accuracy=0.01")
+        if match[1] not in HIGHER_IS_BETTER | LOWER_IS_BETTER:
+            known = ", ".join(sorted(HIGHER_IS_BETTER | LOWER_IS_BETTER))
+            raise argparse.ArgumentTypeError(f"{item!r}: no direction known for {match[1]!r}: expected one of {known}")
+        margins.append(Margin(match[1], float(match[2]), bool(match[3])))
+    return tuple(margins)
+
+
+def check_margins(margins: tuple[Margin, ...], kind: str) -> str | None:
+    """A one-line reason when a margin names a metric this task does not compare example by example."""
+    for margin in margins:
+        if margin.metric not in PAIRED_METRICS[kind]:
+            return (
+                f"--max-drop {margin.describe()}: {kind} compares {', '.join(PAIRED_METRICS[kind])} example by "
+                "example: expected one of those"
+            )
+    return None
+
+
+def judge(low: float | None, high: float | None, margin: float) -> str:
+    """Non-inferior, inferior or inconclusive, from the interval [low, high] of the gain (better is positive):
+    the rule promote re-derives the gate by (trainserve.evidence.decision)."""
+    return non_inferiority(low, high, margin)
+
+
+def margin_gate(margin: Margin, comparison: dict) -> dict:
+    """The non-inferiority gate of one metric, from the comparison's interval, in the report's gate form: `value`
+    is the lower end of the gain's interval, `passed` is value > -margin."""
+    m, version = comparison["metrics"][margin.metric], comparison["baseline"]["version"]
+    low, high = m["interval"]
+    absolute = margin.absolute(m["baseline"])
+    gain_low, gain_high = gain_interval(m)
+    verdict = judge(gain_low, gain_high, absolute)
+    gain = m["difference"] if m["higher_is_better"] else -m["difference"]
+    needed = None
+    if verdict == "inconclusive":
+        needed = examples_to_decide(gain, absolute, m.get("sd", 0.0), comparison.get("level", 0.95))
+    unit = "%" if margin.relative else ""
+    return {
+        "kind": "non-inferiority",
+        "metric": margin.metric,
+        "op": "max drop",
+        "threshold": margin.drop,
+        "relative": margin.relative,
+        "margin": absolute,
+        "value": gain_low,
+        "interval": [low, high],
+        "verdict": verdict,
+        "examples_needed": needed,
+        "mdd": m.get("mdd"),
+        "candidate_value": m["candidate"],
+        "baseline_value": m["baseline"],
+        "baseline_version": version,
+        "passed": verdict == "non-inferior",
+        "said": f"{margin.metric} is {verdict} to version {version} with a margin of {margin.drop:g}{unit} "
+        f"(change {m['difference']:+.4f}, interval [{_num(low)}, {_num(high)}], allowed drop {absolute:.4g})"
+        + (f"; about {needed:,} examples would decide" if needed else ""),
+    }
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.4f}"
+
+
+def describe_margin_gate(gate: dict) -> str:
+    """The summary's line: `accuracy non-inferior to v1 (drop at most 0.01: bound -0.0042, detectable 0.021)`."""
+    unit = "%" if gate["relative"] else ""
+    bound = "n/a" if gate["value"] is None else f"{gate['value']:+.4f}"
+    mdd = "none (too few discordant pairs)" if gate.get("mdd") is None else f"{gate['mdd']:.4f}"
+    said = (
+        f"{gate['metric']} {gate['verdict']} to v{gate['baseline_version']} (drop at most {gate['threshold']:g}{unit}"
+        f" = {gate['margin']:.4g}: bound of the change {bound}; detectable with 80% power {mdd}"
+    )
+    if gate.get("examples_needed"):
+        said += f"; about {gate['examples_needed']:,} examples would decide"
+    return said + ")"

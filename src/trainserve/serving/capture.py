@@ -1,0 +1,110 @@
+"""serve-local's request logging: `logging_config` in a ModelConfig of `--model_config_file`, TF Serving's own
+LoggingConfig (config/logging_config.proto), honoured where tensorflow_model_server answers "No request-logger-creator
+provided".
+
+`sampling_config.sampling_rate` of a model's successful Predict calls (gRPC and REST) are written by a
+trainserve.traffic.TrafficWriter under `log_collector_config.filename_prefix`, as PredictionLog records carrying the
+version that answered, the signature, the rate, the time and the request id. A call is sampled before it is
+logged and its record encoded on the writer's thread, so a request pays for a random number and a queue offer.
+Models that name one prefix share its writer. The config is read at start; a reload does not change it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainserve.errors import TrainserveError
+from trainserve.traffic.metrics import writer_lines
+from trainserve.traffic.records import log_metadata, prediction_log, request_id
+from trainserve.traffic.writer import TrafficWriter, WriterLimits
+
+
+def new_sampler() -> Callable[[], float]:
+    """The uniform [0, 1) source sampling draws from (tests replace it with a seeded one)."""
+    return random.Random().random
+
+
+@dataclass(frozen=True)
+class ModelCapture:
+    """One model's logging: its rate and the writer of its prefix."""
+
+    rate: float
+    prefix: str
+    writer: TrafficWriter
+
+
+class Capture:
+    """Which models log, and their writers; `sample` is called on every Predict."""
+
+    def __init__(self, models: dict[str, ModelCapture], uniform: Callable[[], float]):
+        self.models, self.uniform = models, uniform
+
+    @classmethod
+    def from_config(cls, config, limits: WriterLimits, config_path: str = "") -> Capture | None:
+        """The models whose logging_config asks for a rate above 0; None when none does. Bad settings fail
+        here, before any model loads."""
+        wanted = {}
+        for model in config.model_config_list.config:
+            if model.HasField("logging_config"):
+                settings = _settings(model, config_path)
+                if settings is not None:
+                    wanted[model.name] = settings
+        if not wanted:
+            return None
+        limits.check()
+        writers = {prefix: TrafficWriter(prefix, limits) for prefix in sorted({p for _, p in wanted.values()})}
+        models = {name: ModelCapture(rate, prefix, writers[prefix]) for name, (rate, prefix) in wanted.items()}
+        return cls(models, new_sampler())
+
+    def sample(self, name: str) -> ModelCapture | None:
+        """The model's logging when this call is sampled, else None."""
+        target = self.models.get(name)
+        if target is None or (target.rate < 1.0 and self.uniform() >= target.rate):
+            return None
+        return target
+
+    @staticmethod
+    def log(
+        target: ModelCapture,
+        model: tuple[str, int, str],
+        to_bytes: Callable[[], tuple[bytes, bytes]],
+        given_request_id: str | None,
+    ) -> None:
+        """Offer one answered call: `model` is (name, version that answered, signature); `to_bytes` gives the
+        serialized request and response (called on the writer's thread)."""
+        when, request = time.time(), request_id(given_request_id)
+
+        def record() -> bytes:
+            metadata = log_metadata(*model, target.rate, request, timestamp=when)
+            return prediction_log(metadata, *to_bytes())
+
+        target.writer.submit(record)
+
+    def close(self, timeout: float = 10) -> None:
+        """Write what is queued (shutdown, after the last request)."""
+        for writer in {id(t.writer): t.writer for t in self.models.values()}.values():
+            writer.close(timeout)
+
+    def prometheus_lines(self) -> list[str]:
+        return writer_lines({t.prefix: t.writer for t in self.models.values()})
+
+
+def _settings(model, config_path: str) -> tuple[float, str] | None:
+    """(rate, filename_prefix) of a model's logging_config, or None when its rate is 0 (nothing logged)."""
+    where = f"model config file {config_path}: model {model.name!r} logging_config"
+    rate = model.logging_config.sampling_config.sampling_rate
+    prefix = model.logging_config.log_collector_config.filename_prefix
+    if not 0.0 <= rate <= 1.0:
+        raise TrainserveError(f"{where}: sampling_rate {rate}: expected a share between 0 and 1")
+    if rate == 0.0:
+        return None
+    if not prefix or prefix.endswith("/") or Path(prefix).name in ("", ".", ".."):
+        raise TrainserveError(
+            f"{where}: log_collector_config.filename_prefix {prefix!r}: expected a path prefix for the capture "
+            "files (e.g. /captures/digits)"
+        )
+    return rate, prefix

@@ -1,0 +1,163 @@
+"""The statistics a rollout is decided by, each against an independent implementation (scipy) and each claim
+about an error rate (an interval's coverage, non-inferiority's level, Holm's family-wise alpha, the power behind
+a detectable difference) by a seeded simulation that counts it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import optimize, special, stats
+
+from trainserve.evaluation import intervals, multiplicity, power
+from trainserve.evaluation.noninferiority import judge
+from trainserve.evaluation.paired_stats import mcnemar_exact
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(("k", "n"), [(0, 1), (0, 10), (3, 10), (10, 10), (50, 300), (299, 300), (9000, 10000)])
+def test_wilson_and_clopper_pearson_are_scipys(k, n):
+    result = stats.binomtest(k, n)
+    for ours, method in ((intervals.wilson_interval(k, n), "wilson"), (intervals.clopper_pearson(k, n), "exact")):
+        ci = result.proportion_ci(0.95, method)
+        assert ours == pytest.approx((ci.low, ci.high), abs=1e-9), method
+    assert intervals.wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_t_quantile_and_incomplete_beta_are_scipys():
+    rng = np.random.default_rng(0)
+    for a, b, x in zip(rng.uniform(0.3, 300, 300), rng.uniform(0.3, 300, 300), rng.random(300)):
+        assert intervals.betainc(a, b, x) == pytest.approx(special.betainc(a, b, x), abs=1e-11)
+    for df in (1, 2, 4, 9, 30, 299):
+        for p in (0.6, 0.975, 0.995):
+            assert intervals.t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), rel=1e-9)
+    d = rng.normal(0.1, 1, 25)
+    low, high = intervals.mean_interval(d)
+    want = stats.ttest_1samp(d, 0).confidence_interval(0.95)
+    assert (low, high) == pytest.approx((want.low, want.high), rel=1e-9)
+    assert intervals.mean_interval(np.ones(1)) == (-math.inf, math.inf)
+
+
+def _score_statistic(b: int, c: int, n: int, delta: float) -> float:
+    """Tango's statistic, its nuisance fitted independently: the restricted likelihood maximised numerically."""
+    low, high = max(0.0, -delta) + 1e-12, (1 - delta) / 2 - 1e-12
+
+    def minus_log_likelihood(q):
+        return -(b * np.log(q + delta) + c * np.log(q) + (n - b - c) * np.log(1 - 2 * q - delta))
+
+    q = optimize.minimize_scalar(minus_log_likelihood, bounds=(low, high), method="bounded", options={"xatol": 1e-13}).x
+    return (b - c - n * delta) / math.sqrt(n * (2 * q + delta * (1 - delta)))
+
+
+@pytest.mark.parametrize(("b", "c", "n"), [(7, 15, 100), (1, 10, 100), (30, 50, 1000), (4, 11, 360), (12, 3, 60)])
+def test_tango_interval_inverts_the_score_test_with_an_independently_fitted_nuisance(b, c, n):
+    z = stats.norm.ppf(0.975)
+    low, high = intervals.tango_interval(b, c, n)
+    want_low = optimize.brentq(lambda d: _score_statistic(b, c, n, d) - z, -0.99, (b - c) / n)
+    want_high = optimize.brentq(lambda d: _score_statistic(b, c, n, d) + z, (b - c) / n, 0.99)
+    assert (low, high) == pytest.approx((want_low, want_high), abs=1e-6)
+    # At 0 it is McNemar's score statistic: its square is McNemar's chi-square.
+    chi2 = stats.chi2.isf(stats.chi2.sf((b - c) ** 2 / (b + c), 1), 1)
+    assert intervals.tango_statistic(b, c, n, 0.0) ** 2 == pytest.approx(chi2)
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.05, 0.1])
+def test_the_paired_interval_excludes_zero_exactly_when_mcnemars_exact_test_rejects(alpha):
+    for b in range(0, 40):
+        for c in range(0, 40, 3):
+            low, high = intervals.paired_proportion_interval(b, c, 200, 1 - alpha)
+            p = stats.binomtest(b, b + c, 0.5).pvalue if b + c else 1.0
+            assert (not low <= 0 <= high) == (p < alpha), (b, c, low, high, p)
+
+
+def test_no_discordant_pair_is_no_certainty_and_five_examples_prove_nothing():
+    low, high = intervals.paired_proportion_interval(0, 0, 300)
+    assert low < -0.01 and high > 0.01  # 300 examples agreeing everywhere still leave about a point open
+    low, high = intervals.paired_proportion_interval(0, 5, 5)  # 1.0 vs 0.0 on 5 examples: p = 0.0625
+    assert low < 0 < high and judge(low, high, 0.01) == "inconclusive"
+
+
+def test_paired_interval_covers_the_true_difference_95_percent_of_the_time():
+    rng = np.random.default_rng(7)
+    n, p_b, p_c, runs = 300, 0.03, 0.06, 1500
+    counts = rng.multinomial(n, [p_b, p_c, 1 - p_b - p_c], runs)
+    covered = sum(
+        lo <= p_b - p_c <= hi for lo, hi in (intervals.paired_proportion_interval(b, c, n) for b, c, _ in counts)
+    )
+    assert covered / runs >= 0.94  # nominal 0.95; a halved alpha (0.975) or a bootstrap would show here too
+
+
+def test_non_inferiority_passes_a_candidate_on_the_margin_at_most_alpha_over_two_of_the_time():
+    """True drop exactly the margin (2 points): passing it is the error the level bounds (one side of 95 %)."""
+    rng = np.random.default_rng(11)
+    n, margin, runs = 400, 0.02, 2000
+    p_b, p_c = 0.04, 0.06  # candidate right only 4 %, baseline right only 6 %: a true drop of 0.02
+    passed = 0
+    for b, c, _ in rng.multinomial(n, [p_b, p_c, 1 - p_b - p_c], runs):
+        passed += judge(*intervals.paired_proportion_interval(b, c, n), margin) == "non-inferior"
+    assert passed / runs <= 0.025 + 0.01
+    # And it is a test that can pass: the same versions with no true drop pass most of the time at n = 3000.
+    n = 3000
+    counts = rng.multinomial(n, [0.05, 0.05, 0.9], 200)
+    assert (
+        np.mean([judge(*intervals.paired_proportion_interval(b, c, n), margin) == "non-inferior" for b, c, _ in counts])
+        > 0.8
+    )
+
+
+def test_minimum_detectable_difference_is_detected_80_percent_of_the_time():
+    rng = np.random.default_rng(5)
+    n, share = 500, 0.12
+    mdd = power.mdd_paired_proportions(n, share)
+    assert 0 < mdd < share
+    p_c = (share + mdd) / 2  # the baseline right alone more often, by mdd
+    counts = rng.multinomial(n, [share - p_c, p_c, 1 - share], 2000)
+    rejected = np.mean([mcnemar_exact(int(b), int(c)) < 0.05 for b, c, _ in counts])
+    assert 0.72 <= rejected <= 0.86  # exact test, a touch conservative against the normal approximation's 0.80
+    # Means: a t-test on normal differences at the detectable mean.
+    sd, m = 2.0, 60
+    d = power.mdd_mean(m, sd)
+    samples = rng.normal(d, sd, (2000, m))
+    assert 0.74 <= np.mean(stats.ttest_1samp(samples, 0, axis=1).pvalue < 0.05) <= 0.86
+    assert power.mdd_paired_proportions(5, 0.2) is None  # one discordant pair expected: nothing detectable
+    assert power.discordant_share(0, 300) == pytest.approx(intervals.wilson_interval(0, 300)[1])
+
+
+def test_examples_to_decide_put_the_interval_on_one_side_of_the_margin():
+    for gain, margin, sd in ((-0.004, 0.01, 0.3), (-0.016, 0.01, 0.3), (0.0, 0.01, 0.2)):
+        n = power.examples_to_decide(gain, margin, sd)
+        half, half_short = (stats.norm.ppf(0.975) * sd / math.sqrt(m) for m in (n, n - 1))
+        assert judge(gain - half, gain + half, margin) != "inconclusive"
+        assert judge(gain - half_short, gain + half_short, margin) == "inconclusive"
+    assert power.examples_to_decide(-0.01, 0.01, 0.3) is None
+
+
+def _holm_by_definition(p: list[float], alpha: float) -> list[bool]:
+    order, rejected = np.argsort(p), [False] * len(p)
+    for i, j in enumerate(order):
+        if p[j] > alpha / (len(p) - i):
+            break
+        rejected[j] = True
+    return rejected
+
+
+def test_holm_and_benjamini_hochberg_are_their_definitions_and_scipys():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        p = (rng.random(rng.integers(1, 12)) ** 3).tolist()
+        holm = multiplicity.holm(p)
+        assert [h <= 0.05 for h in holm] == _holm_by_definition(p, 0.05)
+        assert multiplicity.benjamini_hochberg(p) == pytest.approx(stats.false_discovery_control(p, method="bh"))
+    assert multiplicity.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert multiplicity.holm([]) == [] and multiplicity.adjust([0.5], "bh") == [0.5]
+
+
+def test_holm_keeps_the_family_wise_error_at_alpha_and_uncorrected_tests_do_not():
+    rng = np.random.default_rng(9)
+    p = rng.random((4000, 10))  # ten slices, no true difference anywhere
+    holm_any = np.mean([min(multiplicity.holm(row)) < 0.05 for row in p])
+    assert holm_any <= 0.05 + 0.01 and np.mean(p.min(axis=1) < 0.05) > 0.35
+    bh_any = np.mean([min(multiplicity.benjamini_hochberg(row)) < 0.05 for row in p])
+    assert bh_any <= 0.05 + 0.01  # with every null true, the false discovery rate is the family-wise one
