@@ -166,3 +166,8 @@ def test_requests_are_counted_by_the_version_that_answered(serve_in_process, mod
     latency = families[":tensorflow:serving:request_latency"].samples
     counts = {s.labels["version"]: s.value for s in latency if s.name.endswith("_count")}
     assert counts == {"1": 2, "2": 1, "": 1}
+    states = families[":trainserve:serve_local:version_state"].samples
+    assert {(s.labels["version"], s.labels["state"], s.labels["error_code"], s.value) for s in states} == {
+        ("1", "AVAILABLE", "OK", 1),
+        ("2", "AVAILABLE", "OK", 1),
+    }

@@ -7,7 +7,7 @@ the real server read serve-local too:
   model_name, API, entrypoint; buckets 10 x 1.8^i, i < 33), from servables/tensorflow/util.cc;
 - with batching, `:tensorflow:serving:batching_session:{input_batch_size,processed_batch_size,padding_size}`
   from batching/batching_session.cc (TF Serving samples these as percentiles; here they are histograms).
-Our request_count keeps an `api` label TF Serving's lacks; `available_versions` is serve-local's own. Both
+Our request_count keeps an `api` label TF Serving's lacks; `available_versions` is serve-local's own, as is `version_state` (one series per version, labelled with its state and error code). Both
 request metrics carry a `version` label TF Serving has none of (tensorflow/serving#1970): the version a request
 was answered by, so a canary's errors and latency are seen apart from stable's; "" when no version was resolved
 (an unknown model or version, a status call), which Prometheus stores as the label being absent.
@@ -26,7 +26,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-from trainserve.serving.manager import ModelManager
+from trainserve.serving.manager import ModelManager, State
 
 CONTENT_TYPE = "text/plain; version=0.0.4"
 PREFIX = ":tensorflow:serving"
@@ -155,4 +155,16 @@ def prometheus_text(metrics: ServingMetrics, manager: ModelManager, batching: bo
     lines += _header(versions, "gauge", "Versions of each configured model AVAILABLE now.")
     for name, model in sorted(manager.models.items()):
         lines.append(f"{versions}{_labels(('model_name',), (name,))} {len(model.available())}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _version_states(manager)) + "\n"
+
+
+def _version_states(manager: ModelManager) -> list[str]:
+    """One series per version the server knows, in its state: a failed load is END with error_code UNKNOWN
+    (what GetModelStatus reports), so an alert can tell it from a version unloaded on purpose."""
+    name = ":trainserve:serve_local:version_state"
+    lines = _header(name, "gauge", "1 for each version of each configured model, labelled with its state.")
+    for model_name, model in sorted(manager.models.items()):
+        for version, state in sorted(list(model.versions.items())):
+            values = (model_name, str(version), State.Name(state.state), state.error_code)
+            lines.append(f"{name}{_labels(('model_name', 'version', 'state', 'error_code'), values)} 1")
+    return lines
