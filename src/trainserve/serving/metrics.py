@@ -7,10 +7,11 @@ the real server read serve-local too:
   model_name, API, entrypoint; buckets 10 x 1.8^i, i < 33), from servables/tensorflow/util.cc;
 - with batching, `:tensorflow:serving:batching_session:{input_batch_size,processed_batch_size,padding_size}`
   from batching/batching_session.cc (TF Serving samples these as percentiles; here they are histograms).
-Our request_count keeps an `api` label TF Serving's lacks; `available_versions` is serve-local's own, as is `version_state` (one series per version, labelled with its state and error code). Both
-request metrics carry a `version` label TF Serving has none of (tensorflow/serving#1970): the version a request
-was answered by, so a canary's errors and latency are seen apart from stable's; "" when no version was resolved
-(an unknown model or version, a status call), which Prometheus stores as the label being absent.
+Our request_count keeps an `api` label TF Serving's lacks; `available_versions` and `version_state` (one
+series per version, labelled with its state and error code) are serve-local's own. Both request metrics carry a
+`version` label TF Serving has none of (tensorflow/serving#1970): the version a request was answered by, so a
+canary's errors and latency are seen apart from stable's; "" when no version was resolved (an unknown model or
+version, a status call), which Prometheus stores as the label being absent.
 
 The page follows the text exposition format (prometheus.io/docs/instrumenting/exposition_formats): label
 values escape backslash, double quote and line feed, HELP text backslash and line feed. TF Serving's exporter
