@@ -145,11 +145,13 @@ test-fast: venv ## Only the unit tier: in process, no subprocess TensorFlow, no 
 	$(BIN)/python -m pytest -m unit $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profile (with and without TLS)
+lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profile (with and without TLS), promtool
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/hadolint images/*/Dockerfile scripts/standins/*.Dockerfile
-	$(BIN)/yamllint compose.yaml compose.tls.yaml .yamllint.yaml
+	$(BIN)/yamllint compose.yaml compose.tls.yaml .yamllint.yaml monitoring
+	promtool check rules monitoring/rules.yml
+	promtool check config monitoring/prometheus.yml monitoring/prometheus-compose.yml
 	for files in "-f compose.yaml" "-f compose.yaml -f compose.tls.yaml"; do \
 		$(BIN)/docker-compose $$files config --quiet; \
 		for profile in train eval promote; do $(BIN)/docker-compose $$files --profile $$profile config --quiet; done; \
