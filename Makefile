@@ -162,6 +162,10 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 		$(VENV)/tools/bin/checkov -f $(VENV)/rendered.yaml --framework kubernetes --compact --quiet --skip-download; \
 	done
 
+.PHONY: monitoring-rules
+monitoring-rules: venv ## Regenerate k8s/components/monitoring/prometheusrule.yaml from monitoring/rules.yml
+	$(BIN)/python scripts/prometheus_rule.py
+
 .PHONY: bench
 bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/loop.py
