@@ -154,7 +154,7 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 	promtool check config monitoring/prometheus.yml monitoring/prometheus-compose.yml
 	for files in "-f compose.yaml" "-f compose.yaml -f compose.tls.yaml"; do \
 		$(BIN)/docker-compose $$files config --quiet; \
-		for profile in train eval promote; do $(BIN)/docker-compose $$files --profile $$profile config --quiet; done; \
+		for profile in train eval promote monitoring; do $(BIN)/docker-compose $$files --profile $$profile config --quiet; done; \
 	done
 	for dir in k8s/base k8s/overlays/*; do \
 		kubectl kustomize $$dir > $(VENV)/rendered.yaml; \
