@@ -65,8 +65,13 @@ class LoadResult:
 
 
 def run_sweep(config: LoadConfig) -> LoadResult:
-    """The whole sweep; raises TrainserveError with a one-line message on bad input, before any Predict."""
+    """The whole sweep (or, with --during, one load around a command: during.py); raises TrainserveError with a
+    one-line message on bad input, before any Predict."""
     config.check()
+    if config.during is not None:
+        from trainserve.evaluation.load.during import run_during
+
+        return run_during(config)
     target = Target(config.model, config.version, config.label, config.signature)
     client = ServingClient(config.server, tls=config.tls, timeout=config.timeout)
     try:
