@@ -175,6 +175,7 @@ bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/tls_cost.py
 	$(BIN)/python bench/serve_batching.py
 	$(BIN)/python bench/compare_cost.py
+	$(BIN)/python bench/soak_versions.py
 
 # One export per image, from the same lock: eval is the core install (no TensorFlow); the GPU image keeps its
 # base's TensorFlow (no tensorflow-cpu); serve.txt is serve-local with the CPU TensorFlow (the test stand-in).
