@@ -26,8 +26,8 @@ from trainserve.client import ServingClient, Target
 from trainserve.client.status import POLL_S, State
 from trainserve.evaluation.load.config import LoadConfig
 from trainserve.evaluation.load.during_report import build_during_report
+from trainserve.evaluation.load.inputs import PREDICT_METHOD, LoadResult, build_inputs
 from trainserve.evaluation.load.measure import Load
-from trainserve.evaluation.load.sweep import PREDICT_METHOD, LoadResult, build_inputs
 
 log = logging.getLogger(__name__)
 TRANSITIONS = frozenset({"START", "LOADING", "UNLOADING"})
