@@ -171,3 +171,21 @@ def test_requests_are_counted_by_the_version_that_answered(serve_in_process, mod
         ("1", "AVAILABLE", "OK", 1),
         ("2", "AVAILABLE", "OK", 1),
     }
+
+
+def test_version_state_leaves_out_versions_unloaded_on_purpose():
+    """A failed load stays on the page (END, UNKNOWN); a version unloaded on purpose does not, or every version
+    ever published would add a series."""
+    from types import SimpleNamespace
+
+    from trainserve.serving.manager import State, VersionState
+    from trainserve.serving.metrics import version_state_lines
+
+    versions = {1: VersionState(1, State.END), 2: VersionState(2, State.END, "load failed"), 3: VersionState(3)}
+    versions[3].state = State.AVAILABLE
+    lines = version_state_lines(SimpleNamespace(models={"m": SimpleNamespace(versions=versions)}))
+    series = [line for line in lines if not line.startswith("#")]
+    assert series == [
+        ':trainserve:serve_local:version_state{model_name="m",version="2",state="END",error_code="UNKNOWN"} 1',
+        ':trainserve:serve_local:version_state{model_name="m",version="3",state="AVAILABLE",error_code="OK"} 1',
+    ]

@@ -156,16 +156,20 @@ def prometheus_text(metrics: ServingMetrics, manager: ModelManager, batching: bo
     lines += _header(versions, "gauge", "Versions of each configured model AVAILABLE now.")
     for name, model in sorted(manager.models.items()):
         lines.append(f"{versions}{_labels(('model_name',), (name,))} {len(model.available())}")
-    return "\n".join(lines + _version_states(manager)) + "\n"
+    return "\n".join(lines + version_state_lines(manager)) + "\n"
 
 
-def _version_states(manager: ModelManager) -> list[str]:
+def version_state_lines(manager: ModelManager) -> list[str]:
     """One series per version the server knows, in its state: a failed load is END with error_code UNKNOWN
-    (what GetModelStatus reports), so an alert can tell it from a version unloaded on purpose."""
+    (what GetModelStatus reports), so an alert can tell it from a version unloaded on purpose. Versions unloaded
+    on purpose (END, OK) are left out: GetModelStatus keeps them all, but a series each would grow the page with
+    every version ever published."""
     name = ":trainserve:serve_local:version_state"
     lines = _header(name, "gauge", "1 for each version of each configured model, labelled with its state.")
     for model_name, model in sorted(manager.models.items()):
         for version, state in sorted(list(model.versions.items())):
+            if state.state == State.END and not state.error_message:
+                continue
             values = (model_name, str(version), State.Name(state.state), state.error_code)
             lines.append(f"{name}{_labels(('model_name', 'version', 'state', 'error_code'), values)} 1")
     return lines
