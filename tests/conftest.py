@@ -423,6 +423,32 @@ class Gate:
         assert not reader.is_alive(), f"timed out waiting for {what}"
 
 
+@pytest.fixture(scope="session")
+def two_trainings(trained_digits, tmp_path_factory):
+    """The session's digits model (seed 0, version 1) and a second training with --seed 3 (version 2) into the
+    same --data-dir, both served (`all {}`); yields the server, the root and the SHA-256 of version 1's split
+    before the second training. Read-only: a test that changes its files copies them first."""
+    import hashlib
+    import shutil
+
+    from serving_fixtures import serve_every_version
+    from trainserve.training.config import TrainConfig
+    from trainserve.training.run import train
+
+    root = tmp_path_factory.mktemp("splits")
+    shutil.copytree(trained_digits / "data", root / "data")
+    install_version(trained_digits / "models" / "digits" / "1", root / "models" / "digits", 1)
+    first_split = json.loads((root / "data" / "digits" / "versions" / "1.json").read_text())["test_split"]
+    before = hashlib.sha256((root / "data" / "digits" / first_split["file"]).read_bytes()).hexdigest()
+    result = train(
+        TrainConfig(epochs=1, seed=3, export_base=root / "models", data_dir=root / "data", logs_dir=root / "logs")
+    )
+    assert result.version == 2
+    server = serve_every_version(root / "models.config", "digits", root / "models" / "digits", (1, 2))
+    yield server, root, before
+    assert server.stop() == 0
+
+
 def install_version(template: Path, model_base: Path, version: int) -> Path:
     """Place a SavedModel as `model_base/<version>` atomically (staged copy, one rename)."""
     import shutil
