@@ -29,7 +29,7 @@ echo "$trained"
 version=$(sed -n "s/^published $MODEL version \([0-9]*\) at .*/\1/p" <<<"$trained")
 
 if ! "$BIN/trainserve" eval --server "localhost:$GRPC_PORT" --model "$MODEL" --version "${version:?}" \
-  --data "$DIR/data/$MODEL/test.npz" \
+  --data-dir "$DIR/data" --data held-out \
   --report "$DIR/reports/eval.json" --plots "$DIR/reports" --min-accuracy 0.9 --wait 120; then
   echo "demo: eval failed; the last lines of $DIR/serve-local.log:" >&2
   tail -n 5 "$DIR/serve-local.log" >&2

@@ -243,6 +243,29 @@ def share_split(dataset, data_dir: Path, model: str) -> Path:
     return data_dir / model / "test.npz"
 
 
+def record_version(version_dir: Path, data_dir: Path, model: str, inputs: dict, labels, origin: dict) -> Path:
+    """What `trainserve train --data-dir` leaves for eval beside a published version: its held-out split and its
+    record (with the SHA-256 of its files), written through the production path; returns the record."""
+    import time
+
+    from trainserve.layout import version_files_sha256
+    from trainserve.splits import HeldOutSplit, write_version_record
+    from trainserve.task import Task
+
+    task = Task("classification", classes=int(np.max(labels)) + 1)
+    split = HeldOutSplit(inputs, np.asarray(labels), task, len(inputs) == 1, origin)
+    split.share(data_dir, model)
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    metadata = {
+        "model_name": model,
+        "task": task.to_json(),
+        "created": created,
+        "data": {"test_split": split.record(True)},
+    }
+    files = version_files_sha256(version_dir)
+    return write_version_record(data_dir, model, int(version_dir.name), metadata, files)
+
+
 def digits_spec():
     """The built-in CNN's data as `trainserve train` sees 8x8 digits: uint8 `images`, 10 classes."""
     from trainserve.task import Task
@@ -398,6 +421,32 @@ class Gate:
         reader.start()
         reader.join(60)  # generous: only a broken run takes more than milliseconds here
         assert not reader.is_alive(), f"timed out waiting for {what}"
+
+
+@pytest.fixture(scope="session")
+def two_trainings(trained_digits, tmp_path_factory):
+    """The session's digits model (seed 0, version 1) and a second training with --seed 3 (version 2) into the
+    same --data-dir, both served (`all {}`); yields the server, the root and the SHA-256 of version 1's split
+    before the second training. Read-only: a test that changes its files copies them first."""
+    import hashlib
+    import shutil
+
+    from serving_fixtures import serve_every_version
+    from trainserve.training.config import TrainConfig
+    from trainserve.training.run import train
+
+    root = tmp_path_factory.mktemp("splits")
+    shutil.copytree(trained_digits / "data", root / "data")
+    install_version(trained_digits / "models" / "digits" / "1", root / "models" / "digits", 1)
+    first_split = json.loads((root / "data" / "digits" / "versions" / "1.json").read_text())["test_split"]
+    before = hashlib.sha256((root / "data" / "digits" / first_split["file"]).read_bytes()).hexdigest()
+    result = train(
+        TrainConfig(epochs=1, seed=3, export_base=root / "models", data_dir=root / "data", logs_dir=root / "logs")
+    )
+    assert result.version == 2
+    server = serve_every_version(root / "models.config", "digits", root / "models" / "digits", (1, 2))
+    yield server, root, before
+    assert server.stop() == 0
 
 
 def install_version(template: Path, model_base: Path, version: int) -> Path:

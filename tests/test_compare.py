@@ -145,35 +145,69 @@ def test_a_label_names_the_baseline_and_change_thresholds_gate(side_by_side, tmp
     assert [g["kind"] for g in report["gates"]] == ["change"] and code == 0, report["gates"]
 
 
-def test_first_rollout_passes_on_its_value_gates_and_says_so(side_by_side, tmp_path):
-    server, _, split = side_by_side
-    code, report = eval_cli(
-        server,
-        tmp_path,
+def first_rollout_args(config) -> tuple:
+    return (
         "--model",
         "syn",
         "--compare-with",
         "stable",
         "--allow-no-baseline",
+        "--rollout-config",
+        config,
         "--data",
         "synthetic",
         "--synthetic-shape",
         "8,8,1",
-        "--limit",
+        "--synthetic-size",
         64,
         "--min-accuracy",
         "0.5",
     )
+
+
+def test_first_rollout_passes_on_its_value_gates_when_the_config_says_so(side_by_side, tmp_path):
+    server, root, _ = side_by_side
+    code, report = eval_cli(server, tmp_path, *first_rollout_args(root / "models.config"))
     assert code == 0 and report["comparison"]["verdict"] == "no baseline"
-    assert "first rollout" in report["comparison"]["verdict_line"]
+    assert "labels no 'stable' version of model syn: a first rollout" in report["comparison"]["verdict_line"]
     assert [g["metric"] for g in report["gates"]] == ["accuracy"] and "kind" not in report["gates"][0]
+    assert report["evidence"]["baseline"]["version"] is None
+
+
+def test_a_stable_the_server_cannot_answer_for_fails_the_eval_with_its_error(side_by_side, tmp_path, capsys):
+    """The config labels syn's stable (version 2), the server resolves no such label: not a first rollout."""
+    server, root, _ = side_by_side
+    labelled = tmp_path / "labelled.config"
+    labelled.write_text(
+        (root / "models.config")
+        .read_text()
+        .replace("{ all {} }  }", '{ all {} } version_labels { key: "stable" value: 2 } }')
+    )
+    assert 'key: "stable" value: 2' in labelled.read_text()
+    code, report = eval_cli(server, tmp_path, *first_rollout_args(labelled), "--wait", 0)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and report is None and len(err.splitlines()) == 1, err
+    assert "label 'stable' of model syn resolves to nothing" in err and "expected version 2" in err, err
+    assert "NOT_FOUND" in err or "INVALID_ARGUMENT" in err, err
+
+
+def test_no_baseline_needs_the_config_and_never_comes_from_a_failed_lookup(side_by_side, tmp_path, capsys):
+    server, _, _ = side_by_side
+    args = first_rollout_args("unused")
+    without_config = args[: args.index("--rollout-config")] + args[args.index("--rollout-config") + 2 :]
+    code, _ = eval_cli(server, tmp_path, *without_config)
+    assert code == 2 and "--allow-no-baseline: expected --rollout-config FILE" in capsys.readouterr().err
+    no_allow = tuple(a for a in without_config if a != "--allow-no-baseline")
+    code, _ = eval_cli(server, tmp_path, *no_allow)
+    err = capsys.readouterr().err
+    assert code == 2 and "resolves no version for label 'stable' of model 'syn'" in err, err
 
 
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
         pytest.param(("--version", 2, "--compare-with", 9), "has no version 9 on", id="version-not-served"),
-        pytest.param(("--version", 2, "--compare-with", "nope"), "has no label 'nope'", id="label-not-served"),
+        pytest.param(("--version", 2, "--compare-with", "nope"), "no version for label 'nope'", id="label-not-served"),
         pytest.param(("--version", 1, "--compare-with", "stable"), "the version evaluated", id="itself"),
         pytest.param(("--version", 1, "--compare-with", 3), "differ in inputs", id="other-signature"),
         pytest.param(

@@ -12,12 +12,14 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import ServeLocal, assert_one_line_error, install_version, run_cli, target_flags
+from conftest import ServeLocal, assert_one_line_error, install_version, record_version, run_cli, target_flags
 from trainserve.rollout.config_file import history_path, new_config, write_config
 from trainserve.rollout.history import read_history
 
 pytestmark = pytest.mark.integration
 IMAGES = np.random.default_rng(7).integers(0, 256, (4, 8, 8, 1), dtype=np.uint8)
+# Every version's held-out split (random-weight models: what is checked here is the rollout, not accuracy).
+SPLIT = {"images": np.random.default_rng(8).integers(0, 256, (64, 8, 8, 1), dtype=np.uint8)}, np.arange(64) % 10
 SERVER_FLAGS = ("--model_config_file_poll_wait_seconds=1", "--allow_version_labels_for_unavailable_models")
 
 
@@ -91,8 +93,17 @@ def cli_ok(*args):
     return proc
 
 
-def evaluate(server: ServeLocal, report, min_accuracy: float) -> int:
-    gated = ("--data", "digits", "--min-accuracy", min_accuracy, "--report", report, "--wait", "60")
+def publish(template, base, version: int):
+    """A version as training publishes it: its files, and its split and record on the data volume."""
+    data_dir = base.parent.parent / "data"
+    return record_version(install_version(template, base, version), data_dir, "m", *SPLIT, {"source": "s.npz"})
+
+
+def evaluate(server: ServeLocal, report, min_accuracy: float, config) -> int:
+    """The promote Job's eval: the candidate on its own split, against stable where the config labels one."""
+    compared = ("--compare-with", "stable", "--allow-no-baseline", "--rollout-config", config, "--not-worse=false")
+    data = ("--data-dir", config.parent.parent / "data")
+    gated = (*data, *compared, "--min-accuracy", min_accuracy, "--report", report, "--wait", "60")
     proc = run_cli("eval", *target_flags(server, label="candidate"), *gated)
     assert report.is_file(), proc.stdout + proc.stderr
     return proc.returncode
@@ -100,22 +111,22 @@ def evaluate(server: ServeLocal, report, min_accuracy: float) -> int:
 
 def test_gated_rollout_with_serve_local(model_versions, serve_local, tmp_path):
     base, config = tmp_path / "models" / "m", tmp_path / "rollout" / "models.config"
-    install_version(model_versions[0], base, 1)
+    publish(model_versions[0], base, 1)
     write_config(config, new_config("m", str(base)))  # what the serving image writes before any rollout
     server = start_server(serve_local, config)
     rollout = ("--config", config)
 
     # First run: v1 becomes the candidate, passes, and is the first stable version.
     cli_ok("candidate", *rollout, "--server", server.target, "--wait", "120")
-    assert evaluate(server, tmp_path / "r1.json", 0.0) == 0
+    assert evaluate(server, tmp_path / "r1.json", 0.0, config) == 0
     cli_ok("promote", *rollout, "--report", tmp_path / "r1.json", "--server", server.target)
     assert label_version(server, "stable") == 1
 
     # v2 cannot meet its threshold: promote refuses, stable still answers v1, the config is untouched.
-    install_version(model_versions[1], base, 2)
+    publish(model_versions[1], base, 2)
     cli_ok("candidate", *rollout, "--server", server.target, "--wait", "120")
     assert label_version(server, "candidate") == 2 and label_version(server, "stable") == 1
-    assert evaluate(server, tmp_path / "r2.json", 1.0) == 1
+    assert evaluate(server, tmp_path / "r2.json", 1.0, config) == 1
     assert json.loads((tmp_path / "r2.json").read_text())["version"] == 2
     before = config.read_bytes()
     refused = run_cli("promote", *rollout, "--report", tmp_path / "r2.json")
@@ -123,11 +134,11 @@ def test_gated_rollout_with_serve_local(model_versions, serve_local, tmp_path):
     assert config.read_bytes() == before and label_version(server, "stable") == 1
 
     # v3 passes and is promoted while clients ask for `stable`: no failed request, v1 then v3 only.
-    install_version(model_versions[2], base, 3)
+    publish(model_versions[2], base, 3)
     clients = StableClients(server)
     try:
         cli_ok("candidate", *rollout, "--server", server.target, "--wait", "120")
-        assert evaluate(server, tmp_path / "r3.json", 0.0) == 0
+        assert evaluate(server, tmp_path / "r3.json", 0.0, config) == 0
         move_began = time.monotonic()
         cli_ok("promote", *rollout, "--report", tmp_path / "r3.json", "--server", server.target)
         move_done = time.monotonic()  # promote returns once the server answers `stable` with v3

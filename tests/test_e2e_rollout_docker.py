@@ -2,7 +2,7 @@
 stand-in images (test_e2e_docker.py builds them; its fixtures and helpers are reused here).
 
 v1 trained -> make promote -> `stable` = 1; v2 trained -> make promote with a threshold no model meets: the
-eval step fails, promote then refuses the failed report, `stable` still 1; promote --force -> 2 -> make
+eval step fails, promote then refuses the failed report, `stable` still 1; promote --override -> 2 -> make
 rollback -> 1; the history on the `rollout` volume records each step. Serving polls its config every second
 here (an override file) instead of 10 s: the same flow, a minute shorter.
 """
@@ -108,7 +108,7 @@ def test_make_promote_gates_and_make_rollback_restores(docker_client, rollout_en
         assert refused.returncode == 2 and "version 2 did not pass" in output(refused), output(refused)
         assert stable(project) == 1
 
-        # --force moves stable anyway (and says so in the history); make rollback brings v1 back.
+        # An override, with its reason, moves stable anyway (the history keeps both); make rollback brings v1 back.
         compose(
             project,
             "--profile",
@@ -119,19 +119,22 @@ def test_make_promote_gates_and_make_rollback_restores(docker_client, rollout_en
             "promote",
             "--report",
             "/reports/candidate.json",
-            "--force",
+            "--override",
+            "gates",
+            "--reason",
+            "e2e test: the override path",
         )
         assert stable(project) == 2
         rolled = make(project, "rollback")
         assert rolled.returncode == 0, output(rolled)
         assert stable(project) == 1
 
-        steps = [(h["action"], h["after"].get("stable"), h.get("forced")) for h in history(project)]
+        steps = [(h["action"], h["after"].get("stable"), h.get("overridden")) for h in history(project)]
         assert steps == [
             ("candidate", None, None),
-            ("promote", 1, False),
+            ("promote", 1, []),
             ("candidate", 1, None),
-            ("promote", 2, True),
+            ("promote", 2, ["gates"]),
             ("rollback", 1, None),
         ], steps
     finally:

@@ -49,6 +49,10 @@ def test_the_promote_job_compares_with_stable_on_the_candidates_own_split():
     assert config.data == "held-out"
     claim, inside, _ = volume_path(spec, step, f"{flag(step, 'data-dir')}/digits/versions/3.json")
     assert (claim, inside) == ("data", "digits/versions/3.json"), "where training writes the version records"
+    claim, inside, _ = volume_path(spec, step, str(config.rollout_config))
+    promote_step = {c["name"]: c for c in all_containers(spec)}["promote"]
+    assert (claim, inside) == ("models", ".rollout/models.config"), "the labels the rollout steps write"
+    assert f"--config={config.rollout_config}" in promote_step["args"], "promote's own config"
     (job,) = [d for d in docs if d["kind"] == "Job" and d["metadata"]["name"] == "eval"]
     assert {"--data=held-out", "--data-dir=/data"} <= set(job["spec"]["template"]["spec"]["containers"][0]["args"])
 
@@ -83,6 +87,8 @@ def test_compose_promote_eval_gates_by_default_and_each_gate_turns_off(env, comp
     assert config.data == "held-out" and config.allow_no_baseline is True
     mounts = {m["target"]: m["source"] for m in service["volumes"]}
     assert mounts[str(config.data_dir)] == "data" and mounts[str(config.report.parent)] == "reports"
+    promote = compose_config(**env)["services"]["promote"]["environment"]["TRAINSERVE_CONFIG"]
+    assert str(config.rollout_config) == promote and mounts[str(config.rollout_config.parent)] == "rollout"
 
 
 def test_make_promote_runs_candidate_then_the_gate_then_promote():

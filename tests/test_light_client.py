@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import assert_one_line_error, install_version, target_flags
+from conftest import assert_one_line_error, install_version, record_version, target_flags
 from serving_fixtures import InProcessServer
 
 # The server runs on a thread of this process; the clients are fresh processes that import no TensorFlow.
@@ -127,10 +127,10 @@ def light_ok(*args) -> str:
 def test_a_whole_rollout_runs_on_the_core_install(model_versions, tmp_path):
     """candidate -> eval of the candidate -> promote, twice, then rollback: what the eval image runs."""
     base, config = tmp_path / "models" / "m", tmp_path / "rollout" / "models.config"
-    install_version(model_versions[0], base, 1)
-    data = tmp_path / "test.npz"
+    data_dir = tmp_path / "data"
     rng = np.random.default_rng(1)
-    np.savez(data, x_test=rng.integers(0, 256, (64, 8, 8, 1), dtype=np.uint8), y_test=rng.integers(0, 10, 64))
+    split = {"images": rng.integers(0, 256, (64, 8, 8, 1), dtype=np.uint8)}, rng.integers(0, 10, 64)
+    record_version(install_version(model_versions[0], base, 1), data_dir, "m", *split, {"source": "x.npz", "seed": 0})
     config.parent.mkdir()
     config.write_text(
         f'model_config_list {{ config {{ name: "m" base_path: "{base}" model_platform: "tensorflow" }} }}\n'
@@ -145,10 +145,11 @@ def test_a_whole_rollout_runs_on_the_core_install(model_versions, tmp_path):
         rollout = ("--config", config, "--server", server.target)
         for version in (1, 2):
             if version == 2:
-                install_version(model_versions[1], base, 2)
+                record_version(install_version(model_versions[1], base, 2), data_dir, "m", *split, {"source": "x.npz"})
             assert f"candidate -> {version}" in light_ok("candidate", *rollout, "--wait", "120")
-            report = tmp_path / f"r{version}.json"  # with a gate: promote refuses a report without one
-            gated = ("--data", data, "--min-accuracy", "0", "--report", report)
+            report = tmp_path / f"r{version}.json"  # its own split, against stable (none yet: the config says so)
+            compared = ("--compare-with", "stable", "--allow-no-baseline", "--rollout-config", config)
+            gated = ("--data-dir", data_dir, *compared, "--min-accuracy", "0", "--report", report)
             light_ok("eval", *target_flags(server, label="candidate"), *gated)
             assert f"stable -> {version}" in light_ok("promote", *rollout, "--report", report)
         assert "stable -> 1" in light_ok("rollback", *rollout, "--reason", "light-client test")

@@ -1,13 +1,18 @@
-"""No gate, no promotion: `promote` refuses a report that applied no gate (rewriting nothing) unless --force,
-which the history keeps; the history names the gates and the comparison's verdict a promotion rested on."""
+"""Promote re-derives its decision from the report's evidence: the schema, the gates judged again from the
+numbers, the baseline against the config's stable, the version's files, the data's provenance, the whole
+split, the server. Each refusal is one line and rewrites nothing; `--override CHECK --reason TEXT` passes it on
+the record, and nothing of the kind comes from the environment."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
+from reports import compared_with, eval_report, write
 
 from trainserve.cli import main
+from trainserve.errors import TrainserveError
 from trainserve.rollout.config import CandidateConfig, PromoteConfig
 from trainserve.rollout.config_file import history_path
 from trainserve.rollout.history import read_history
@@ -27,73 +32,142 @@ class AppliedServer:
 
 
 @pytest.fixture
-def staged(tmp_path):
-    """Model m with version 1 published and staged as the candidate; returns the config path."""
-    (tmp_path / "models" / "m" / "1").mkdir(parents=True)
+def site(tmp_path):
+    """Model m: version 1 stable (a first rollout), version 2 the candidate; returns the config path."""
+    for version in (1, 2, 3):
+        (tmp_path / "models" / "m" / str(version)).mkdir(parents=True)
+        (tmp_path / "models" / "m" / str(version) / "saved_model.pb").write_bytes(b"graph %d" % version)
     config = tmp_path / "rollout" / "models.config"
     config.parent.mkdir()
-    stage_candidate(CandidateConfig(config, "m", str(tmp_path / "models" / "m"), 1, "unused:1", 1), AppliedServer())
+    stage(config, 1)
+    promote(PromoteConfig(config, write(compared_with(report_of(config, 1), None), tmp_path / "first.json")))
+    stage(config, 2)
     return config
 
 
-def write_report(path, gates, comparison=None):
-    body = {
-        "model": "m",
-        "version": 1,
-        "label": "candidate",
-        "passed": True,
-        "created": "now",
-        "gates": gates,
-        "metrics": {"accuracy": 0.5},
-        "min_accuracy": None,
-        "comparison": comparison,
-    }
-    path.write_text(json.dumps(body))
-    return path
+def stage(config, version):
+    base = str(config.parent.parent / "models" / "m")
+    stage_candidate(CandidateConfig(config, "m", base, version, "unused:1", 1), AppliedServer())
 
 
-def test_a_report_without_a_gate_is_refused_and_nothing_is_rewritten(staged, capsys):
-    report = write_report(staged.parent / "r.json", [])
-    before, history = staged.read_bytes(), history_path(staged).read_bytes()
-    assert main(["promote", "--config", str(staged), "--report", str(report)]) == 2
+def report_of(config, version, **kwargs) -> dict:
+    return eval_report(config.parent.parent / "models" / "m" / str(version), **kwargs)
+
+
+def good(config) -> dict:
+    """The candidate's report as eval writes it: its own split, whole, compared with stable (version 1)."""
+    return compared_with(report_of(config, 2), 1)
+
+
+def _edited(**changes):
+    def edit(report, config):
+        for dotted, value in changes.items():
+            *path, last = dotted.split(".")
+            node = report
+            for key in path:
+                node = node[int(key)] if key.isdigit() else node[key]
+            node[last] = value
+
+    return edit
+
+
+def _republished(report, config):
+    (config.parent.parent / "models" / "m" / "2" / "saved_model.pb").write_bytes(b"another graph")
+
+
+def _tampered(report, config):
+    report["metrics"]["accuracy"] = report["gates"][0]["value"] = 0.5  # below 0.9, while the gate says passed
+
+
+REFUSED = [
+    pytest.param(lambda r, c: r.update(gates=[]), "gates", "applied no gate", id="no-gate"),
+    pytest.param(_tampered, "gates", "says passed=True but its numbers say False", id="tampered-gate"),
+    pytest.param(_edited(**{"data_check.overlaps_training": True}), "gates", "holds rows version 2", id="overlap"),
+    pytest.param(
+        lambda r, c: r.update(compared_with(report_of(c, 2), 3)), "baseline", "compared with version 3", id="other-base"
+    ),
+    pytest.param(lambda r, c: r.update(report_of(c, 2)), "baseline", "compared with no version", id="uncompared"),
+    pytest.param(
+        lambda r, c: r.update(compared_with(report_of(c, 2), None)), "baseline", "found no baseline", id="no-base"
+    ),
+    pytest.param(_republished, "files", "are not the ones it evaluated", id="republished"),
+    pytest.param(_edited(**{"evidence.version.files_sha256": None}), "files", "names no SHA-256", id="no-files"),
+    pytest.param(_edited(**{"evidence.kind": "unverified"}), "evidence", "its evidence is unverified", id="unverified"),
+    pytest.param(_edited(**{"evidence.baseline.rows": "unknown"}), "evidence", "may be biased", id="baseline-rows"),
+    pytest.param(_edited(**{"evidence.partial": True, "settings.limit": 5}), "partial", "--limit 5", id="partial"),
+]
+
+
+@pytest.mark.parametrize(("edit", "check", "fragment"), REFUSED)
+def test_each_refusal_is_one_line_rewrites_nothing_and_has_an_override(site, capsys, edit, check, fragment):
+    report = good(site)
+    edit(report, site)
+    path = write(report, site.parent / "candidate.json")
+    before, history = site.read_bytes(), history_path(site).read_bytes()
+    assert main(["promote", "--config", str(site), "--report", str(path)]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("trainserve promote: error:") and fragment in line, line
+    assert f"--override {check} --reason TEXT" in line, line
+    assert site.read_bytes() == before and history_path(site).read_bytes() == history
+
+    assert main(["promote", "--config", str(site), "--report", str(path), "--override", check, "--reason", "why"]) == 0
+    assert f"promoted OVERRIDING {check} (reason: why)" in capsys.readouterr().out
+    entry = read_history(history_path(site))[-1]
+    assert (entry["overridden"], entry["reason"], entry["after"]["stable"]) == ([check], "why", 2)
+
+
+def test_a_good_report_promotes_and_the_history_digests_the_bytes_judged(site, capsys):
+    path = write(good(site), site.parent / "candidate.json")
+    assert main(["promote", "--config", str(site), "--report", str(path)]) == 0
+    assert capsys.readouterr().out.startswith("promoted: model m: stable -> 2")
+    entry = read_history(history_path(site))[-1]
+    assert entry["report_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert (entry["overridden"], entry["reason"], entry["passed"], entry["evidence"]) == ([], None, True, "own-split")
+    assert entry["gates"] == ["accuracy >= 0.9: passed", "accuracy not worse 0.05 vs version 1: passed"]
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        pytest.param(lambda r: json.dumps({**r, "passed": "false"}), "at passed: 'false' is not of type", id="str"),
+        pytest.param(lambda r: json.dumps({**r, "gates": [{}]}), "at gates/0", id="empty-gate"),
+        pytest.param(lambda r: json.dumps(r).replace('"loss": 0.3', '"loss": NaN'), "NaN is not a", id="nan"),
+        pytest.param(lambda r: json.dumps({"model": "m", "version": 2, "passed": True}), "not a valid", id="old"),
+        pytest.param(lambda r: "{not json", "is not strict JSON", id="not-json"),
+    ],
+)
+def test_a_report_that_is_not_a_valid_document_is_refused(site, capsys, text, fragment):
+    path = site.parent / "candidate.json"
+    path.write_text(text(good(site)))
+    before = site.read_bytes()
+    assert main(["promote", "--config", str(site), "--report", str(path), "--override", "gates", "--reason", "x"]) == 2
     line = capsys.readouterr().err.strip()
-    assert len(line.splitlines()) == 1 and line.startswith("trainserve promote: error:"), line
-    assert "applied no gate" in line and all(flag in line for flag in ("--min-accuracy", "--require", "--compare-with"))
-    assert staged.read_bytes() == before and history_path(staged).read_bytes() == history
+    assert len(line.splitlines()) == 1 and fragment in line, line
+    assert site.read_bytes() == before
 
 
-def test_an_older_report_without_the_gates_field_is_refused_too(staged, capsys):
-    report = staged.parent / "old.json"
-    report.write_text(json.dumps({"model": "m", "version": 1, "passed": True}))
-    assert main(["promote", "--config", str(staged), "--report", str(report)]) == 2
-    assert "applied no gate" in capsys.readouterr().err
+def test_no_override_comes_from_the_environment(site, capsys, monkeypatch):
+    report = good(site)
+    _tampered(report, site)
+    path = write(report, site.parent / "candidate.json")
+    for name, value in {"FORCE": "1", "OVERRIDE": "gates", "REASON": "inherited"}.items():
+        monkeypatch.setenv(f"TRAINSERVE_{name}", value)
+    before = site.read_bytes()
+    assert main(["promote", "--config", str(site), "--report", str(path)]) == 2
+    assert "--override gates" in capsys.readouterr().err and site.read_bytes() == before
 
 
-def test_force_promotes_a_gateless_report_and_the_history_says_so(staged, caplog):
-    change = promote(PromoteConfig(staged, write_report(staged.parent / "r.json", []), force=True))
-    assert change.after.stable == 1
-    entry = read_history(history_path(staged))[-1]
-    assert entry["forced"] is True and entry["gates"] == []
-    assert "applied no gate" in caplog.text and "--force" in caplog.text
+def test_an_override_needs_a_reason_and_a_known_check(site, capsys):
+    path = write(good(site), site.parent / "candidate.json")
+    assert main(["promote", "--config", str(site), "--report", str(path), "--override", "gates"]) == 2
+    assert "expected --reason TEXT" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main(["promote", "--config", str(site), "--report", str(path), "--override", "all", "--reason", "x"])
+    assert "expected one or more of gates, baseline, files" in capsys.readouterr().err
 
 
-def test_the_history_names_the_gates_and_the_verdict(staged):
-    gates = [
-        {"metric": "accuracy", "op": ">=", "threshold": 0.9, "value": 0.95, "passed": True},
-        {
-            "kind": "significance",
-            "metric": "accuracy",
-            "op": "not worse",
-            "threshold": 0.05,
-            "value": 0.4,
-            "baseline_version": 3,
-            "passed": True,
-            "said": "...",
-        },
-    ]
-    comparison = {"verdict_line": "v1 vs v3: no significant difference (p=0.4, ...)"}
-    promote(PromoteConfig(staged, write_report(staged.parent / "r.json", gates, comparison)))
-    entry = read_history(history_path(staged))[-1]
-    assert entry["forced"] is False
-    assert entry["gates"] == ["accuracy >= 0.9: passed", "accuracy not worse 0.05 vs version 3: passed"]
-    assert entry["verdict"] == comparison["verdict_line"]
+def test_a_report_from_another_server_is_refused_when_promote_names_its_server(site):
+    path = write(good(site), site.parent / "candidate.json")
+    with pytest.raises(TrainserveError, match="made on serve-cpu:8500, not on other:8500"):
+        promote(PromoteConfig(site, path, server="other:8500"), AppliedServer())
+    promote(PromoteConfig(site, path, server="serve-cpu:8500"), AppliedServer())

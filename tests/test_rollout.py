@@ -3,11 +3,11 @@ serving's side of TF Serving's label rule. (End to end against serve-local: test
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import test_serve_cpu_scripts as serve_cpu_scripts
+from reports import compared_with, eval_report, write
 
 from conftest import assert_one_line_error, run_cli
 from trainserve.cli import main
@@ -59,21 +59,11 @@ def stage(site, version=None, server=None) -> FakeServer:
 
 
 def report(site, version, passed=True, model="m", name="eval.json") -> Path:
-    body = {
-        "model": model,
-        "version": version,
-        "label": "candidate",
-        "passed": passed,
-        "created": "now",
-        "metrics": {"accuracy": 0.95 if passed else 0.1},
-        "min_accuracy": 0.9,
-        "gates": [
-            {"metric": "accuracy", "op": ">=", "threshold": 0.9, "value": 0.95 if passed else 0.1, "passed": passed}
-        ],
-    }
-    path = site / name
-    path.write_text(json.dumps(body))
-    return path
+    """A report of the version on disk, compared with the config's stable where one exists (as eval writes it)."""
+    body = eval_report(site / "models" / "m" / str(version), model, accuracy=0.95 if passed else 0.1)
+    config = site / "rollout" / "models.config"
+    stable = labels_and_versions(config)[0].get("stable") if config.exists() else None
+    return write(compared_with(body, stable) if stable is not None else body, site / name)
 
 
 @pytest.mark.parametrize(
@@ -165,17 +155,18 @@ def test_promote_rollback_and_history(site):
     assert labels_and_versions(config) == ({"stable": 1}, [1])
     history = read_history(history_path(config))
     assert [e["action"] for e in history] == ["candidate", "promote", "candidate", "promote", "rollback"]
-    assert history[1]["report_sha256"] and history[1]["forced"] is False and history[-1]["reason"] == "bad answers"
+    assert history[1]["report_sha256"] and history[1]["overridden"] == [] and history[-1]["reason"] == "bad answers"
     assert all(e["time"] and "@" in e["by"] for e in history)
 
 
-def test_force_promotes_a_failed_report_and_says_so(site, caplog):
+def test_an_override_promotes_a_failed_report_and_says_so(site, caplog):
     config = site / "rollout" / "models.config"
     stage(site, version=2)
-    promote(PromoteConfig(config, report(site, 2, passed=False), force=True))
+    promote(PromoteConfig(config, report(site, 2, passed=False), override=("gates",), reason="hotfix, see INC-7"))
     assert labels_and_versions(config)[0] == {"stable": 2}
-    assert read_history(history_path(config))[-1]["forced"] is True
-    assert "evaluation FAILED" in caplog.text and "--force" in caplog.text
+    entry = read_history(history_path(config))[-1]
+    assert entry["overridden"] == ["gates"] and entry["reason"] == "hotfix, see INC-7" and entry["passed"] is False
+    assert "OVERRIDDEN (gates, reason: hotfix, see INC-7)" in caplog.text and "accuracy" in caplog.text
 
 
 def _bad_json(site):
@@ -189,16 +180,17 @@ def _version_gone(site):
 
 
 def _config_broken(site):
+    made = report(site, 3)
     (site / "rollout/models.config").write_text("model_config_list { config { nme: 1 } }")
-    return ["--report", report(site, 3)]
+    return ["--report", made]
 
 
 REFUSALS = [
     pytest.param(lambda s: ["--report", report(s, 3, model="other")], "has no model 'other'", id="other-model"),
     pytest.param(lambda s: ["--report", report(s, 2)], "version 2, but the candidate is version 3", id="other-version"),
-    pytest.param(lambda s: ["--report", report(s, 3, passed=False)], "did not pass (accuracy 0.1", id="failed"),
+    pytest.param(lambda s: ["--report", report(s, 3, passed=False)], "accuracy >= 0.9 does not hold", id="failed"),
     pytest.param(lambda s: ["--report", s / "none.json"], "cannot be read", id="no-report"),
-    pytest.param(_bad_json, "is not JSON", id="bad-json"),
+    pytest.param(_bad_json, "is not strict JSON", id="bad-json"),
     pytest.param(_version_gone, "version 3 is not on disk", id="not-on-disk"),
     pytest.param(_config_broken, "line 1", id="config-does-not-parse"),
 ]

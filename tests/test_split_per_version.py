@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 
 import pytest
 
-from conftest import install_version, target_flags
-from serving_fixtures import serve_every_version
+from conftest import target_flags
 from trainserve.cli import main
 from trainserve.layout import read_metadata, split_arrays
 from trainserve.sources import load_dataset
@@ -71,27 +69,6 @@ def test_overlap_is_known_only_for_sources_split_by_seed(version, data, want):
 
 def sha(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def two_trainings(trained_digits, tmp_path_factory):
-    """The session's digits model (seed 0, version 1) and a second training with --seed 3 (version 2) into the
-    same --data-dir, both served (`all {}`)."""
-    from trainserve.training.config import TrainConfig
-    from trainserve.training.run import train
-
-    root = tmp_path_factory.mktemp("splits")
-    shutil.copytree(trained_digits / "data", root / "data")
-    install_version(trained_digits / "models" / "digits" / "1", root / "models" / "digits", 1)
-    first_split = json.loads((root / "data" / "digits" / "versions" / "1.json").read_text())["test_split"]
-    before = sha(root / "data" / "digits" / first_split["file"])
-    result = train(
-        TrainConfig(epochs=1, seed=3, export_base=root / "models", data_dir=root / "data", logs_dir=root / "logs")
-    )
-    assert result.version == 2
-    server = serve_every_version(root / "models.config", "digits", root / "models" / "digits", (1, 2))
-    yield server, root, before
-    assert server.stop() == 0
 
 
 @pytest.mark.unit

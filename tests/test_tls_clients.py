@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from reports import compared_with, eval_report, write
 from test_tls import SERVICE, Pki, make_pki, ssl_config, start_server  # noqa: F401 (make_pki: the fixture `pki`)
 
 from conftest import QUICK_SWEEP, install_version
@@ -138,8 +139,7 @@ def test_candidate_over_mutual_tls_waits_on_the_server_and_labels_the_version(mo
         code, body = server.get("/v1/models/m/labels/candidate/metadata")
         assert code == 200 and int(body["model_spec"]["version"]) == 2
         report = tmp_path / "candidate.json"
-        gates = [{"metric": "accuracy", "op": ">=", "threshold": 0.0, "passed": True}]
-        report.write_text(json.dumps({"model": "m", "version": 2, "passed": True, "gates": gates}))
+        write({**compared_with(eval_report(base / "2"), 1), "server": server.target}, report)
         staged = config.read_text()
         promote = ["promote", "--config", str(config), "--report", str(report), "--server", server.target]
         assert main([*promote, "--wait", "600"]) == 2, "plaintext against TLS"

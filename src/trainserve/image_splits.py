@@ -11,8 +11,6 @@ the images is written into the folder (any client may list it); its provenance i
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 from pathlib import Path
@@ -20,20 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.files import write_file_atomic
-from trainserve.sources.image_folder import list_images
-from trainserve.splits import SPLITS, split_record
+from trainserve.splits import SPLITS, fingerprint_folder, split_record
 
 NEWEST_FOLDER = "test"
-
-
-def fingerprint_folder(root: Path) -> str:
-    """SHA-256 over every image file's class, name and bytes, in folder-reading order."""
-    digest = hashlib.sha256()
-    files, names, _ = list_images(root)
-    for path, label in files:
-        digest.update(json.dumps([names[label], path.name, path.stat().st_size]).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
 
 
 class ImageHeldOutSplit:

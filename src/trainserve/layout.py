@@ -150,3 +150,29 @@ def split_input_names(files) -> list[str]:
     """Input names of a shared split's `x_test/<input>` keys; [] when it holds one `x_test`."""
     prefix = SPLIT_INPUTS + "/"
     return sorted(f[len(prefix) :] for f in files if f.startswith(prefix))
+
+
+# What identifies a published version's files: the graph, TF's own fingerprint, the variables' index (it holds
+# each tensor's checksum, so the data shards need not be read) and trainserve's record of the version.
+FINGERPRINTED_FILES = (
+    "saved_model.pb",
+    "fingerprint.pb",
+    "variables/variables.index",
+    f"{ASSETS_EXTRA}/{METADATA_FILE}",
+)
+
+
+def version_files_sha256(version_dir: Path) -> str:
+    """SHA-256 over the files that identify a version (each name, then its bytes; absent files named absent).
+
+    A version deleted and published again under the same number (the next number is max + 1) has other
+    files, so an eval report of the old one does not vouch for the new one."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in FINGERPRINTED_FILES:
+        path = Path(version_dir) / name
+        digest.update(name.encode() + b"\0")
+        digest.update(path.read_bytes() if path.is_file() else b"<absent>")
+        digest.update(b"\0")
+    return digest.hexdigest()

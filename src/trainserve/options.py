@@ -27,10 +27,12 @@ def option(
     flag: str | None = None,
     factory=None,
     metavar: str | None = None,
+    env: bool = True,
 ) -> Any:
     """A config field that is also a flag. `parse` converts the flag's text (default: from the type); `metavar`
-    names its value in --help (default: the flag's name in capitals)."""
-    metadata = {"help": help, "parse": parse, "flag": flag, "metavar": metavar}
+    names its value in --help (default: the flag's name in capitals); `env=False`: a flag only, never read from
+    the environment (an override must be typed where it is meant, not inherited from a shell)."""
+    metadata = {"help": help, "parse": parse, "flag": flag, "metavar": metavar, "env": env}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -131,7 +133,8 @@ def add_options(parser: argparse.ArgumentParser, cls, prefix: str = "", *, word_
             kwargs["choices"] = choices_of(kind)
         else:
             kwargs["type"] = f.metadata.get("parse") or (kind if kind in (int, float, Path) else str)
-        parser.add_argument(flag, **kwargs)
+        action = parser.add_argument(flag, **kwargs)
+        action.from_env = f.metadata.get("env", True)
 
 
 def config_from_args(cls, args: argparse.Namespace, prefix: str = ""):
@@ -165,7 +168,7 @@ class EnvDefaults(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         for action in self._actions:
             env = f"TRAINSERVE_{action.dest.upper()}"
-            if not action.option_strings or env not in os.environ:
+            if not action.option_strings or env not in os.environ or not getattr(action, "from_env", True):
                 continue
             raw = os.environ[env]
             # A switch's variable is read as a bool, strictly: a typo must not quietly turn it off.

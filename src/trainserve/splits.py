@@ -25,6 +25,7 @@ import numpy as np
 from trainserve.errors import TrainserveError
 from trainserve.files import write_file_atomic
 from trainserve.layout import split_arrays
+from trainserve.sources.image_folder import list_images
 
 PROVENANCE_KEY = "provenance"  # a 0-d JSON string in the split, outside the fingerprint
 SPLITS, VERSIONS, NEWEST = "splits", "versions", "test.npz"
@@ -41,9 +42,43 @@ def provenance(source: str, seed: int, test_fraction: float) -> dict:
     if source == "digits":
         return {"source": source, "seed": seed, "test_fraction": DIGITS_TEST_FRACTION}
     if source.endswith(".csv"):  # the rows depend on the file's content, the seed and the fraction
-        digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()
+        digest = file_sha256(Path(source))
         return {"source": Path(source).name, "source_sha256": digest, "seed": seed, "test_fraction": test_fraction}
+    if Path(source).is_dir():  # an image folder: the files held out depend on its files, the seed and the fraction
+        fingerprint = fingerprint_folder(Path(source))
+        name = Path(source).name
+        return {"source": name, "source_fingerprint": fingerprint, "seed": seed, "test_fraction": test_fraction}
     return {"source": source, "seed": seed}
+
+
+def fingerprint_folder(root: Path) -> str:
+    """SHA-256 over every image file's class, name and bytes, in folder-reading order."""
+    digest = hashlib.sha256()
+    files, names, _ = list_images(root)
+    for path, label in files:
+        digest.update(json.dumps([names[label], path.name, path.stat().st_size]).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes, streamed."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def is_training_source(version: dict | None, data_path: Path) -> bool:
+    """True when `data_path` is the very CSV file or image folder the version's rows were drawn from."""
+    if not version:
+        return False
+    if version.get("source_sha256") and data_path.is_file():
+        return file_sha256(data_path) == version["source_sha256"]
+    if version.get("source_fingerprint") and data_path.is_dir():
+        return fingerprint_folder(data_path) == version["source_fingerprint"]
+    return False
 
 
 def known_overlap(version: dict | None, data: dict | None) -> bool | None:
@@ -51,7 +86,9 @@ def known_overlap(version: dict | None, data: dict | None) -> bool | None:
     fraction); False when both name the same draw; None when it cannot be known."""
     if not version or not data or version.get("source") != data.get("source"):
         return None
-    if not str(version["source"]).endswith(SEEDED_SOURCES) or version.get("source_sha256") != data.get("source_sha256"):
+    content = ("source_sha256", "source_fingerprint")
+    seeded = str(version["source"]).endswith(SEEDED_SOURCES) or any(version.get(k) for k in content)
+    if not seeded or any(version.get(k) != data.get(k) for k in content):
         return None
     same_draw = all(version.get(k) == data.get(k) for k in ("seed", "test_fraction"))
     return not same_draw
@@ -143,12 +180,13 @@ def version_record_path(data_dir: Path, model: str, version: int) -> Path:
     return Path(data_dir) / model / VERSIONS / f"{version}.json"
 
 
-def write_version_record(data_dir: Path, model: str, version: int, metadata: dict) -> Path:
+def write_version_record(data_dir: Path, model: str, version: int, metadata: dict, files_sha256: str) -> Path:
     """`versions/<version>.json`: the part of trainserve.json an eval client needs, on the data volume it
-    already mounts (it never needs the models volume, nor TensorFlow)."""
+    already mounts (it never needs the models volume, nor TensorFlow), and the SHA-256 of the published
+    version's files (trainserve.layout.version_files_sha256), which eval copies into its report for promote."""
     keys = ("model_name", "task", "label_names", "data", "signature", "created")
     record = {k: metadata[k] for k in keys if k in metadata}
-    record.update(version=version, test_split=metadata["data"]["test_split"])
+    record.update(version=version, test_split=metadata["data"]["test_split"], files_sha256=files_sha256)
     return write_file_atomic(
         version_record_path(data_dir, model, version), (json.dumps(record, indent=2) + "\n").encode()
     )

@@ -6,7 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainserve.errors import TrainserveError, first_line
 from trainserve.options import add_options, config_from_args
 
 
@@ -75,20 +74,11 @@ def add_report_parser(commands) -> None:
 
 
 def run_report_merge(args: argparse.Namespace) -> int:
-    import json
-
-    import jsonschema
-
     from trainserve.evaluation.merge import merge_reports
-    from trainserve.evaluation.report import summary_table, validate_report, write_report
+    from trainserve.evaluation.report import summary_table, write_report
+    from trainserve.evidence.document import read_report
 
-    reports = []
-    for path in args.reports:
-        try:
-            reports.append(json.loads(path.read_text()))
-            validate_report(reports[-1])
-        except (OSError, ValueError, jsonschema.ValidationError) as exc:
-            raise TrainserveError(f"{path}: not a readable eval report ({first_line(exc)})") from None
+    reports = [read_report(path).report for path in args.reports]  # strict JSON, valid against the schema
     merged = merge_reports(reports, [str(p) for p in args.reports])
     print(summary_table(merged))
     print(f"report: {write_report(merged, args.output)}")

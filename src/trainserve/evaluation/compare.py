@@ -13,6 +13,8 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -27,43 +29,84 @@ from trainserve.evaluation.metrics import task_metrics
 from trainserve.evaluation.plan import Plan
 from trainserve.evaluation.records import BatchAnswer, RunTotals, Tally
 from trainserve.layout import LABEL_NAMES
+from trainserve.model_server_config import parse_model_config
 
 log = logging.getLogger(__name__)
 Predict = Callable[[dict[str, np.ndarray], np.ndarray, int], BatchAnswer]
 
 
-def resolve_baseline(client: ServingClient, config: EvalConfig, target: Target, evaluated: int) -> int | None:
-    """The version `--compare-with` names, AVAILABLE; None for a label that names nothing yet with
-    --allow-no-baseline (the first rollout)."""
-    ref, model = config.compare_with, target.model
-    expected = "expected a version or label this server serves"
+@dataclass(frozen=True)
+class Baseline:
+    """The version `--compare-with` names; None for a first rollout, with how that is known."""
+
+    version: int | None
+    first_rollout: str | None = None
+
+
+def resolve_baseline(client: ServingClient, config: EvalConfig, target: Target, evaluated: int) -> Baseline:
+    """The version `--compare-with` names, AVAILABLE. A label names none (a first rollout) only where the serving
+    config says so (--allow-no-baseline with --rollout-config): a server that cannot answer for a label the
+    config holds fails the eval with the server's own error, never a "first rollout"."""
+    ref = config.compare_with
     if ref.isdigit():
-        version = int(ref)
-        try:
-            served = sorted(s.version for s in client.status.version_states(model))
-        except grpc.RpcError as exc:
-            raise TrainserveError(
-                f"--compare-with {ref}: GetModelStatus for model {model!r}: {exc.details()}"
-            ) from None
-        if version not in served:
-            raise TrainserveError(
-                f"--compare-with {ref}: model {model!r} has no version {version} on {config.server} (it has "
-                f"{', '.join(map(str, served)) or 'none'}): {expected}"
-            )
-        client.wait_available(model, version, config.wait)
+        version = _served_version(client, config, target.model, int(ref))
+    elif config.allow_no_baseline:  # config.check: with --rollout-config
+        labelled = config_labels(config.rollout_config, target.model).get(ref)
+        if labelled is None:
+            return _first_rollout(client, config, target.model)
+        client.wait_label(target.model, ref, labelled, config.wait)
+        version = labelled
     else:
-        version = client.label_version(model, ref)
-        if version is None and config.allow_no_baseline:
-            log.warning("--compare-with %s: label %r names no version yet: first rollout, value gates decide", ref, ref)
-            return None
-        if version is None:
+        seen = client.status.look_label(target.model, ref, may_appear=True)
+        if seen.version is None:
             raise TrainserveError(
-                f"--compare-with {ref}: model {model!r} has no label {ref!r} on {config.server}: {expected} "
-                "(--allow-no-baseline lets a first rollout pass on its value gates)"
+                f"--compare-with {ref}: {config.server} resolves no version for label {ref!r} of model "
+                f"{target.model!r} ({seen.said}): expected a label it serves (a first rollout: --allow-no-baseline "
+                "with --rollout-config, whose labels say that no stable exists yet)"
             )
+        version = seen.version
     if version == evaluated:
         raise TrainserveError(f"--compare-with {ref} is version {version}, the version evaluated: expected another")
+    return Baseline(version)
+
+
+def _served_version(client: ServingClient, config: EvalConfig, model: str, version: int) -> int:
+    try:
+        served = sorted(s.version for s in client.status.version_states(model))
+    except grpc.RpcError as exc:
+        raise TrainserveError(
+            f"--compare-with {version}: GetModelStatus for model {model!r}: {exc.details()}"
+        ) from None
+    if version not in served:
+        raise TrainserveError(
+            f"--compare-with {version}: model {model!r} has no version {version} on {config.server} (it has "
+            f"{', '.join(map(str, served)) or 'none'}): expected a version or label this server serves"
+        )
+    client.wait_available(model, version, config.wait)
     return version
+
+
+def _first_rollout(client: ServingClient, config: EvalConfig, model: str) -> Baseline:
+    """No `ref` label in the serving config: the server must not resolve one either (else it reads another config)."""
+    ref, path = config.compare_with, config.rollout_config
+    seen = client.status.look_label(model, ref, may_appear=True)
+    if seen.version is not None:
+        raise TrainserveError(
+            f"--compare-with {ref}: {config.server} resolves label {ref!r} to version {seen.version} but "
+            f"{path} labels none: expected the config file this server reads (--rollout-config)"
+        )
+    said = f"{path} labels no {ref!r} version of model {model}: a first rollout, value gates decide"
+    log.warning("--compare-with %s: %s", ref, said)
+    return Baseline(None, said)
+
+
+def config_labels(path: Path, model: str) -> dict[str, int]:
+    """The version labels the serving config (the rollout steps' file) gives `model`."""
+    config = parse_model_config(path)
+    for entry in config.model_config_list.config:
+        if entry.name == model:
+            return dict(entry.version_labels)
+    raise TrainserveError(f"--rollout-config {path} serves no model {model!r}: expected the config of this server")
 
 
 def check_comparable(

@@ -28,6 +28,7 @@ from trainserve.evaluation.paired_stats import (
 )
 from trainserve.evaluation.plan import Plan
 from trainserve.evaluation.records import BatchAnswer, Tally
+from trainserve.evidence.decision import significantly_worse
 
 MCNEMAR, SIGN_FLIP = "McNemar's exact test", "paired sign-flip test on squared errors"
 
@@ -88,9 +89,10 @@ def summarize(
     }
 
 
-def no_baseline(ref: str, version: int) -> dict:
-    """A first rollout: nothing is served under `ref` yet, so the value gates alone decide, and the report says so."""
-    line = f"v{version}: nothing to compare with ({ref!r} names no version yet): first rollout, value gates decide"
+def no_baseline(ref: str, version: int, said: str) -> dict:
+    """A first rollout: the serving config labels no version `ref` yet (`said` how that is known), so the value
+    gates alone decide, and the report says so."""
+    line = f"v{version}: nothing to compare with ({said})"
     return {
         "baseline": {"reference": ref, "version": None},
         "candidate_version": version,
@@ -135,10 +137,11 @@ def _mcnemar(values: tuple[dict, dict], tally: Tally) -> dict:
 
 
 def _verdict(metric: dict, p: float, alpha: float) -> str:
+    if significantly_worse(metric, p, alpha):
+        return "worse"
     if p >= alpha or metric["difference"] == 0:
         return "no significant difference"
-    improved = metric["difference"] > 0 if metric["higher_is_better"] else metric["difference"] < 0
-    return "better" if improved else "worse"
+    return "better"
 
 
 def verdict_line(versions: tuple[int, int], verdict: str, primary: str, metric: dict, test: dict) -> str:

@@ -121,9 +121,10 @@ class EvalConfig(ClientOptions):
     """Everything `trainserve eval` takes; each field is the flag of the same name."""
 
     data: str = option(
-        "digits",
-        "held-out (the served version's own split, from --data-dir) | digits | synthetic | "
-        "FILE.npz (x_test or x_test/<input>, y_test) | FILE.csv",
+        "auto",
+        "auto (held-out where --data-dir has the version's record, else digits) | held-out (the served "
+        "version's own split, from --data-dir) | digits | synthetic | FILE.npz (x_test or x_test/<input>, y_test) "
+        "| FILE.csv | IMAGE_FOLDER",
     )
     data_dir: Path | None = option(
         Path("data"),
@@ -150,8 +151,12 @@ class EvalConfig(ClientOptions):
     )
     allow_no_baseline: bool = option(
         False,
-        "with --compare-with LABEL: a label that names no version yet (the first "
-        "rollout) leaves the value gates alone to decide",
+        "with --compare-with LABEL and --rollout-config: when the config labels no version LABEL (the first "
+        "rollout), the value gates alone decide",
+    )
+    rollout_config: Path | None = option(
+        None,
+        "the serving config the rollout steps own (models.config): its labels say whether a baseline exists",
     )
     not_worse: bool = option(
         True, "with --compare-with: exit 1 when significantly worse (false: report only)", parse=parse_bool
@@ -180,18 +185,24 @@ class EvalConfig(ClientOptions):
                 raise TrainserveError(f"--compare-local {self.compare_local}: expected a SavedModel version directory")
 
     def check_comparison(self) -> None:
-        if self.compare_with is None:
-            if self.require_vs_baseline or self.allow_no_baseline:
+        if self.compare_with is None:  # --allow-no-baseline alone is harmless: compose sets it, COMPARE_WITH= not
+            if self.require_vs_baseline:
                 raise TrainserveError(
-                    "--require-vs-baseline/--allow-no-baseline without --compare-with: expected the "
-                    "version or label to compare with"
+                    "--require-vs-baseline without --compare-with: expected the version or label to compare with"
                 )
             return
-        if self.shard is not None or self.compare_local is not None:
+        if self.shard is not None or self.compare_local is not None or self.limit is not None:
             raise TrainserveError(
-                "--compare-with compares two versions on every example: expected no --shard and no "
+                "--compare-with compares two versions on every example: expected no --shard, --limit or "
                 "--compare-local with it"
             )
+        if self.allow_no_baseline and self.rollout_config is None and not self.compare_with.isdigit():
+            raise TrainserveError(
+                "--allow-no-baseline: expected --rollout-config FILE with it (the serving config whose labels say "
+                "that no version holds the label yet: a failed lookup is not a first rollout)"
+            )
+        if self.rollout_config is not None and not self.rollout_config.is_file():
+            raise TrainserveError(f"--rollout-config {self.rollout_config}: no such file (expected models.config)")
         if not 0 < self.alpha < 1:
             raise TrainserveError(f"--alpha {self.alpha:g}: expected a significance level between 0 and 1")
 

@@ -12,10 +12,11 @@ Value gates (`--require`, `--min-accuracy`) judge the candidate's own metrics.
 from __future__ import annotations
 
 import argparse
-import operator
 import re
 from dataclasses import dataclass
 from typing import Literal
+
+from trainserve.evidence.decision import change_of, holds
 
 HIGHER_IS_BETTER = frozenset({"accuracy", "top_k_accuracy", "r2", "roc_auc", "average_precision"})
 LOWER_IS_BETTER = frozenset({"loss", "mse", "rmse", "mae"})
@@ -34,7 +35,7 @@ class Threshold:
     threshold: float
 
     def holds(self, value: float) -> bool:
-        return {">=": operator.ge, "<=": operator.le}[self.op](value, self.threshold)
+        return holds(self.op, value, self.threshold)
 
 
 @dataclass(frozen=True)
@@ -72,10 +73,8 @@ class ChangeGate(Threshold):
         return f"{self.metric} change {self.op} {self.threshold:+g}{'%' if self.relative else ''}"
 
     def judge(self, candidate: float, baseline: float, baseline_version: int) -> dict:
-        change = candidate - baseline
-        if self.relative:
-            change = 0.0 if change == 0 else (change / abs(baseline) * 100 if baseline else float("inf") * change)
-        holds = self.holds(change)
+        change = change_of(candidate, baseline, self.relative)
+        passed = self.holds(change)
         unit = "%" if self.relative else ""
         return {
             "kind": "change",
@@ -87,7 +86,7 @@ class ChangeGate(Threshold):
             "candidate_value": candidate,
             "baseline_value": baseline,
             "baseline_version": baseline_version,
-            "passed": bool(holds),
+            "passed": passed,
             "said": f"{self.metric} changed by {change:+.4g}{unit} vs version {baseline_version}, expected "
             f"{self.op} {self.threshold:+g}{unit}",
         }

@@ -2,10 +2,12 @@
 
 The version is resolved first (through the server: a label or "newest" names a number only there), then its
 record is read from the data directory (`<data-dir>/<model>/versions/<version>.json`, written by training):
-`--data held-out` opens the split the record names; `--data digits` draws the split with the seed the version
-trained with; any other data is fingerprinted and compared. A different split is a warning and
-`data_matches_version: false`; one known to hold rows the version trained on (same source, another seed) makes
-every gate fail: a version scored on its own training rows looks better than it is.
+`--data held-out` (the default wherever a record is found) opens the split the record names, refused if its
+content no longer matches its content address; `--data digits` draws the split with the seed the version
+trained with; any other data is fingerprinted and compared. The check says which evidence the data is:
+`own-split` (verified against the record), `overlapping` (rows the version trained on: the same source with
+another seed, or the very CSV file or image folder it trained on; every gate then fails) or `unverified`
+(no record, or data that cannot be matched to it), which promote refuses without an explicit override.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from pathlib import Path
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.config import EvalConfig
 from trainserve.evaluation.data import EvalData, open_eval_data
-from trainserve.image_splits import fingerprint_folder
 from trainserve.splits import (
     DIGITS_TEST_FRACTION,
     fingerprint_arrays,
+    fingerprint_folder,
     fingerprint_npz,
+    is_training_source,
     known_overlap,
     provenance,
     read_provenance,
@@ -30,7 +33,8 @@ from trainserve.splits import (
 )
 
 log = logging.getLogger(__name__)
-HELD_OUT = "held-out"
+HELD_OUT, AUTO = "held-out", "auto"
+OWN_SPLIT, UNVERIFIED, OVERLAPPING = "own-split", "unverified", "overlapping"
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,13 @@ class DataCheck:
     overlap: bool | None
     note: str
 
+    @property
+    def kind(self) -> str:
+        """The evidence this data is for the version: own-split, overlapping or unverified."""
+        if self.overlap:
+            return OVERLAPPING
+        return OWN_SPLIT if self.matches and self.overlap is False else UNVERIFIED
+
     def to_json(self) -> dict:
         return {
             "version_fingerprint": self.version_fingerprint,
@@ -53,31 +64,49 @@ class DataCheck:
         }
 
 
-def open_for_version(config: EvalConfig, version: int) -> tuple[EvalData, DataCheck]:
-    """The data to evaluate `version` on, and its check against the version's record."""
+def open_for_version(config: EvalConfig, version: int) -> tuple[EvalData, DataCheck, dict | None]:
+    """The data to evaluate `version` on, its check against the version's record, and the record."""
     record = read_version_record(config.data_dir, config.model, version)
     split = (record or {}).get("test_split") or {}
-    recorded = split.get("provenance")
     where = f"model {config.model!r} version {version}"
-    if config.data == HELD_OUT:
-        if not split.get("file"):
-            path = version_record_path(config.data_dir or Path("."), config.model, version)
-            raise TrainserveError(
-                f"--data held-out: no held-out split recorded for {where} ({path}): expected a version that "
-                "`trainserve train --data-dir` published there, or --data FILE"
-            )
-        path = Path(config.data_dir) / config.model / split["file"]
-        data = replace(_open(str(path), config), name=f"held-out split of version {version}")
-        return data, _check(split, *_fingerprint_split(path), where)
-    if config.data == "digits":
-        seed = _digits_seed(recorded, where)
+    source = config.data
+    if source == AUTO:  # the defaults follow the data: the version's own split wherever its record is found
+        source = HELD_OUT if split.get("file") else "digits"
+        log.info("--data %s: %s", source, "the version's own held-out split" if split.get("file") else "no record")
+    if source == HELD_OUT:
+        data, check = _open_held_out(config, version, split, where)
+    elif source == "digits":
+        seed = _digits_seed(split.get("provenance"), where)
         data = _open("digits", config, seed)
-        return data, _check(split, _digits_fingerprint(seed), provenance("digits", seed, DIGITS_TEST_FRACTION), where)
-    if split and (config.data.endswith(".npz") or Path(config.data).is_dir()):
-        data = _open(config.data, config)
-        return data, _check(split, *_fingerprint_split(Path(config.data)), where)
-    data = _open(config.data, config)
-    return data, _check(split, None, None, where)
+        digits = provenance("digits", seed, DIGITS_TEST_FRACTION)
+        check = _check(split, _digits_fingerprint(seed), digits, where)
+    elif split and (source.endswith(".npz") or Path(source).is_dir()):
+        data = _open(source, config)
+        check = _check(split, *_fingerprint_split(Path(source)), where, Path(source))
+    else:
+        data = _open(source, config)
+        check = _check(split, None, None, where, Path(source))
+    return data, check, record
+
+
+def _open_held_out(config: EvalConfig, version: int, split: dict, where: str) -> tuple[EvalData, DataCheck]:
+    """The split the record names, refused when its content is no longer what its name says."""
+    if not split.get("file"):
+        path = version_record_path(config.data_dir or Path("."), config.model, version)
+        raise TrainserveError(
+            f"--data held-out: no held-out split recorded for {where} ({path}): expected a version that "
+            "`trainserve train --data-dir` published there, or --data FILE"
+        )
+    path = Path(config.data_dir) / config.model / split["file"]
+    fingerprint, origin = _fingerprint_split(path)
+    if fingerprint != split.get("fingerprint"):
+        raise TrainserveError(
+            f"held-out split {path} of {where} was changed after training (its content hashes to "
+            f"{fingerprint[:12]}, its record says {str(split.get('fingerprint'))[:12]}): expected the split as "
+            "training wrote it"
+        )
+    data = replace(_open(str(path), config), name=f"held-out split of version {version}")
+    return data, _check(split, fingerprint, origin, where)
 
 
 def _fingerprint_split(path: Path) -> tuple[str, dict | None]:
@@ -95,7 +124,11 @@ def _open(source: str, config: EvalConfig, seed: int = 0) -> EvalData:
 def _digits_seed(recorded: dict | None, where: str) -> int:
     """The seed the version's digits split was drawn with; refused when it trained on other data."""
     if recorded is None:
-        log.warning("no record of %s's held-out split: evaluating the seed-0 digits split, unchecked", where)
+        log.warning(
+            "no record of %s's held-out split: evaluating the seed-0 digits split, which may hold rows it trained "
+            "on; the report says `unverified` and promote refuses it (expected --data-dir)",
+            where,
+        )
         return 0
     if recorded.get("source") != "digits":
         raise TrainserveError(
@@ -113,17 +146,26 @@ def _digits_fingerprint(seed: int) -> str:
     return fingerprint_arrays(split_arrays(ds.test, ds.y_test, ds.task, ds.single))
 
 
-def _check(split: dict, fingerprint: str | None, data_origin: dict | None, where: str) -> DataCheck:
-    recorded = split.get("fingerprint")
+def _check(
+    split: dict, fingerprint: str | None, data_origin: dict | None, where: str, data_path: Path | None = None
+) -> DataCheck:
+    recorded, trained_on = split.get("fingerprint"), split.get("provenance")
+    if data_path is not None and is_training_source(trained_on, data_path):
+        note = f"{data_path.name} is the very data {where} was trained on (its held-out rows are a part of it)"
+        log.warning("the data is refused: %s", note)
+        return DataCheck(recorded, fingerprint, False, True, note)
     if recorded is None:
         return DataCheck(None, fingerprint, None, None, f"no record of {where}'s held-out split")
     if fingerprint is None:
         return DataCheck(recorded, None, None, None, "the data cannot be fingerprinted (not a split file)")
     if fingerprint == recorded:
         return DataCheck(recorded, fingerprint, True, False, f"the held-out split {where} was trained beside")
-    overlap = known_overlap(split.get("provenance"), data_origin)
+    overlap = known_overlap(trained_on, data_origin)
     note = f"not the held-out split of {where} (fingerprint {fingerprint[:12]}, recorded {recorded[:12]})"
     if overlap:
         note += ": drawn from the same source with another seed, so it holds rows the version trained on"
+    elif overlap is False:  # the same draw with other rows: edited since, so what it holds is unknown
+        overlap = None
+        note += ": drawn as that split was, but its rows differ (edited after training?)"
     log.warning("the data is %s", note)
     return DataCheck(recorded, fingerprint, False, overlap, note)

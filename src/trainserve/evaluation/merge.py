@@ -23,10 +23,12 @@ from trainserve.evaluation.metrics import (
     per_class,
     percentiles_from_histogram,
 )
+from trainserve.evidence import decision
 from trainserve.task import Task
 
-# What must be equal across the shards of one evaluation.
-SAME = ("schema", "server", "model", "version", "signature", "task", "output")
+# What must be equal across the shards of one evaluation: the same version, on the same data, checked alike.
+SAME = ("schema", "server", "model", "version", "signature", "task", "output", "data_check")
+SAME_EVIDENCE = ("kind", "split_examples", "version", "baseline")
 SAME_SETTINGS = ("batch_size", "limit")
 PRECISION = {
     "latency_ms": "p50/p90/p99 are histogram bucket upper edges: at most 2 % above the exact nearest-rank value",
@@ -47,9 +49,9 @@ def merge_reports(reports: list[dict], sources: list[str]) -> dict:
     merged["compare_local"] = _compare_local(reports)
     gates = [Gate(g["metric"], g["op"], g["threshold"]) for g in merged["gates"]]
     merged["gates"] = [gate.judge(merged["metrics"]) for gate in gates]
-    merged["passed"] = all(g["passed"] for g in merged["gates"])
+    merged["evidence"] = _evidence(reports)
     merged["merged"] = {"shards": shards, "reports": sources, "precision": PRECISION}
-    return merged
+    return decision.apply(merged)  # the data check counts as in each shard: a refused shard refuses the whole
 
 
 def _check_shards(reports: list[dict], sources: list[str]) -> list[str]:
@@ -67,6 +69,13 @@ def _check_shards(reports: list[dict], sources: list[str]) -> list[str]:
                     f"{source} was run with {key} {report['settings'].get(key)}: expected {key} "
                     f"{first['settings'].get(key)} as {where}"
                 )
+    for report, source in zip(reports[1:], sources[1:]):
+        for key in SAME_EVIDENCE:
+            if _evidence_of(report).get(key) != _evidence_of(first).get(key):
+                raise TrainserveError(
+                    f"{source} has evidence {key} {_evidence_of(report).get(key)!r} but {where} has "
+                    f"{_evidence_of(first).get(key)!r}: expected shards of one evaluation"
+                )
     shards = [r["settings"].get("shard") for r in reports]
     if None in shards:
         raise TrainserveError(f"{sources[shards.index(None)]} is not a shard report: expected reports of --shard I/N")
@@ -81,6 +90,22 @@ def _check_shards(reports: list[dict], sources: list[str]) -> list[str]:
             + (f" (repeated {', '.join(repeated)})" if repeated else "")
         )
     return sorted(shards, key=lambda s: int(s.split("/")[0]))
+
+
+def _evidence_of(report: dict) -> dict:
+    return report.get("evidence") or {}
+
+
+def _evidence(reports: list[dict]) -> dict | None:
+    """The shards' evidence, whole: partial only if the shards together left examples out (or one had --limit)."""
+    if any(r.get("evidence") is None for r in reports):
+        return None  # shards from before reports stated their evidence: promote refuses such a report
+    merged = copy.deepcopy(reports[0]["evidence"])
+    merged["examples"] = sum(r["data"]["examples"] for r in reports)
+    whole = merged["split_examples"]
+    limited = reports[0]["settings"].get("limit") is not None
+    merged["partial"] = limited or whole is None or merged["kind"] != "own-split" or merged["examples"] < whole
+    return merged
 
 
 def _classification(reports: list[dict], task: Task) -> dict:

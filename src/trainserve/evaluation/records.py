@@ -33,6 +33,7 @@ class BatchAnswer:
     retries: int
     local: LocalComparison | None  # None without --compare-local
     unknown: np.ndarray | None = None  # per example: category values training never saw (tabular models)
+    nonfinite: int = 0  # examples whose output held NaN or an infinity (the run is refused once it ends)
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Tally:
     local_agree: int | None = None
     unknown_cells: int = 0  # category values training never saw (served through the OOV bucket)
     unknown_examples: int = 0  # examples holding at least one
+    nonfinite: int = 0  # examples whose output was not a number
 
     @property
     def examples(self) -> int:
@@ -58,6 +60,7 @@ class Tally:
         self.requests += 1
         self.retries += answer.retries
         self.latencies.append(answer.latency_s)
+        self.nonfinite += answer.nonfinite
         if answer.unknown is not None:
             self.unknown_cells += int(answer.unknown.sum())
             self.unknown_examples += int(np.count_nonzero(answer.unknown))
@@ -88,6 +91,7 @@ class FinishedRun:
     peak_rss_mb: float
     data_check: object | None = None  # held_out.DataCheck: the data against the version's record
     comparison: dict | None = None  # comparison.summarize / no_baseline, with --compare-with
+    evidence: dict | None = None  # proof.evidence_section: what the report proves
 
 
 @dataclass

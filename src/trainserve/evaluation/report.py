@@ -1,4 +1,4 @@
-"""The evaluation report: one JSON document (schema in eval_report.schema.json), a one-screen summary,
+"""The evaluation report: one JSON document (schema: trainserve/evidence/eval_report.schema.json), a one-screen summary,
 and PNG plots (latency; confusion matrix and, for two classes, the precision-recall curve; predicted vs
 true and residuals for regression)."""
 
@@ -14,10 +14,9 @@ from trainserve import __version__
 from trainserve.evaluation.config import ClientOptions
 from trainserve.evaluation.metrics import latency_histogram, latency_percentiles, precision_recall_curve
 from trainserve.evaluation.records import EvalResult, FinishedRun
+from trainserve.evidence import decision
+from trainserve.evidence.document import SCHEMA_ID, dumps, strict_json, validate_report  # noqa: F401 (re-export)
 from trainserve.files import write_file_atomic
-
-SCHEMA_ID = "trainserve.eval/3"  # /2 plus data_check, comparison and comparison gates (fields are only added)
-SCHEMA_PATH = Path(__file__).with_name("eval_report.schema.json")
 
 
 def report_header(schema: str, config: ClientOptions, version: int) -> dict:
@@ -35,12 +34,12 @@ def report_header(schema: str, config: ClientOptions, version: int) -> dict:
 
 
 def build_report(run: FinishedRun) -> dict:
-    """The report's JSON document, its gates judged on its own metrics."""
+    """The report's JSON document; its gates and `passed` are what trainserve.evidence.decision derives from its
+    numbers, as promote will derive them again."""
     config, totals, task = run.config, run.totals, run.plan.task
     metrics = totals.tally.quality.summary()
     gates = [gate.judge(metrics) for gate in config.gates] + _comparison_gates(run.comparison, config)
     check = run.data_check.to_json() if run.data_check is not None else None
-    refused = bool(check and check["overlaps_training"])  # scored on its own training rows: no gate may pass
     report = {
         **report_header(SCHEMA_ID, config, totals.version),
         "task": task.to_json(),
@@ -59,10 +58,11 @@ def build_report(run: FinishedRun) -> dict:
         "compare_local": None,
         "min_accuracy": config.min_accuracy,
         "gates": gates,
-        "passed": all(g["passed"] for g in gates) and not refused,
+        "passed": False,  # derived below
         "data_matches_version": check["matches"] if check else None,
         "data_check": check,
         "comparison": run.comparison,
+        "evidence": run.evidence,
     }
     if config.compare_local is not None:
         agree = totals.tally.local_agree
@@ -71,7 +71,8 @@ def build_report(run: FinishedRun) -> dict:
             "max_abs_diff": totals.tally.local_max_abs_diff,
             "class_agreement": None if agree is None else agree / max(totals.tally.examples, 1),
         }
-    return json.loads(json.dumps(report, default=float))  # numpy scalars -> plain JSON numbers
+    plain = strict_json(json.loads(json.dumps(report, default=float)))  # numpy scalars -> plain JSON numbers
+    return decision.apply(plain)
 
 
 def _comparison_gates(comparison: dict | None, config) -> list[dict]:
@@ -126,16 +127,9 @@ def _performance_section(run: FinishedRun) -> dict:
     }
 
 
-def validate_report(report: dict) -> None:
-    """Raise jsonschema.ValidationError when the report does not follow the published schema."""
-    import jsonschema
-
-    jsonschema.validate(report, json.loads(SCHEMA_PATH.read_text()))
-
-
 def write_report(report: dict, path: Path) -> Path:
-    """Publish the report whole or not at all: a CI job reading it never sees half a file."""
-    return write_file_atomic(path, (json.dumps(report, indent=2) + "\n").encode())
+    """Publish the report whole or not at all, strict JSON: a CI job reading it never sees half a file, nor a NaN."""
+    return write_file_atomic(path, dumps(report).encode())
 
 
 def summary_table(report: dict) -> str:

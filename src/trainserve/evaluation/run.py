@@ -27,6 +27,7 @@ from trainserve.evaluation.data import Batch, EvalData
 from trainserve.evaluation.held_out import open_for_version
 from trainserve.evaluation.metrics import predicted_classes, task_metrics
 from trainserve.evaluation.plan import Plan, plan_requests, with_class_ids
+from trainserve.evaluation.proof import baseline_evidence, evidence_section
 from trainserve.evaluation.records import BatchAnswer, EvalResult, FinishedRun, LocalComparison, RunTotals, Tally
 from trainserve.evaluation.report import build_report
 
@@ -44,8 +45,9 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     try:
         # The version first: its own held-out split, and its record to check other data against.
         version = client.wait_until_available(target, config.wait)
-        data, data_check = open_for_version(config, version)
-        baseline = resolve_baseline(client, config, target, version) if config.compare_with else None
+        data, data_check, record = open_for_version(config, version)
+        resolved = resolve_baseline(client, config, target, version) if config.compare_with else None
+        baseline = resolved.version if resolved else None
         signature = client.signature(target, version)
         data = with_class_ids(client, target, signature, data, config.input_map, config.retries, version)
         plan, data = plan_requests(signature, data, target, config.task, config.output, config.input_map)
@@ -70,22 +72,26 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
             totals = _run_batches(predictor, data, config, show, version)
         else:
             paired = PairedRun(plan, config.top_k, (version, baseline))
-            totals, _ = totals_of(paired, run_paired(predictor.predict, data, config, paired, show))
+            totals, baseline_totals = totals_of(paired, run_paired(predictor.predict, data, config, paired, show))
     finally:
         client.close()
-    comparison = _comparison(config, paired, totals.version)
-    report = build_report(FinishedRun(config, data, plan, totals, start_rss, _peak_rss_mb(), data_check, comparison))
+    refuse_nonfinite(plan, (totals,) if paired is None else (totals, baseline_totals))
+    comparison = _comparison(config, paired, totals.version, resolved)
+    against = baseline_evidence(config, baseline, record, resolved.first_rollout) if resolved else None
+    evidence = evidence_section(config, data_check, record, totals.tally.examples, against)
+    finished = FinishedRun(config, data, plan, totals, start_rss, _peak_rss_mb(), data_check, comparison, evidence)
+    report = build_report(finished)
     if report["metrics"].get("output_kind") == "logits":
         log.warning("output %r holds logits, not probabilities: loss and curves use their softmax", plan.output)
     latencies = [t * 1000 for t in totals.tally.latencies]
     return EvalResult(report, report["passed"], latencies, totals.tally, paired.tallies[1] if paired else None)
 
 
-def _comparison(config: EvalConfig, paired: PairedRun | None, version: int | None) -> dict | None:
+def _comparison(config: EvalConfig, paired: PairedRun | None, version: int | None, baseline) -> dict | None:
     if config.compare_with is None:
         return None
     if paired is None:
-        return no_baseline(config.compare_with, version)
+        return no_baseline(config.compare_with, version, baseline.first_rollout)
     values = (paired.per_example(0), paired.per_example(1))
     return summarize(config.compare_with, paired.versions, paired.tallies, values, config.alpha, config.seed)
 
@@ -131,7 +137,7 @@ class _BatchPredictor:
     def predict(self, columns: dict[str, np.ndarray], labels: np.ndarray, version: int | None) -> BatchAnswer:
         inputs = self.plan.request_inputs(columns)
         prediction = self.client.predict(self.target, inputs, self.plan.output_filter, version, self.retries)
-        output = prediction.outputs[self.plan.output]
+        output, nonfinite = _finite(prediction.outputs[self.plan.output])
         classes = prediction.outputs[self.plan.classes_output] if self.plan.classes_output else None
         local = None
         if self.local_model is not None:
@@ -142,8 +148,36 @@ class _BatchPredictor:
             local = LocalComparison(float(np.max(np.abs(mine[self.plan.output] - output), initial=0.0)), agreeing)
         unknown = prediction.outputs[self.plan.unknown_output] if self.plan.unknown_output else None
         return BatchAnswer(
-            prediction.version, labels, output, classes, prediction.latency_s, prediction.retries, local, unknown
+            prediction.version,
+            labels,
+            output,
+            classes,
+            prediction.latency_s,
+            prediction.retries,
+            local,
+            unknown,
+            nonfinite,
         )
+
+
+def _finite(output: np.ndarray) -> tuple[np.ndarray, int]:
+    """The output with NaN and infinities zeroed, and how many examples held one: never scored (argmax would
+    read NaN as class 0), the run is refused once it ends, naming how many."""
+    if output.dtype.kind not in "fc":
+        return output, 0
+    bad = ~np.isfinite(output.reshape(len(output), -1)).all(axis=1) if output.ndim else ~np.isfinite(output)
+    count = int(np.count_nonzero(bad))
+    return (np.nan_to_num(output, nan=0.0, posinf=0.0, neginf=0.0), count) if count else (output, 0)
+
+
+def refuse_nonfinite(plan: Plan, totals: tuple[RunTotals, ...]) -> None:
+    """One line when a version answered NaN or infinite outputs: what they would score means nothing."""
+    for total in totals:
+        if total.tally.nonfinite:
+            raise TrainserveError(
+                f"version {total.version} answered NaN or infinite {plan.output!r} for {total.tally.nonfinite} of "
+                f"{total.tally.examples} examples: expected numbers (a diverged training?); nothing was scored"
+            )
 
 
 def _predicted(outputs: dict[str, np.ndarray], plan: Plan) -> np.ndarray:

@@ -25,9 +25,11 @@ def add_parsers(commands) -> None:
             PromoteConfig,
             run_promote,
             "move `stable` to the candidate whose eval report passed",
-            "Read the eval report of the candidate (trainserve eval --label candidate --report FILE); if it is for "
-            "the candidate's model and version and it passed (or --force), label the candidate `stable` and keep "
-            "the old stable loaded as `previous`. A refusal rewrites nothing.",
+            "Read the eval report of the candidate (trainserve eval --label candidate --report FILE), check it "
+            "against its schema and re-derive its decision: its gates from its numbers, its baseline against the "
+            "config's stable, the version's files against those it evaluated, its data as the version's own "
+            "held-out split, evaluated whole. Then label the candidate `stable` and keep the old stable loaded as "
+            "`previous`. A refusal rewrites nothing; --override CHECK --reason TEXT passes a check, on the record.",
         ),
         (
             "rollback",
@@ -66,7 +68,10 @@ def run_promote(args: argparse.Namespace) -> int:
 
     config = config_from_args(PromoteConfig, args)
     config.check()
-    print(f"promoted: {promote(config, _rollout_server(config)).describe()}")
+    change = promote(config, _rollout_server(config))
+    overridden = change.record["overridden"]
+    said = f" OVERRIDING {', '.join(overridden)} (reason: {config.reason})" if overridden else ""
+    print(f"promoted{said}: {change.describe()}")
     return 0
 
 

@@ -5,6 +5,7 @@ Kept free of TensorFlow and gRPC so that `--help` and the refusals answer at onc
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,17 @@ from trainserve.tls import ClientTls
 CONFIG_HELP = "the ModelServerConfig text proto serving polls (--model_config_file); rewritten atomically"
 SERVER_HELP = "gRPC HOST:PORT of the server: wait until it serves the change (default: do not wait)"
 WAIT_HELP = "seconds to wait for the server to apply the change (its config poll, a model load)"
+# What promote checks of a report, each refusal overridable by name (trainserve.rollout.checks says what each is).
+CHECKS = ("gates", "baseline", "files", "evidence", "partial", "server")
+
+
+def parse_checks(text: str) -> tuple[str, ...]:
+    """`evidence,partial` -> ("evidence", "partial"); an unknown name names the known ones."""
+    names = tuple(filter(None, (part.strip() for part in text.split(","))))
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected one or more of {', '.join(CHECKS)}")
+    return names
 
 
 def check_server(wait: float, tls: ClientTls) -> None:
@@ -50,7 +62,14 @@ class PromoteConfig:
 
     config: Path = option(Path("models.config"), CONFIG_HELP)
     report: Path | None = option(None, "the eval report (trainserve eval --label candidate --report FILE)")
-    force: bool = option(False, "promote even though the report did not pass (logged, and kept in the history)")
+    override: tuple[str, ...] = option(
+        (),
+        f"CHECK[,CHECK]: promote although these checks refuse ({', '.join(CHECKS)}); needs --reason, and the "
+        "history keeps both (a flag only: never read from the environment)",
+        parse=parse_checks,
+        env=False,
+    )
+    reason: str = option("", "why the --override, for the history", env=False)
     server: str | None = option(None, SERVER_HELP)
     wait: float = option(120.0, WAIT_HELP)
     tls: ClientTls = option(factory=ClientTls)
@@ -58,6 +77,8 @@ class PromoteConfig:
     def check(self) -> None:
         if self.report is None:
             raise TrainserveError("expected --report: the eval report of the candidate")
+        if self.override and not self.reason.strip():
+            raise TrainserveError(f"--override {','.join(self.override)}: expected --reason TEXT, kept in the history")
         check_server(self.wait, self.tls)
 
 

@@ -2,22 +2,24 @@
 appends to the history; a refusal changes nothing, and neither does a candidate that fails to load.
 
     candidate: newest published version N -> loaded (policy gains N) -> AVAILABLE -> label candidate = N
-    promote:   an eval report for N that passed -> stable = N, previous = the old stable (kept loaded)
+    promote:   an eval report for N whose checks hold (rollout/checks.py) -> stable = N, previous = the old
+               stable (kept loaded)
     rollback:  stable = previous; the rolled-back version unloads
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from trainserve.errors import TrainserveError
+from trainserve.evidence.decision import decide, gate_words
+from trainserve.evidence.document import ReadReport, read_report
 from trainserve.files import write_file_atomic
 from trainserve.layout import numeric_versions
+from trainserve.rollout.checks import Refusal, refusals
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
 from trainserve.rollout.config_file import find_model, history_path, locked, new_config, read_config, write_config
 from trainserve.rollout.history import append_history
@@ -103,47 +105,33 @@ def _version_to_stage(model, asked: int | None, current: Rollout) -> int:
     return newest
 
 
-def read_report(path: Path) -> dict:
-    """An eval report, with the fields promote relies on."""
-    try:
-        report = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise TrainserveError(
-            f"eval report {path} cannot be read ({exc.strerror}): expected an eval --report"
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise TrainserveError(f"eval report {path} is not JSON ({exc.msg}, line {exc.lineno})") from None
-    missing = [k for k in ("model", "version", "passed") if not isinstance(report, dict) or k not in report]
-    if missing:
-        raise TrainserveError(f"eval report {path} has no {', '.join(missing)}: expected a trainserve eval report")
-    return report
-
-
 def promote(config: PromoteConfig, server: Server | None = None) -> Change:
-    """stable -> the candidate, when the report is that candidate's and it passed (or --force)."""
+    """stable -> the candidate, when every check of its report holds (or is overridden, with a reason)."""
     config.check()
-    report = read_report(config.report)
+    read = read_report(config.report)
+    report = read.report
     path = config.config
     with locked(path):
         served = read_config(path)
-        model = find_model(served, path, None if report["model"] is None else str(report["model"]))
+        model = find_model(served, path, report["model"])
         before = Rollout.of(model)
-        version = _check_report(report, config, model, before)
+        version = _candidate_of(report, config, model, before)
+        overridden = _judge(refusals(read, config, model.base_path, before), config)
         if server is not None:  # reachable, and serving the candidate, before anything is rewritten
             server.wait_available(model.name, version, config.wait)
         after = before.promoted()
         apply_rollout(model, after)
         write_config(path, served)
-        record = _record("promote", model.name, before, after, **_report_fields(config.report, report))
-        record["forced"] = config.force
+        record = _record("promote", model.name, before, after, **_report_fields(read))
+        record.update(overridden=overridden, reason=config.reason or None)
         entry = append_history(history_path(path), record)
     if server is not None:
         server.wait_label(model.name, STABLE, version, config.wait)
     return Change(model.name, before, after, entry)
 
 
-def _check_report(report: dict, config: PromoteConfig, model, current: Rollout) -> int:
-    """The candidate version the report vouches for; every refusal names what was expected."""
+def _candidate_of(report: dict, config: PromoteConfig, model, current: Rollout) -> int:
+    """The candidate version the report is about; no override makes a report of another version count."""
     version = report["version"]
     if current.candidate is None:
         raise TrainserveError(
@@ -157,39 +145,21 @@ def _check_report(report: dict, config: PromoteConfig, model, current: Rollout) 
         )
     if not (Path(model.base_path) / str(version)).is_dir():
         raise TrainserveError(f"model {model.name} version {version} is not on disk under {model.base_path}")
-    if not report.get("gates"):
-        # `all([])` is true: a report that judged nothing "passes"; no gate, no promotion.
-        if not config.force:
-            raise TrainserveError(
-                f"eval report {config.report} applied no gate: expected trainserve eval with --min-accuracy, "
-                "--require or --compare-with (--force promotes anyway, and says so in the history)"
-            )
-        log.warning("promoting model %s version %d on a report that applied no gate: --force", model.name, version)
-    if not report["passed"]:
-        why = _failed_gates(report)
-        if not config.force:
-            raise TrainserveError(
-                f"eval report {config.report}: version {version} did not pass ({why}): not promoted "
-                "(--force promotes anyway, and says so in the history)"
-            )
-        log.warning(
-            "promoting model %s version %d although its evaluation FAILED (%s): --force",
-            model.name,
-            version,
-            why,
-        )
     return version
 
 
-def _failed_gates(report: dict) -> str:
-    """What failed, in the report's words: its gates, or accuracy against --min-accuracy."""
-    gates = [g for g in report.get("gates") or [] if isinstance(g, dict) and not g.get("passed", True)]
-    if gates:
-        return "; ".join(f"{g.get('metric')} {g.get('value')} is not {g.get('op')} {g.get('threshold')}" for g in gates)
-    accuracy = report.get("metrics", {}).get("accuracy")
-    return (
-        f"accuracy {accuracy} below --min-accuracy {report.get('min_accuracy')}" if accuracy is not None else "failed"
-    )
+def _judge(found: list[Refusal], config: PromoteConfig) -> list[str]:
+    """Refuse on the first check not overridden (each other one logged); returns the checks overridden."""
+    blocking = [r for r in found if r.check not in config.override]
+    if blocking:
+        for refusal in blocking[1:]:
+            log.error("also refused (%s): %s", refusal.check, refusal.said)
+        raise TrainserveError(
+            f"{blocking[0].said}: not promoted (--override {blocking[0].check} --reason TEXT promotes anyway)"
+        )
+    for refusal in found:
+        log.warning("OVERRIDDEN (%s, reason: %s): %s", refusal.check, config.reason, refusal.said)
+    return sorted({r.check for r in found})
 
 
 def rollback(config: RollbackConfig, server: Server | None = None) -> Change:
@@ -213,25 +183,22 @@ def _record(action: str, model: str, before: Rollout, after: Rollout, **extra) -
     return {"action": action, "model": model, "before": before.labels(), "after": after.labels(), **extra}
 
 
-def _report_fields(path: Path, report: dict) -> dict:
-    """Which report justified a promotion: its path, digest, creation time, result."""
+def _report_fields(read: ReadReport) -> dict:
+    """Which report justified a promotion: its path, the SHA-256 of the bytes judged, what it proved."""
+    report = read.report
     return {
-        "report": str(path),
-        "report_sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
+        "report": str(read.path),
+        "report_sha256": read.sha256,
         "report_created": report.get("created"),
         "report_label": report.get("label"),
         "accuracy": report.get("metrics", {}).get("accuracy"),
-        "min_accuracy": report.get("min_accuracy"),
-        "passed": report["passed"],
-        "gates": [_gate_said(g) for g in report.get("gates") or [] if isinstance(g, dict)],
+        "passed": decide(report).passed,
+        "gates": [_gate_said(g) for g in report["gates"]],
         "verdict": (report.get("comparison") or {}).get("verdict_line"),
-        "data_matches_version": report.get("data_matches_version"),
+        "evidence": (report.get("evidence") or {}).get("kind"),
     }
 
 
 def _gate_said(gate: dict) -> str:
     """A gate in a few words, for the history: `accuracy >= 0.9: passed`."""
-    said = f"{gate.get('metric')} {gate.get('op')} {gate.get('threshold')}"
-    if gate.get("baseline_version") is not None:
-        said += f" vs version {gate['baseline_version']}"
-    return f"{said}: {'passed' if gate.get('passed') else 'failed'}"
+    return f"{gate_words(gate)}: {'passed' if gate.get('passed') else 'failed'}"

@@ -21,7 +21,7 @@ import numpy as np
 from trainserve.data import Dataset
 from trainserve.errors import TrainserveError
 from trainserve.image_splits import ImageHeldOutSplit
-from trainserve.layout import UNKNOWN_CATEGORIES, write_warmup_requests
+from trainserve.layout import UNKNOWN_CATEGORIES, version_files_sha256, write_warmup_requests
 from trainserve.plots import plot_training_curves
 from trainserve.sources import load_dataset
 from trainserve.sources.image_folder import IMAGE_BYTES
@@ -290,7 +290,8 @@ def _export_and_publish(
         staging_dir(config.export_base / config.model_name), prepare, metadata, config.retention
     )
     if config.data_dir is not None:  # eval finds the version's split here, without the models volume
-        write_version_record(config.data_dir, config.model_name, published.version, metadata)
+        files = version_files_sha256(published.path)
+        write_version_record(config.data_dir, config.model_name, published.version, metadata, files)
     return published
 
 

@@ -1,0 +1,114 @@
+"""The decision an eval report's numbers support, re-derived from them: every gate judged again from the
+metrics and the comparison the report holds, then the data check and the baseline's rows.
+
+Eval writes `passed` through this module, `report merge` recomputes it here, and promote re-derives it here
+rather than trusting the field: a report whose gates say "passed" while its numbers say otherwise (edited by
+hand, or by a bug) is refused, not obeyed. A gate kind with no rule here cannot be re-derived and never passes.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+_OPS = {">=": operator.ge, "<=": operator.le}
+COMPARISON_KINDS = ("change", "significance")
+
+
+def holds(op: str, value: float, threshold: float) -> bool:
+    """`value op threshold` for the two ops a gate may carry."""
+    return bool(_OPS[op](value, threshold))
+
+
+def change_of(candidate: float, baseline: float, relative: bool) -> float:
+    """candidate - baseline, or in % of the baseline's value (TFMA's relative change threshold)."""
+    change = candidate - baseline
+    if not relative or change == 0:
+        return 0.0 if change == 0 else change
+    return change / abs(baseline) * 100 if baseline else float("inf") * change
+
+
+def significantly_worse(metric: dict, p_value: float, alpha: float) -> bool:
+    """The comparison's verdict "worse": p below alpha and the difference in the worse direction."""
+    if p_value >= alpha or metric["difference"] == 0:
+        return False
+    return metric["difference"] < 0 if metric["higher_is_better"] else metric["difference"] > 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Each gate's re-derived result (None: no rule derives it) and why the report does not pass, if it does not."""
+
+    gates: list[bool | None]
+    failures: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def decide(report: dict) -> Decision:
+    """What the report's numbers support, whatever its `passed` fields say."""
+    derived = [derive_gate(gate, report) for gate in report.get("gates", [])]
+    failures = [] if derived else ["it applied no gate (expected --min-accuracy, --require or --compare-with)"]
+    for gate, result in zip(report.get("gates", []), derived):
+        if result is None:
+            failures.append(f"gate {gate_words(gate)} cannot be re-derived from the report's numbers")
+        elif result != gate.get("passed"):
+            failures.append(f"gate {gate_words(gate)} says passed={gate.get('passed')} but its numbers say {result}")
+        elif not result:
+            failures.append(gate.get("said") or f"{gate_words(gate)} does not hold (value {gate.get('value')})")
+    check = report.get("data_check") or {}
+    if check.get("overlaps_training"):
+        failures.append(f"the data holds rows version {report.get('version')} trained on ({check.get('note')})")
+    return Decision(derived, failures)
+
+
+def apply(report: dict) -> dict:
+    """`report` with each gate's `passed` and the report's `passed` set to what its numbers support."""
+    for gate in report["gates"]:
+        gate["passed"] = bool(derive_gate(gate, report))
+    report["passed"] = decide(report).passed
+    return report
+
+
+def derive_gate(gate: dict, report: dict) -> bool | None:
+    """One gate judged again from the report's own numbers."""
+    kind = gate.get("kind")
+    if kind is None:
+        value = (report.get("metrics") or {}).get(gate.get("metric"))
+        return value is not None and value == gate.get("value") and holds(gate["op"], value, gate["threshold"])
+    comparison = report.get("comparison") or {}
+    metrics = comparison.get("metrics") or {}
+    if kind not in COMPARISON_KINDS or gate.get("baseline_version") != (comparison.get("baseline") or {}).get(
+        "version"
+    ):
+        return None
+    if baseline_rows(report) == "overlapping":
+        return False  # the baseline was scored on rows it trained on: flattered, so no comparison can pass
+    if kind == "change":
+        metric = metrics.get(gate["metric"])
+        if metric is None:
+            return None
+        change = change_of(metric["candidate"], metric["baseline"], bool(gate.get("relative")))
+        return change == gate.get("value") and holds(gate["op"], change, gate["threshold"])
+    primary = metrics.get(comparison.get("primary_metric"))
+    p_value = (comparison.get("test") or {}).get("p_value")
+    if primary is None or p_value is None or p_value != gate.get("value"):
+        return None
+    return not significantly_worse(primary, p_value, gate["threshold"])
+
+
+def baseline_rows(report: dict) -> str | None:
+    """What the evidence says of the rows the baseline trained on: disjoint, overlapping, unknown (None: no
+    baseline)."""
+    baseline = (report.get("evidence") or {}).get("baseline") or {}
+    return baseline.get("rows")
+
+
+def gate_words(gate: dict) -> str:
+    """A gate in a few words: `accuracy >= 0.9`, `accuracy not worse vs version 3`."""
+    said = f"{gate.get('metric')} {gate.get('op')} {gate.get('threshold')}"
+    if gate.get("baseline_version") is not None:
+        said += f" vs version {gate['baseline_version']}"
+    return said

@@ -1,0 +1,134 @@
+"""Eval reports for the rollout tests that need no server: complete, valid against the published schema, and
+vouching for the files of a version directory on disk, as `trainserve eval --data-dir` writes them."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from trainserve.evidence import decision
+from trainserve.evidence.document import SCHEMA_ID
+from trainserve.layout import version_files_sha256
+
+
+def eval_report(version_dir: Path, model: str = "m", accuracy: float = 0.95, threshold: float | None = 0.9) -> dict:
+    """A passing (or, below `threshold`, failing) report of `version_dir` on its own held-out split."""
+    version = int(version_dir.name)
+    correct = round(accuracy * 100)
+    report = {
+        "schema": SCHEMA_ID,
+        "created": "2026-11-26T12:00:00Z",
+        "trainserve": "test",
+        "server": "serve-cpu:8500",
+        "model": model,
+        "version": version,
+        "label": "candidate",
+        "signature": "serving_default",
+        "task": {"kind": "classification", "classes": 2, "targets": 0, "label_names": ["a", "b"]},
+        "output": "probabilities",
+        "data": {"source": "held-out", "name": f"held-out split of version {version}", "examples": 100, "inputs": {}},
+        "settings": {"batch_size": 32, "concurrency": 1, "timeout_s": 10, "retries": 0, "limit": None, "shard": None},
+        "metrics": {
+            "accuracy": correct / 100,
+            "top_k": 1,
+            "top_k_accuracy": correct / 100,
+            "loss": 0.3,
+            "per_class": [],
+            "confusion_matrix": [[correct, 0], [100 - correct, 0]],
+            "output_kind": "probabilities",
+        },
+        "performance": {
+            "wall_s": 1.0,
+            "examples_per_s": 100.0,
+            "requests": 4,
+            "retries": 0,
+            "failed_requests": 0,
+            "latency_ms": {"p50": 1.0, "p90": 1.0, "p99": 1.0, "max": 1.0, "mean": 1.0},
+            "client_rss_mb": {"start": 1.0, "peak": 1.0},
+        },
+        "compare_local": None,
+        "min_accuracy": threshold,
+        "gates": [],
+        "passed": False,
+        "data_matches_version": True,
+        "data_check": {
+            "version_fingerprint": "f" * 64,
+            "data_fingerprint": "f" * 64,
+            "matches": True,
+            "overlaps_training": False,
+            "note": "the held-out split it was trained beside",
+        },
+        "comparison": None,
+        "evidence": {
+            "kind": "own-split",
+            "said": "the held-out split it was trained beside",
+            "examples": 100,
+            "split_examples": 100,
+            "partial": False,
+            "version": {"files_sha256": version_files_sha256(version_dir), "created": "2026-11-26T11:00:00Z"},
+            "baseline": None,
+        },
+    }
+    if threshold is not None:
+        report["gates"] = [
+            {"metric": "accuracy", "op": ">=", "threshold": threshold, "value": correct / 100, "passed": False}
+        ]
+    return decision.apply(report)
+
+
+def compared_with(report: dict, baseline: int | None, p_value: float = 0.4, difference: float = 0.0) -> dict:
+    """`report` as eval --compare-with writes it: against `baseline` (None: a first rollout), with its gate."""
+    report = copy.deepcopy(report)
+    version = report["version"]
+    if baseline is None:
+        report["comparison"] = {
+            "baseline": {"reference": "stable", "version": None},
+            "candidate_version": version,
+            "verdict": "no baseline",
+            "verdict_line": f"v{version}: nothing to compare with (first rollout)",
+        }
+        report["evidence"]["baseline"] = {"reference": "stable", "version": None, "rows": None, "said": "first"}
+        return decision.apply(report)
+    accuracy = report["metrics"]["accuracy"]
+    metric = {
+        "candidate": accuracy,
+        "baseline": accuracy - difference,
+        "difference": difference,
+        "interval": [difference - 0.01, difference + 0.01],
+        "higher_is_better": True,
+    }
+    report["comparison"] = {
+        "baseline": {"reference": "stable", "version": baseline},
+        "candidate_version": version,
+        "primary_metric": "accuracy",
+        "metrics": {"accuracy": metric},
+        "test": {"name": "McNemar's exact test", "p_value": p_value},
+        "verdict": "no significant difference",
+        "verdict_line": f"v{version} vs v{baseline}: no significant difference (p={p_value})",
+        "alpha": 0.05,
+    }
+    report["gates"].append(
+        {
+            "kind": "significance",
+            "metric": "accuracy",
+            "op": "not worse",
+            "threshold": 0.05,
+            "value": p_value,
+            "baseline_version": baseline,
+            "passed": False,
+            "said": f"accuracy is significantly worse than version {baseline}",
+        }
+    )
+    report["evidence"]["baseline"] = {
+        "reference": "stable",
+        "version": baseline,
+        "rows": "disjoint",
+        "said": f"version {baseline} held out these same rows",
+    }
+    return decision.apply(report)
+
+
+def write(report: dict, path: Path) -> Path:
+    path.write_text(json.dumps(report, indent=2))
+    return path
