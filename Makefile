@@ -145,14 +145,16 @@ test-fast: venv ## Only the unit tier: in process, no subprocess TensorFlow, no 
 	$(BIN)/python -m pytest -m unit $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profile (with and without TLS)
+lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profile (with and without TLS), promtool
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/hadolint images/*/Dockerfile scripts/standins/*.Dockerfile
-	$(BIN)/yamllint compose.yaml compose.tls.yaml .yamllint.yaml
+	$(BIN)/yamllint compose.yaml compose.tls.yaml .yamllint.yaml monitoring
+	promtool check rules monitoring/rules.yml
+	promtool check config monitoring/prometheus.yml monitoring/prometheus-compose.yml
 	for files in "-f compose.yaml" "-f compose.yaml -f compose.tls.yaml"; do \
 		$(BIN)/docker-compose $$files config --quiet; \
-		for profile in train eval promote capture; do $(BIN)/docker-compose $$files --profile $$profile config --quiet; done; \
+		for profile in train eval promote capture monitoring; do $(BIN)/docker-compose $$files --profile $$profile config --quiet; done; \
 	done
 	for dir in k8s/base k8s/overlays/*; do \
 		kubectl kustomize $$dir > $(VENV)/rendered.yaml; \
@@ -164,6 +166,10 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 docs: venv ## The documentation site into site/: mkdocs build --strict (a broken link or anchor, or a page left out, fails)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
+.PHONY: monitoring-rules
+monitoring-rules: venv ## Regenerate k8s/components/monitoring/prometheusrule.yaml from monitoring/rules.yml
+	$(BIN)/python scripts/prometheus_rule.py
+
 .PHONY: bench
 bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/loop.py
@@ -174,6 +180,7 @@ bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/serve_batching.py
 	$(BIN)/python bench/compare_cost.py
 	$(BIN)/python bench/capture_cost.py
+	$(BIN)/python bench/soak_versions.py
 
 # One export per image, from the same lock: eval is the core install (no TensorFlow); the GPU image keeps its
 # base's TensorFlow (no tensorflow-cpu); serve.txt is serve-local with the CPU TensorFlow (the test stand-in).

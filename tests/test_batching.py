@@ -180,10 +180,14 @@ def test_concurrent_clients_get_unbatched_answers_without_padding(serve_in_proce
     assert batches < len(requests) and merged > 0, "batches larger than two requests' worth ran"
     assert metric(text, ":tensorflow:serving:batching_session:padding_size_sum") > 0
     assert metric(text, ":tensorflow:serving:batching_session:input_batch_size_count") == len(requests)
-    latency = ':tensorflow:serving:request_latency_count{model_name="m",API="Predict",entrypoint="GRPC"}'
+    latency = ':tensorflow:serving:request_latency_count{model_name="m",version="1",API="Predict",entrypoint="GRPC"}'
     assert metric(text, latency) == len(requests)
-    assert re.search(r'request_latency_bucket\{model_name="m",API="Predict",entrypoint="GRPC",le="\+Inf"\}', text)
-    assert metric(text, ':tensorflow:serving:request_count{model_name="m",api="predict",status="OK"}') == len(requests)
+    assert re.search(
+        r'request_latency_bucket\{model_name="m",version="1",API="Predict",entrypoint="GRPC",le="\+Inf"\}', text
+    )
+    assert metric(
+        text, ':tensorflow:serving:request_count{model_name="m",version="1",api="predict",status="OK"}'
+    ) == len(requests)
 
 
 @pytest.mark.unit
@@ -208,7 +212,7 @@ def test_full_queue_is_unavailable_and_stopping_drains_queued_requests(
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "is full" in error.details()
     status, body = server.post("/v1/models/m:predict", {"instances": images.tolist()})  # REST's blocking path
     assert status == 503 and "is full" in body["error"], (status, body)
-    refused = ':tensorflow:serving:request_count{model_name="m",api="predict",status="UNAVAILABLE"}'
+    refused = ':tensorflow:serving:request_count{model_name="m",version="1",api="predict",status="UNAVAILABLE"}'
     assert metric(scrape(server), refused) == 2, "the gRPC and the REST refusal, each counted by its status"
     # Stop as SIGTERM does (test_serve_local sends the signal to a process): the drain runs the open batch now,
     # so the answers come although its timeout is an hour away.

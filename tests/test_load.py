@@ -28,9 +28,10 @@ from conftest import (
 from trainserve.cli import main
 from trainserve.client import Signature
 from trainserve.evaluation.load.config import LoadConfig
+from trainserve.evaluation.load.inputs import PREDICT_METHOD, synthetic_inputs
 from trainserve.evaluation.load.measure import Load, Recorder, Request, Window, is_stable, poisson_arrivals
 from trainserve.evaluation.load.report import best_point, validate_load_report
-from trainserve.evaluation.load.sweep import PREDICT_METHOD, run_sweep, synthetic_inputs
+from trainserve.evaluation.load.sweep import run_sweep
 from trainserve.protos import predict_pb2
 from trainserve.savedmodel import LoadedModel, TensorSpecInfo
 from trainserve.sources import load_dataset

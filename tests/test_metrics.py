@@ -51,9 +51,15 @@ def series(families: dict) -> int:
     return sum(len(family.samples) for family in families.values())
 
 
-def request_count(families: dict, model: str, api: str, status: str) -> float:
+def request_count(families: dict, model: str, api: str, status: str, version: str | None = None) -> float:
+    """Requests counted with these labels (of every version unless one is named)."""
+    want = {"model_name": model, "api": api, "status": status}
     samples = families[REQUEST_COUNT].samples
-    return sum(s.value for s in samples if s.labels == {"model_name": model, "api": api, "status": status})
+    return sum(
+        s.value
+        for s in samples
+        if {k: v for k, v in s.labels.items() if k != "version"} == want and version in (None, s.labels["version"])
+    )
 
 
 def ask_for(server, predict, model_service, name: str) -> None:
@@ -123,3 +129,63 @@ def test_rest_predict_failures_are_counted_like_grpc_ones(server):
     for model, status in ((UNKNOWN_MODEL, "NOT_FOUND"), ("m", "INVALID_ARGUMENT")):
         grew = request_count(after, model, "predict", status) - request_count(before, model, "predict", status)
         assert grew == 1, (model, status)
+
+
+def test_requests_are_counted_by_the_version_that_answered(serve_in_process, model_versions, tmp_path):
+    """Two versions side by side, asked by number and by label: each version's requests and latency are its own
+    series (TF Serving has no version label); a version that does not exist is counted with none."""
+    from serving_fixtures import serve_every_version
+
+    base = tmp_path / "m"
+    for version in (1, 2):
+        install_version(model_versions[version - 1], base, version)
+    monitoring = tmp_path / "monitoring.config"
+    monitoring.write_text(MONITORING)
+    server = serve_every_version(
+        tmp_path / "models.config",
+        "m",
+        base,
+        (1, 2),
+        {"stable": 1, "canary": 2},
+        "--allow_version_labels_for_unavailable_models",
+        f"--monitoring_config_file={monitoring}",
+    )
+    try:
+        predict, _ = stubs(server)
+        for request in [predict_request(version=1), predict_request(label="stable"), predict_request(label="canary")]:
+            predict.Predict(request, timeout=30)
+        with pytest.raises(grpc.RpcError) as err:
+            predict.Predict(predict_request(version=7), timeout=30)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        families = scrape(server)
+    finally:
+        assert server.stop() == 0
+    assert request_count(families, "m", "predict", "OK", version="1") == 2
+    assert request_count(families, "m", "predict", "OK", version="2") == 1
+    assert request_count(families, "m", "predict", "NOT_FOUND", version="") == 1
+    latency = families[":tensorflow:serving:request_latency"].samples
+    counts = {s.labels["version"]: s.value for s in latency if s.name.endswith("_count")}
+    assert counts == {"1": 2, "2": 1, "": 1}
+    states = families[":trainserve:serve_local:version_state"].samples
+    assert {(s.labels["version"], s.labels["state"], s.labels["error_code"], s.value) for s in states} == {
+        ("1", "AVAILABLE", "OK", 1),
+        ("2", "AVAILABLE", "OK", 1),
+    }
+
+
+def test_version_state_leaves_out_versions_unloaded_on_purpose():
+    """A failed load stays on the page (END, UNKNOWN); a version unloaded on purpose does not, or every version
+    ever published would add a series."""
+    from types import SimpleNamespace
+
+    from trainserve.serving.manager import State, VersionState
+    from trainserve.serving.metrics import version_state_lines
+
+    versions = {1: VersionState(1, State.END), 2: VersionState(2, State.END, "load failed"), 3: VersionState(3)}
+    versions[3].state = State.AVAILABLE
+    lines = version_state_lines(SimpleNamespace(models={"m": SimpleNamespace(versions=versions)}))
+    series = [line for line in lines if not line.startswith("#")]
+    assert series == [
+        ':trainserve:serve_local:version_state{model_name="m",version="2",state="END",error_code="UNKNOWN"} 1',
+        ':trainserve:serve_local:version_state{model_name="m",version="3",state="AVAILABLE",error_code="OK"} 1',
+    ]

@@ -84,8 +84,16 @@ def test_one_tensorflow_version_everywhere():
 
 @pytest.mark.parametrize(
     "profiles",
-    [[], ["train"], ["eval"], ["promote"], ["capture"], ["train", "eval", "promote", "capture"]],
-    ids=["default", "train", "eval", "promote", "capture", "all"],
+    [
+        [],
+        ["train"],
+        ["eval"],
+        ["promote"],
+        ["capture"],
+        ["monitoring"],
+        ["train", "eval", "promote", "capture", "monitoring"],
+    ],
+    ids=["default", "train", "eval", "promote", "capture", "monitoring", "all"],
 )
 def test_compose_config_is_valid_for_every_profile(profiles):
     compose = shutil.which("docker-compose", path=str(BIN)) or shutil.which("docker-compose")
@@ -114,6 +122,15 @@ def test_compose_config_is_valid_for_every_profile(profiles):
         for step in ("candidate", "promote", "rollback"):
             assert services[step]["image"].rpartition(":")[0] == "trainserve/eval", step
             assert services[step]["entrypoint"] == ["trainserve"] and services[step]["command"][0] == step
+    if "monitoring" in profiles:  # the repository's scrape config and rules, read-only; the UI on loopback only
+        prometheus = services["prometheus"]
+        (mount,) = [v for v in prometheus["volumes"] if v["target"] == "/etc/trainserve-monitoring"]
+        assert mount["read_only"] and Path(mount["source"]) == REPO / "monitoring"
+        config = next(a for a in prometheus["command"] if a.startswith("--config.file="))
+        assert (REPO / "monitoring" / Path(config.split("=", 1)[1]).name).is_file()
+        assert all(p["host_ip"] == "127.0.0.1" for p in prometheus["ports"]) and "healthcheck" in prometheus
+    else:
+        assert "prometheus" not in services, "opt-in: only with --profile monitoring"
 
 
 def test_dockerfiles_pass_hadolint():

@@ -7,7 +7,11 @@ the real server read serve-local too:
   model_name, API, entrypoint; buckets 10 x 1.8^i, i < 33), from servables/tensorflow/util.cc;
 - with batching, `:tensorflow:serving:batching_session:{input_batch_size,processed_batch_size,padding_size}`
   from batching/batching_session.cc (TF Serving samples these as percentiles; here they are histograms).
-Our request_count keeps an `api` label TF Serving's lacks; `available_versions` is serve-local's own.
+Our request_count keeps an `api` label TF Serving's lacks; `available_versions` and `version_state` (one
+series per version, labelled with its state and error code) are serve-local's own. Both request metrics carry a
+`version` label TF Serving has none of (tensorflow/serving#1970): the version a request was answered by, so a
+canary's errors and latency are seen apart from stable's; "" when no version was resolved (an unknown model or
+version, a status call), which Prometheus stores as the label being absent.
 
 The page follows the text exposition format (prometheus.io/docs/instrumenting/exposition_formats): label
 values escape backslash, double quote and line feed, HELP text backslash and line feed. TF Serving's exporter
@@ -23,7 +27,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-from trainserve.serving.manager import ModelManager
+from trainserve.serving.manager import ModelManager, State
 
 CONTENT_TYPE = "text/plain; version=0.0.4"
 PREFIX = ":tensorflow:serving"
@@ -46,17 +50,19 @@ def _header(name: str, kind: str, help_text: str) -> list[str]:
 
 
 class RequestCounter:
-    """Finished requests by (model name, API, gRPC status name); request threads add concurrently."""
+    """Finished requests by (model name, version, API, gRPC status name); request threads add concurrently."""
+
+    LABELS = ("model_name", "version", "api", "status")
 
     def __init__(self) -> None:
-        self._counts: Counter[tuple[str, str, str]] = Counter()
+        self._counts: Counter[tuple[str, str, str, str]] = Counter()
         self._lock = threading.Lock()
 
-    def add(self, model_name: str, api: str, status: str) -> None:
+    def add(self, model_name: str, version: str, api: str, status: str) -> None:
         with self._lock:
-            self._counts[(model_name, api, status)] += 1
+            self._counts[(model_name, version, api, status)] += 1
 
-    def snapshot(self) -> list[tuple[tuple[str, str, str], int]]:
+    def snapshot(self) -> list[tuple[tuple[str, str, str, str], int]]:
         """The counts sorted by their labels, so the exposition is stable between scrapes."""
         with self._lock:
             return sorted(self._counts.items())
@@ -104,7 +110,7 @@ class ServingMetrics:
         default_factory=lambda: Histogram(
             f"{PREFIX}:request_latency",
             "Distribution of wall time (in microseconds) for Tensorflow Serving request.",
-            ("model_name", "API", "entrypoint"),
+            ("model_name", "version", "API", "entrypoint"),
             LATENCY_BUCKETS,
         )
     )
@@ -141,7 +147,7 @@ class ServingMetrics:
 def prometheus_text(metrics: ServingMetrics, manager: ModelManager, batching: bool = False) -> str:
     lines = _header(f"{PREFIX}:request_count", "counter", "The total number of requests.")
     for labels, count in metrics.requests.snapshot():
-        lines.append(f"{PREFIX}:request_count{_labels(('model_name', 'api', 'status'), labels)} {count}")
+        lines.append(f"{PREFIX}:request_count{_labels(RequestCounter.LABELS, labels)} {count}")
     lines += metrics.request_latency.lines()
     if batching:
         lines += metrics.input_batch_size.lines() + metrics.processed_batch_size.lines()
@@ -150,4 +156,20 @@ def prometheus_text(metrics: ServingMetrics, manager: ModelManager, batching: bo
     lines += _header(versions, "gauge", "Versions of each configured model AVAILABLE now.")
     for name, model in sorted(manager.models.items()):
         lines.append(f"{versions}{_labels(('model_name',), (name,))} {len(model.available())}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + version_state_lines(manager)) + "\n"
+
+
+def version_state_lines(manager: ModelManager) -> list[str]:
+    """One series per version the server knows, in its state: a failed load is END with error_code UNKNOWN
+    (what GetModelStatus reports), so an alert can tell it from a version unloaded on purpose. Versions unloaded
+    on purpose (END, OK) are left out: GetModelStatus keeps them all, but a series each would grow the page with
+    every version ever published."""
+    name = ":trainserve:serve_local:version_state"
+    lines = _header(name, "gauge", "1 for each version of each configured model, labelled with its state.")
+    for model_name, model in sorted(manager.models.items()):
+        for version, state in sorted(list(model.versions.items())):
+            if state.state == State.END and not state.error_message:
+                continue
+            values = (model_name, str(version), State.Name(state.state), state.error_code)
+            lines.append(f"{name}{_labels(('model_name', 'version', 'state', 'error_code'), values)} 1")
+    return lines

@@ -105,15 +105,17 @@ class Tracked:
     A class, not a @contextmanager: it runs on the event loop for every request, where a generator
     object per request is work that can be spared."""
 
-    __slots__ = ("servables", "labels", "started")
+    __slots__ = ("servables", "labels", "started", "version")
 
     def __init__(self, servables: Servables, name: str, api: str, entrypoint: str):
         self.servables, self.labels = servables, (name, api, entrypoint)
+        self.version = ""  # the version that answers, once resolved: the metrics' `version` label
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> Tracked:
         with self.servables._lock:
             self.servables._inflight += 1
         self.started = time.perf_counter()
+        return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         micros = (time.perf_counter() - self.started) * 1e6
@@ -121,8 +123,8 @@ class Tracked:
         with servables._lock:
             servables._inflight -= 1
         name = name if name in servables.manager.models else UNKNOWN_MODEL
-        servables.metrics.requests.add(name, api, outcome(exc))
-        servables.metrics.request_latency.observe(micros, name, LATENCY_API[api], entrypoint)
+        servables.metrics.requests.add(name, self.version, api, outcome(exc))
+        servables.metrics.request_latency.observe(micros, name, self.version, LATENCY_API[api], entrypoint)
 
 
 @dataclass
@@ -168,9 +170,10 @@ class Servables:
         """Returns (version, signature name, outputs); blocks until they are computed. `to_inputs` converts
         the request with the resolved version's input specs (REST's JSON takes its signature's dtypes); that version
         is held until the answer, so an unload in between cannot take it away, and every failure is counted."""
-        with Tracked(self, name, "predict", entrypoint):
+        with Tracked(self, name, "predict", entrypoint) as tracked:
             signature = signature or DEFAULT_SIGNATURE
             servable = self.resolve(name, version, label)
+            tracked.version = str(servable.version)
             inputs = to_inputs(self.inputs_spec(servable, signature))
             call = self._prepare(servable, signature, inputs, output_filter)
             if call.key is None:
@@ -180,8 +183,9 @@ class Servables:
 
     async def predict_async(self, name, version, label, signature, inputs, output_filter, executor: Executor):
         """`predict` for an event loop: waits for its batch, or runs alone on `executor`."""
-        with Tracked(self, name, "predict", "GRPC"):
+        with Tracked(self, name, "predict", "GRPC") as tracked:
             servable = self.resolve(name, version, label)  # held until the request ends, even across an unload
+            tracked.version = str(servable.version)
             call = self._prepare(servable, signature, inputs, output_filter)
             loop = asyncio.get_running_loop()
             if call.key is not None:
@@ -225,8 +229,9 @@ class Servables:
             return model.run(signature, inputs, list(output_filter) or None)
 
     def metadata(self, name, version, label, entrypoint="GRPC") -> tuple[int, get_model_metadata_pb2.SignatureDefMap]:
-        with Tracked(self, name, "metadata", entrypoint):
+        with Tracked(self, name, "metadata", entrypoint) as tracked:
             servable = self.resolve(name, version, label)
+            tracked.version = str(servable.version)
             return servable.version, servable.model.signature_def_map
 
     def status(self, name, version, label, entrypoint="GRPC") -> list[VersionState]:

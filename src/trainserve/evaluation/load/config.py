@@ -6,6 +6,8 @@ Kept free of gRPC and numpy so that `trainserve load --help` and a bad flag answ
 from __future__ import annotations
 
 import math
+import shlex
+import shutil
 from dataclasses import dataclass
 from typing import Literal
 
@@ -67,6 +69,19 @@ class LoadConfig(ClientOptions):
         parse=parse_fill,
     )
     seed: int = option(0, "seed of the Poisson arrivals and the synthetic inputs")
+    during: str | None = option(
+        None,
+        "run COMMAND under one steady load (one --concurrency or --rate, one --batch-sizes) and report the "
+        "target's throughput and p50/p99 before, during and after it, e.g. a version load: "
+        "'trainserve candidate --model digits'",
+        metavar="COMMAND",
+    )
+    before_s: float = option(10.0, "with --during: seconds of load before COMMAND starts")
+    after_s: float = option(10.0, "with --during: seconds of load after COMMAND ends and the versions settle")
+    settle_timeout_s: float = option(
+        300.0, "with --during: at most this long after COMMAND for a version change to be seen and finish"
+    )
+    bucket_s: float = option(1.0, "with --during: seconds per point of the timeline")
 
     def check(self) -> None:
         """Every flag judged before the first request."""
@@ -79,6 +94,22 @@ class LoadConfig(ClientOptions):
             raise TrainserveError(f"--latency-budget-ms {self.latency_budget_ms:g}: expected milliseconds > 0")
         if self.fill and self.data is not None:
             raise TrainserveError("--fill and --data both given: --fill shapes synthetic inputs, used without --data")
+        if self.during is not None:
+            self.check_during()
+
+    def check_during(self) -> None:
+        loads = len(self.concurrency or ()) + len(self.rate or ())
+        if loads != 1 or len(self.batch_sizes) != 1:
+            raise TrainserveError(
+                "--during measures one steady load: expected one --concurrency or --rate value and one "
+                "--batch-sizes value"
+            )
+        argv = shlex.split(self.during)
+        if not argv or shutil.which(argv[0]) is None:
+            raise TrainserveError(f"--during {self.during!r}: expected a command that exists")
+        for name in ("before_s", "after_s", "settle_timeout_s", "bucket_s"):
+            if not getattr(self, name) > 0:
+                raise TrainserveError(f"--{name.replace('_', '-')} {getattr(self, name):g}: expected seconds > 0")
 
     @property
     def concurrencies(self) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainserve.evaluation.load import during_report
 from trainserve.evaluation.load.config import LoadConfig
 from trainserve.evaluation.load.measure import STABILITY_TOLERANCE, STABILITY_WINDOWS, Point
 from trainserve.evaluation.report import report_header
@@ -126,6 +127,9 @@ def validate_load_report(report: dict) -> None:
     """Raise jsonschema.ValidationError when the report does not follow the published schema."""
     import jsonschema
 
+    if report["schema"] == during_report.SCHEMA_ID:
+        return during_report.validate_during_report(report)
+
     jsonschema.validate(report, json.loads(SCHEMA_PATH.read_text()))
 
 
@@ -152,7 +156,9 @@ def _row(p: dict) -> str:
 
 
 def load_table(report: dict) -> str:
-    """One screen: every point, then the best one within the budget."""
+    """One screen: every point, then the best one within the budget (--during: before, during and after)."""
+    if report["schema"] == during_report.SCHEMA_ID:
+        return during_report.during_table(report)
     budget = report["settings"]["latency_budget_ms"]
     lines = [
         f"trainserve load: model {report['model']!r} version {report['version']} at {report['server']}"
@@ -175,6 +181,8 @@ def load_table(report: dict) -> str:
 
 
 def write_load_plot(report: dict, out_dir: Path) -> Path:
+    if report["schema"] == during_report.SCHEMA_ID:
+        return during_report.write_during_plot(report, out_dir)
     from trainserve import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)

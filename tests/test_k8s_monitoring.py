@@ -1,0 +1,99 @@
+"""k8s/components/monitoring: rendered on the base, its PodMonitor and PrometheusRule valid against the Prometheus
+Operator's CRD schemas (vendored in k8s/schemas, kubeconform's layout and strictness), the PrometheusRule the same
+rules as monitoring/rules.yml, and the PodMonitor aimed at the port and path serving exposes its metrics on."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+
+import jsonschema
+import pytest
+import yaml
+from test_k8s import render
+
+from conftest import REPO
+from trainserve.serving.config import parse_monitoring
+
+pytestmark = pytest.mark.unit  # kubectl runs as a subprocess; nothing imports TensorFlow
+SCHEMAS = REPO / "k8s" / "schemas"
+COMPONENT = REPO / "k8s" / "components" / "monitoring"
+
+
+def validate(doc: dict) -> None:
+    """Against the vendored schema kubeconform would pick ({group}/{kind}_{version}.json). The schemas' patterns are
+    Go regular expressions (`^(?i)...`), which Python's `re` refuses when the metaschema checks them: kubeconform does
+    not check the schema either, and a pattern is compiled only where a document has that field."""
+    group, version = doc["apiVersion"].split("/")
+    schema = json.loads((SCHEMAS / group / f"{doc['kind'].lower()}_{version}.json").read_text())
+    jsonschema.Draft7Validator(schema).validate(doc)
+
+
+@pytest.fixture(scope="module", name="docs")
+def docs_fixture(tmp_path_factory) -> list[dict]:
+    """The local overlay with the component, as README.md here tells a user to include it."""
+    overlay = tmp_path_factory.mktemp("overlay")
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": "trainserve",  # the component's resources join serving's namespace
+                "resources": [os.path.relpath(REPO / "k8s/overlays/local", overlay)],
+                "components": [os.path.relpath(COMPONENT, overlay)],
+            }
+        )
+    )
+    return render(str(overlay))
+
+
+def custom(docs: list[dict], kind: str) -> dict:
+    (doc,) = [d for d in docs if d["kind"] == kind]
+    return doc
+
+
+@pytest.mark.parametrize("kind", ["PodMonitor", "PrometheusRule"])
+def test_custom_resources_validate_against_the_operator_schemas(docs, kind):
+    doc = custom(docs, kind)
+    validate(doc)
+    assert doc["metadata"]["namespace"] == custom(docs, "Deployment")["metadata"]["namespace"], "beside serving"
+
+
+@pytest.mark.parametrize(
+    "kind, spoil",
+    [
+        pytest.param("PodMonitor", lambda s: s.update(podMetricEndpoints=s.pop("podMetricsEndpoints")), id="typo"),
+        pytest.param("PrometheusRule", lambda s: s["groups"][0]["rules"][0].update(fire="always"), id="unknown-field"),
+        pytest.param("PrometheusRule", lambda s: s["groups"][0].pop("name"), id="group-without-name"),
+    ],
+)
+def test_the_schemas_reject_a_spoilt_resource(docs, kind, spoil):
+    doc = copy.deepcopy(custom(docs, kind))
+    spoil(doc["spec"])
+    with pytest.raises(jsonschema.ValidationError):
+        validate(doc)
+
+
+def test_prometheus_rule_is_the_rules_file_and_up_to_date(docs):
+    spec = importlib.util.spec_from_file_location("prometheus_rule", REPO / "scripts" / "prometheus_rule.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    rules = (REPO / "monitoring" / "rules.yml").read_text()
+    assert custom(docs, "PrometheusRule")["spec"]["groups"] == yaml.safe_load(rules)["groups"]
+    committed = (COMPONENT / "prometheusrule.yaml").read_text()
+    assert committed == generator.prometheus_rule(rules), "monitoring/rules.yml changed: run `make monitoring-rules`"
+
+
+def test_pod_monitor_scrapes_the_serving_pods_where_they_serve_metrics(docs):
+    monitor = custom(docs, "PodMonitor")["spec"]
+    template = custom(docs, "Deployment")["spec"]["template"]
+    labels = template["metadata"]["labels"]
+    assert monitor["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["podMetricsEndpoints"]
+    ports = {p["name"]: p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+    assert endpoint["port"] in ports
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == str(ports[endpoint["port"]])
+    served = parse_monitoring(str(REPO / "images" / "serve-cpu" / "monitoring.config"))
+    assert endpoint["path"] == served == template["metadata"]["annotations"]["prometheus.io/path"]
