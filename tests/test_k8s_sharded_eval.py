@@ -13,7 +13,7 @@ from test_k8s import KUBERNETES_VERSION, TOOLS
 
 from conftest import REPO, require
 from trainserve.cli import build_parser
-from trainserve.evaluation.config import parse_shard
+from trainserve.shards import parse_shard
 
 pytestmark = pytest.mark.unit  # kubectl and the validator run as subprocesses; nothing imports TensorFlow
 COMPONENT = REPO / "k8s" / "components" / "sharded-eval"

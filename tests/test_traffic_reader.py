@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from captures import capture_name, prediction_log, write_batches, write_capture
 from trainserve.errors import TrainserveError
+from trainserve.shards import Shard
 from trainserve.tensors import from_tensor_proto
 from trainserve.tfrecord import frame
-from trainserve.traffic.reader import CaptureShard, ReadSummary, read_capture
+from trainserve.traffic.reader import ReadSummary, read_capture
 
 pytestmark = pytest.mark.unit
 
@@ -46,7 +47,7 @@ def test_records_come_back_in_file_name_order_with_their_requests(tmp_path):
 @pytest.mark.parametrize("count", [1, 3, 4], ids=lambda n: f"{n}-shards")
 def test_shards_split_the_records_exactly_once(tmp_path, count):
     ids = write_batches(tmp_path, "m", batches(11), per_file=4)
-    shards = [read_ids([tmp_path], shard=CaptureShard(i, count)) for i in range(count)]
+    shards = [read_ids([tmp_path], shard=Shard(i, count)) for i in range(count)]
     assert sorted(sum(shards, [])) == ids
     assert all(s == ids[i::count] for i, s in enumerate(shards))
 

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
 from trainserve.files import ensure_writable_dir
 from trainserve.options import option, positive_int
-from trainserve.traffic.reader import CaptureShard
-
-
-def parse_shard(text: str) -> CaptureShard:
-    index, sep, count = text.partition("/")
-    try:
-        shard = CaptureShard(int(index), int(count))
-    except ValueError:
-        shard = None
-    if not sep or shard is None or not 0 <= shard.index < shard.count:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected I/N with 0 <= I < N, e.g. 0/4")
-    return shard
+from trainserve.shards import Shard, parse_shard
 
 
 @dataclass
@@ -35,7 +23,7 @@ class DriftConfig:
     max_unseen_share: float = option(
         0.01, "a category feature whose share of values training never saw exceeds this has drifted"
     )
-    shard: CaptureShard | None = option(None, "I/N: count every N-th captured record from record I", parse=parse_shard)
+    shard: Shard | None = option(None, "I/N: count every N-th captured record from record I", parse=parse_shard)
     limit: int | None = option(None, "count only the first N captured requests (of this shard)", parse=positive_int)
     report: Path | None = option(None, "write the JSON report here (and the HTML page beside it)")
 

@@ -5,7 +5,6 @@ Kept free of TensorFlow and gRPC so that `trainserve eval --help` answers at onc
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -17,6 +16,7 @@ from trainserve.evaluation.slicing import parse_slice
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.options import key_values, option, parse_bool, positive_int
+from trainserve.shards import Shard, parse_shard
 from trainserve.sources.synthetic import SyntheticSpec
 from trainserve.task import Task
 from trainserve.tls import ClientTls
@@ -27,31 +27,6 @@ GATE_METRICS = {
     "classification": ("accuracy", "top_k_accuracy", "loss", "roc_auc", "average_precision"),
     "regression": ("mse", "rmse", "mae", "r2", "loss"),
 }
-
-
-@dataclass(frozen=True)
-class Shard:
-    """`I/N`: this client evaluates batches I, I + N, I + 2N, ... of the data (0 <= I < N)."""
-
-    index: int
-    count: int
-
-    def describe(self) -> str:
-        return f"{self.index}/{self.count}"
-
-    def takes(self, batch_number: int) -> bool:
-        return batch_number % self.count == self.index
-
-
-def parse_shard(text: str) -> Shard:
-    index, sep, count = text.partition("/")
-    try:
-        shard = Shard(int(index), int(count))
-    except ValueError:
-        shard = None
-    if not sep or shard is None or not 0 <= shard.index < shard.count:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected I/N with 0 <= I < N, e.g. 0/4")
-    return shard
 
 
 def parse_input_map(text: str) -> dict[str, str]:

@@ -9,9 +9,6 @@ the page (`data-natural-width`), which is how a test in a real browser sees that
 
 from __future__ import annotations
 
-import base64
-import io
-from html import escape
 from pathlib import Path
 
 from trainserve.evaluation.metrics import latency_percentiles
@@ -19,13 +16,8 @@ from trainserve.evaluation.records import EvalResult
 from trainserve.evaluation.report import describe_gate
 from trainserve.evaluation.statistics_html import interval_text, slice_section, what_it_could_see
 from trainserve.files import write_file_atomic
+from trainserve.html_page import escape, figure_of, page, png_uri, table
 
-STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
-h1{font-size:1.35em;padding:.6em .8em;border-radius:6px}.pass{background:#e3f4e1}.fail{background:#fbe3e1}
-.none{background:#fff3cd}table{border-collapse:collapse;margin:.6em 0 1.4em}td,th{border:1px solid #ccc;
-padding:.25em .6em;text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
-img{max-width:100%;height:auto}.side{display:flex;gap:1em;flex-wrap:wrap}.side figure{flex:1;min-width:300px;margin:0}
-code{background:#f3f3f3;padding:0 .25em}"""
 SCRIPT = """window.addEventListener("load", function () {
   document.querySelectorAll("img").forEach(function (img) {
     img.setAttribute("data-natural-width", img.naturalWidth);
@@ -56,25 +48,12 @@ def render_html(result: EvalResult) -> str:
     else:
         body.append(_regression_plots(result))
     body.append(_latency(result))
-    return (
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>trainserve eval: {escape(title)}</title>'
-        f"<style>{STYLE}</style><script>{SCRIPT}</script></head><body>{''.join(body)}"
-        f"<p><small>trainserve {escape(report['trainserve'])}, {escape(report['created'])}, server "
-        f"{escape(report['server'])}</small></p></body></html>\n"
-    )
+    footer = f"trainserve {report['trainserve']}, {report['created']}, server {report['server']}"
+    return page(f"trainserve eval: {title}", body, footer, SCRIPT)
 
 
 def _table(header: list[str], rows: list[list], caption: str = "") -> str:
-    head = "".join(f"<th>{escape(str(h))}</th>" for h in header)
-    cells = "".join("<tr>" + "".join(f"<td>{escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
-    cap = f"<caption>{escape(caption)}</caption>" if caption else ""
-    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{cells}</tbody></table>"
-
-
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4f}"
-    return "n/a" if value is None else str(value)
+    return table(header, rows, caption, floats=".4f")
 
 
 def _header(report: dict) -> str:
@@ -153,14 +132,14 @@ def _metrics(report: dict) -> str:
 def _discordant(comparison: dict) -> str:
     test, v, b = comparison["test"], comparison["candidate_version"], comparison["baseline"]["version"]
     d = test["discordant"]
-    table = _table(
+    pairs = _table(
         ["", f"v{b} right", f"v{b} wrong"],
         [[f"v{v} right", d["both_right"], d["candidate_only"]], [f"v{v} wrong", d["baseline_only"], d["both_wrong"]]],
         f"{test['name']}: p = {test['p_value']:.4g} on {d['candidate_only'] + d['baseline_only']} discordant pairs",
     )
     rows = [[r["label"], r["candidate_only"], r["baseline_only"]] for r in test["discordant_per_class"]]
     per_class = _table(["class", f"right only in v{v}", f"right only in v{b}"], rows)
-    return f"<h2>Discordant pairs</h2>{table}{per_class}"
+    return f"<h2>Discordant pairs</h2>{pairs}{per_class}"
 
 
 def _per_class(report: dict) -> str:
@@ -178,14 +157,7 @@ def _per_class(report: dict) -> str:
 
 
 def _png(draw, *args) -> str:
-    buffer = io.BytesIO()
-    draw(*args, buffer)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _figure(uri: str, caption: str, ident: str) -> str:
-    said = escape(caption)
-    return f'<figure><img id="{ident}" src="{uri}" alt="{said}"><figcaption>{said}</figcaption></figure>'
+    return png_uri(lambda out: draw(*args, out))
 
 
 def _confusion(result: EvalResult) -> str:
@@ -200,7 +172,7 @@ def _confusion(result: EvalResult) -> str:
     if "baseline_metrics" in comparison:
         sides.append((f"v{comparison['baseline']['version']}", comparison["baseline_metrics"]["confusion_matrix"]))
     figures = [
-        _figure(
+        figure_of(
             _png(
                 lambda c, out, t=f"{name}: true vs predicted": plots.plot_confusion_matrix(c, names, out, t),
                 np.asarray(confusion),
@@ -220,7 +192,9 @@ def _regression_plots(result: EvalResult) -> str:
     title = f"v{result.report['version']}"
     scatter = _png(lambda out: plots.plot_predicted_vs_true(truth, predicted, out, title))
     residuals = _png(lambda out: plots.plot_residuals(truth, predicted, out, title))
-    figures = _figure(scatter, "predicted vs true", "predicted-vs-true") + _figure(residuals, "residuals", "residuals")
+    figures = figure_of(scatter, "predicted vs true", "predicted-vs-true") + figure_of(
+        residuals, "residuals", "residuals"
+    )
     return f'<h2>Predictions</h2><div class="side">{figures}</div>'
 
 
@@ -236,6 +210,8 @@ def _latency(result: EvalResult) -> str:
         summary = latency_percentiles(tally.latencies)
         rows.append([name, *(summary[q] for q in ("p50", "p90", "p99", "max", "mean")), len(tally.latencies)])
         ms = [t * 1000 for t in tally.latencies]
-        figures.append(_figure(_png(plots.plot_latency_histogram, ms, summary), f"latency, {name}", f"latency-{name}"))
-    table = _table(["version", "p50 ms", "p90 ms", "p99 ms", "max ms", "mean ms", "requests"], rows)
-    return f'<h2>Latency per request</h2>{table}<div class="side">{"".join(figures)}</div>'
+        figures.append(
+            figure_of(_png(plots.plot_latency_histogram, ms, summary), f"latency, {name}", f"latency-{name}")
+        )
+    latencies = _table(["version", "p50 ms", "p90 ms", "p99 ms", "max ms", "mean ms", "requests"], rows)
+    return f'<h2>Latency per request</h2>{latencies}<div class="side">{"".join(figures)}</div>'

@@ -7,6 +7,7 @@ a report holding them is refused, as a strict parser in a CI job would refuse it
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -54,11 +55,18 @@ def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0]
 
 
+@functools.cache
+def _validator():
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+
+
 def schema_problem(report) -> str | None:
     """The first way `report` breaks the schema, said in one line (None: it follows it)."""
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    validator = _validator()
     error = jsonschema.exceptions.best_match(validator.iter_errors(report))
     if error is None:
         return None
@@ -68,9 +76,7 @@ def schema_problem(report) -> str | None:
 
 def validate_report(report: dict) -> None:
     """Raise jsonschema.ValidationError when a report does not follow the published schema."""
-    import jsonschema
-
-    jsonschema.validate(report, json.loads(SCHEMA_PATH.read_text()))
+    _validator().validate(report)
 
 
 def strict_json(value):

@@ -12,19 +12,8 @@ from trainserve.errors import TrainserveError
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.options import option, positive_int
+from trainserve.shards import Shard, parse_shard
 from trainserve.tls import ClientTls
-from trainserve.traffic.reader import CaptureShard
-
-
-def parse_shard(text: str) -> CaptureShard:
-    index, sep, count = text.partition("/")
-    try:
-        shard = CaptureShard(int(index), int(count))
-    except ValueError:
-        shard = None
-    if not sep or shard is None or not 0 <= shard.index < shard.count:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected I/N with 0 <= I < N, e.g. 0/4")
-    return shard
 
 
 def parse_fraction(text: str) -> float:
@@ -54,7 +43,7 @@ class ReplayConfig:
         parse=parse_fraction,
     )
     alpha: float = option(0.05, "the upper bound is one-sided at confidence 1 - alpha (Wilson score)")
-    shard: CaptureShard | None = option(
+    shard: Shard | None = option(
         None, "I/N: replay every N-th captured record from record I (then trainserve replay-merge)", parse=parse_shard
     )
     limit: int | None = option(None, "replay only the first N captured requests (of this shard)", parse=positive_int)

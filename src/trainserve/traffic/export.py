@@ -16,12 +16,13 @@ import numpy as np
 
 from trainserve.errors import TrainserveError
 from trainserve.files import write_file_atomic
+from trainserve.shards import Shard
 from trainserve.tensors import from_tensor_proto
-from trainserve.traffic.reader import CaptureShard, ReadSummary, read_capture
+from trainserve.traffic.reader import ReadSummary, read_capture
 
 
 def export_capture(
-    captures: list[Path], model: str, to: Path, shard: CaptureShard | None = None
+    captures: list[Path], model: str, to: Path, shard: Shard | None = None
 ) -> tuple[Path, int, ReadSummary]:
     """Write `to` (atomically); returns it, the examples written and what reading the capture found."""
     if to.suffix != ".npz":

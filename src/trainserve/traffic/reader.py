@@ -23,22 +23,12 @@ from google.protobuf.message import DecodeError
 
 from trainserve.errors import TrainserveError
 from trainserve.protos import predict_pb2, prediction_log_pb2
+from trainserve.shards import Shard
 from trainserve.tfrecord import DamagedRecord, iter_records
 
 log = logging.getLogger(__name__)
 SUFFIX = ".tfrecord"
 _FRAME_OVERHEAD = 16  # length (8), its CRC (4), the data's CRC (4)
-
-
-@dataclass(frozen=True)
-class CaptureShard:
-    """`I/N`: this reader takes kept records I, I + N, I + 2N, ... (0 <= I < N)."""
-
-    index: int = 0
-    count: int = 1
-
-    def describe(self) -> str:
-        return f"{self.index}/{self.count}"
 
 
 @dataclass(frozen=True)
@@ -97,11 +87,11 @@ def capture_files(paths: list[Path]) -> list[Path]:
 
 
 def read_capture(
-    paths: list[Path], model: str, shard: CaptureShard | None = None, summary: ReadSummary | None = None
+    paths: list[Path], model: str, shard: Shard | None = None, summary: ReadSummary | None = None
 ) -> Iterator[CapturedRequest]:
     """Every captured Predict of `model` in the files' name order (this shard's only); `summary` is filled as
     the read goes. Raises a one-line TrainserveError at the end when nothing of `model` was found."""
-    shard = shard or CaptureShard()
+    shard = shard or Shard()
     summary = summary if summary is not None else ReadSummary()
     files = capture_files(paths)
     summary.files = len(files)
@@ -114,7 +104,7 @@ def read_capture(
                 summary.other_models[captured.model] += 1
                 continue
             index += 1
-            if (index - 1) % shard.count == shard.index:
+            if shard.takes(index - 1):
                 summary.kept += 1
                 yield captured
     if index == 0:
