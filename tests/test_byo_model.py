@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, run_cli
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
-from trainserve.evaluation.report import validate_report
+from trainserve.evidence.document import validate_report
 from trainserve.layout import read_metadata, read_task, split_input_names, split_task
 
 EXAMPLES = REPO / "examples"

@@ -20,7 +20,8 @@ from scipy import stats
 from conftest import digits_cnn, export_digits_cnn, install_version, predict_count, save_foreign_model
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
-from trainserve.evaluation.report import describe_gate, validate_report
+from trainserve.evaluation.report import describe_gate
+from trainserve.evidence.document import validate_report
 from trainserve.savedmodel import LoadedModel
 from trainserve.sources import load_dataset
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples

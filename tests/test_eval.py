@@ -14,8 +14,8 @@ from trainserve.cli import main
 from trainserve.client import predict as client_predict
 from trainserve.evaluation.config import EvalConfig
 from trainserve.evaluation.data import open_eval_data
-from trainserve.evaluation.report import validate_report
 from trainserve.evaluation.run import evaluate
+from trainserve.evidence.document import validate_report
 from trainserve.savedmodel import LoadedModel
 from trainserve.sources import SyntheticSpec, load_dataset
 from trainserve.tensors import from_tensor_proto, to_tensor_proto

@@ -21,7 +21,7 @@ from trainserve.evaluation.metrics import (
     output_kind,
     roc_auc,
 )
-from trainserve.evaluation.report import validate_report
+from trainserve.evidence.document import validate_report
 from trainserve.task import Task
 
 

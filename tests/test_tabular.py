@@ -15,7 +15,7 @@ import pytest
 from conftest import QUICK_SWEEP, REPO, run_cli
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
-from trainserve.evaluation.report import validate_report
+from trainserve.evidence.document import validate_report
 from trainserve.layout import read_metadata, split_input_names
 
 pytestmark = pytest.mark.integration

@@ -19,6 +19,7 @@ from pathlib import Path
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.config import EvalConfig
 from trainserve.evaluation.data import EvalData, open_eval_data
+from trainserve.evidence.decision import OVERLAPPING, OWN_SPLIT, UNVERIFIED
 from trainserve.splits import (
     DIGITS_TEST_FRACTION,
     fingerprint_arrays,
@@ -34,7 +35,6 @@ from trainserve.splits import (
 
 log = logging.getLogger(__name__)
 HELD_OUT, AUTO = "held-out", "auto"
-OWN_SPLIT, UNVERIFIED, OVERLAPPING = "own-split", "unverified", "overlapping"
 
 
 @dataclass(frozen=True)

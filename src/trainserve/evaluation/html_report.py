@@ -15,6 +15,7 @@ from trainserve.evaluation.metrics import latency_percentiles
 from trainserve.evaluation.records import EvalResult
 from trainserve.evaluation.report import describe_gate
 from trainserve.evaluation.statistics_html import interval_text, slice_section, what_it_could_see
+from trainserve.evidence.decision import OWN_SPLIT
 from trainserve.files import write_file_atomic
 from trainserve.html_page import escape, figure_of, page, png_uri, table
 
@@ -75,7 +76,7 @@ def _verdict(report: dict) -> str:
     evidence = report.get("evidence") or {}
     if not gates:
         state, said = "none", "NO GATE: nothing said what good enough is, so promote refuses this report"
-    elif report["passed"] and (evidence.get("kind") != "own-split" or evidence.get("partial")):
+    elif report["passed"] and (evidence.get("kind") != OWN_SPLIT or evidence.get("partial")):
         state, said = "none", f"UNVERIFIED: all {len(gates)} gate(s) hold, on {_unproven(evidence)}"
     elif report["passed"]:
         state, said = "pass", f"PASSED: all {len(gates)} gate(s) hold"
@@ -91,7 +92,7 @@ def _verdict(report: dict) -> str:
 
 def _unproven(evidence: dict) -> str:
     """Why passing gates do not prove the version good: what the data was."""
-    if evidence.get("kind") != "own-split":
+    if evidence.get("kind") != OWN_SPLIT:
         return f"data that is not the version's verified held-out split ({evidence.get('said', 'no evidence stated')})"
     return f"{evidence.get('examples')} of the split's {evidence.get('split_examples')} examples"
 

@@ -25,6 +25,7 @@ from trainserve.evaluation.metrics import (
     percentiles_from_histogram,
 )
 from trainserve.evidence import decision
+from trainserve.evidence.decision import OWN_SPLIT
 from trainserve.task import Task
 
 # What must be equal across the shards of one evaluation: the same version, on the same data, checked alike.
@@ -107,7 +108,7 @@ def _evidence(reports: list[dict]) -> dict | None:
     merged["examples"] = sum(r["data"]["examples"] for r in reports)
     whole = merged["split_examples"]
     limited = reports[0]["settings"].get("limit") is not None
-    merged["partial"] = limited or whole is None or merged["kind"] != "own-split" or merged["examples"] < whole
+    merged["partial"] = limited or whole is None or merged["kind"] != OWN_SPLIT or merged["examples"] < whole
     return merged
 
 

@@ -16,10 +16,10 @@ import logging
 
 from trainserve.evaluation.config import EvalConfig
 from trainserve.evaluation.held_out import DataCheck
+from trainserve.evidence.decision import DISJOINT, OVERLAPPING, UNKNOWN
 from trainserve.splits import known_overlap, read_version_record
 
 log = logging.getLogger(__name__)
-DISJOINT, OVERLAPPING, UNKNOWN = "disjoint", "overlapping", "unknown"
 
 
 def evidence_section(config: EvalConfig, check: DataCheck, record: dict | None, examples: int, baseline: dict | None):

@@ -16,7 +16,7 @@ from trainserve.evaluation.intervals import single_version_intervals
 from trainserve.evaluation.metrics import latency_histogram, latency_percentiles, precision_recall_curve
 from trainserve.evaluation.records import EvalResult, FinishedRun
 from trainserve.evidence import decision
-from trainserve.evidence.document import SCHEMA_ID, dumps, strict_json, validate_report  # noqa: F401 (re-export)
+from trainserve.evidence.document import SCHEMA_ID, dumps, strict_json
 from trainserve.files import write_file_atomic
 
 

@@ -12,6 +12,10 @@ import operator
 from dataclasses import dataclass
 
 _OPS = {">=": operator.ge, "<=": operator.le}
+# The report's evidence.kind: the version's own verified held-out split, data that holds rows it trained on, or
+# neither known; evidence.baseline.rows: whether the baseline trained on the rows of the comparison.
+OWN_SPLIT, UNVERIFIED, OVERLAPPING = "own-split", "unverified", "overlapping"
+DISJOINT, UNKNOWN = "disjoint", "unknown"
 COMPARISON_KINDS = ("change", "significance", "non-inferiority", "slice")
 
 
@@ -108,7 +112,7 @@ def decide(report: dict) -> Decision:
             failures.append(f"gate {gate_words(gate)} cannot be re-derived from the report's numbers")
         elif result != gate.get("passed"):
             failures.append(f"gate {gate_words(gate)} says passed={gate.get('passed')} but its numbers say {result}")
-        elif not result and gate.get("kind") in COMPARISON_KINDS and baseline_rows(report) == "overlapping":
+        elif not result and gate.get("kind") in COMPARISON_KINDS and baseline_rows(report) == OVERLAPPING:
             said = ((report.get("evidence") or {}).get("baseline") or {}).get("said")
             failures.append(f"gate {gate_words(gate)} cannot pass: the comparison is biased ({said})")
         elif not result:
@@ -139,7 +143,7 @@ def derive_gate(gate: dict, report: dict) -> bool | None:
         "version"
     ):
         return None
-    if baseline_rows(report) == "overlapping":
+    if baseline_rows(report) == OVERLAPPING:
         return False  # the baseline was scored on rows it trained on: flattered, so no comparison can pass
     if kind == "non-inferiority":
         return _non_inferior(gate, metrics.get(gate["metric"]))

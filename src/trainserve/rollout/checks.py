@@ -17,13 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainserve.evidence.decision import decide
+from trainserve.evidence.decision import DISJOINT, OWN_SPLIT, decide
 from trainserve.evidence.document import ReadReport
 from trainserve.layout import version_files_sha256
 from trainserve.rollout.config import PromoteConfig
 from trainserve.rollout.labels import Rollout
-
-OWN_SPLIT, DISJOINT = "own-split", "disjoint"
 
 
 @dataclass(frozen=True)
