@@ -1,5 +1,6 @@
-"""Eval reports for the rollout tests that need no server: complete, valid against the published schema, and
-vouching for the files of a version directory on disk, as `trainserve eval --data-dir` writes them."""
+"""Eval and replay reports for the rollout tests that need no server: complete, valid against the published
+schemas, and vouching for the files of a version directory on disk, as `trainserve eval --data-dir` and
+`trainserve replay` write them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 from trainserve.evidence import decision
 from trainserve.evidence.document import SCHEMA_ID
 from trainserve.layout import version_files_sha256
+from trainserve.replay.report import build_report
+from trainserve.replay.tally import ReplayTally
 
 
 def eval_report(version_dir: Path, model: str = "m", accuracy: float = 0.95, threshold: float | None = 0.9) -> dict:
@@ -132,3 +135,35 @@ def compared_with(report: dict, baseline: int | None, p_value: float = 0.4, diff
 def write(report: dict, path: Path) -> Path:
     path.write_text(json.dumps(report, indent=2))
     return path
+
+
+def replay_report(
+    version: int, baseline: int, flips: int, examples: int = 2000, max_flip_rate: float | None = 0.02, **settings
+) -> dict:
+    """`trainserve replay` of model m's `version` against `baseline` on `examples` captured examples of 2 classes,
+    `flips` of them moved from class 0 to class 1, built by replay's own report code."""
+    tally = ReplayTally(classes=2)
+    tally.flips[:] = [[examples // 2 - flips, flips], [0, examples - examples // 2]]
+    tally.requests = tally.paired = tally.examples = examples
+    head = {
+        "server": "serve-cpu:8500",
+        "model": "m",
+        "signature": "serving_default",
+        "output": "probabilities",
+        "task": "classification",
+        "class_names": ["a", "b"],
+        "candidate": {"reference": "candidate", "version": version},
+        "baseline": {"reference": "stable", "version": baseline},
+        "capture": {
+            "paths": ["captures"],
+            "files": 1,
+            "records": examples,
+            "kept": examples,
+            "other_models": {},
+            "skipped_records": 0,
+            "skipped_bytes": 0,
+            "damage": [],
+            "shard": settings.pop("shard", None),
+        },
+    }
+    return build_report(head, tally, {"max_flip_rate": max_flip_rate, "alpha": 0.05, "limit": None, **settings})

@@ -1,7 +1,8 @@
 """Promote re-derives its decision from the report's evidence: the schema, the gates judged again from the
 numbers, the baseline against the config's stable, the version's files, the data's provenance, the whole
 split, the server. Each refusal is one line and rewrites nothing; `--override CHECK --reason TEXT` passes it on
-the record, and nothing of the kind comes from the environment."""
+the record, and nothing of the kind comes from the environment. A replay report given beside it (--replay) has
+its flip-rate gate judged again from its flip matrix."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import hashlib
 import json
 
 import pytest
-from reports import compared_with, eval_report, write
+from reports import compared_with, eval_report, replay_report, write
 
 from trainserve.cli import main
 from trainserve.errors import TrainserveError
@@ -171,3 +172,60 @@ def test_a_report_from_another_server_is_refused_when_promote_names_its_server(s
     with pytest.raises(TrainserveError, match="made on serve-cpu:8500, not on other:8500"):
         promote(PromoteConfig(site, path, server="other:8500"), AppliedServer())
     promote(PromoteConfig(site, path, server="serve-cpu:8500"), AppliedServer())
+
+
+def _tampered_replay(replay):
+    replay["gates"][0]["passed"] = replay["passed"] = True  # 60 flips in 2000: the bound is above 0.02
+
+
+REPLAY_REFUSED = [
+    pytest.param(lambda r: None, 60, "flip rate 0.0300 (60 of 2000)", id="flips"),
+    pytest.param(_tampered_replay, 60, "says passed=True but its counts say False", id="tampered"),
+    pytest.param(lambda r: r["flips"].update(count=0), 60, "its flips say 0 of 2000", id="edited-count"),
+    pytest.param(lambda r: r.update(gates=[]), 0, "applied no gate", id="no-gate"),
+    pytest.param(lambda r: r["candidate"].update(version=3), 0, "version 3, not the candidate", id="other-version"),
+    pytest.param(lambda r: r["baseline"].update(version=3), 0, "compared with version 3", id="other-baseline"),
+    pytest.param(lambda r: r["settings"].update(limit=50), 0, "(--limit 50)", id="limit"),
+    pytest.param(lambda r: r["capture"].update(shard="1/2"), 0, "(--shard 1/2)", id="shard"),
+]
+
+
+@pytest.mark.parametrize(("edit", "flips", "fragment"), REPLAY_REFUSED)
+def test_a_replay_beside_the_report_is_judged_from_its_counts(site, capsys, edit, flips, fragment):
+    report = write(good(site), site.parent / "candidate.json")
+    replay = replay_report(2, 1, flips)
+    edit(replay)
+    path = write(replay, site.parent / "replay.json")
+    promote_args = ["promote", "--config", str(site), "--report", str(report), "--replay", str(path)]
+    before = site.read_bytes()
+    assert main(promote_args) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"trainserve promote: error: replay report {path}:") and fragment in line, line
+    assert "--override replay --reason TEXT" in line and site.read_bytes() == before
+
+    assert main([*promote_args, "--override", "replay", "--reason", "flips reviewed"]) == 0
+    entry = read_history(history_path(site))[-1]
+    assert (entry["overridden"], entry["replay"]["report_sha256"]) == (["replay"], _sha256(path))
+
+
+def test_a_replay_within_its_flip_budget_promotes_on_the_record(site):
+    replay = replay_report(2, 1, flips=4)  # 4 of 2000: rate 0.002, bound about 0.004
+    path = write(replay, site.parent / "replay.json")
+    promote(PromoteConfig(site, write(good(site), site.parent / "candidate.json"), replay=path), AppliedServer())
+    entry = read_history(history_path(site))[-1]
+    assert entry["after"]["stable"] == 2 and entry["overridden"] == []
+    assert entry["replay"]["flip_rate"] == 4 / 2000 and entry["replay"]["report_sha256"] == _sha256(path)
+    assert 0.002 < entry["replay"]["flip_upper_bound"] < 0.02
+
+
+def test_a_replay_that_is_not_a_replay_report_is_refused_before_anything(site, capsys):
+    report = write(good(site), site.parent / "candidate.json")
+    before = site.read_bytes()
+    assert main(["promote", "--config", str(site), "--report", str(report), "--replay", str(report)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert len(line.splitlines()) == 1 and "is not a valid trainserve replay report" in line, line
+    assert site.read_bytes() == before
+
+
+def _sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -1,4 +1,5 @@
-"""An eval report as a document: read once, strict JSON, checked against its published schema.
+"""A report as a document: read once, strict JSON, checked against its published schema (an eval report, or
+the replay report promote may also judge).
 
 Promote judges the bytes it read, and the history records their SHA-256: reading the file a second time for
 the digest could digest another file than the one judged. JSON's NaN and Infinity are not JSON (RFC 8259):
@@ -18,6 +19,7 @@ from trainserve.errors import TrainserveError
 
 SCHEMA_ID = "trainserve.eval/4"  # /3 plus evidence (what the report proves; fields are only added)
 SCHEMA_PATH = Path(__file__).with_name("eval_report.schema.json")
+REPLAY_SCHEMA_PATH = Path(__file__).parents[1] / "replay" / "replay_report.schema.json"
 
 
 @dataclass(frozen=True)
@@ -30,20 +32,30 @@ class ReadReport:
 
 
 def read_report(path: Path) -> ReadReport:
-    """The report at `path`, strict JSON, valid against the schema; else one line naming what is wrong."""
+    """The eval report at `path`, strict JSON, valid against the schema; else one line naming what is wrong."""
+    return read_document(path, "eval", SCHEMA_PATH)
+
+
+def read_replay_report(path: Path) -> ReadReport:
+    """The replay report at `path` (trainserve replay --report), read as strictly as an eval report."""
+    return read_document(path, "replay", REPLAY_SCHEMA_PATH)
+
+
+def read_document(path: Path, kind: str, schema: Path) -> ReadReport:
+    """A `kind` report (eval, replay) at `path`: strict JSON, valid against `schema`; else one line."""
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise TrainserveError(
-            f"eval report {path} cannot be read ({exc.strerror}): expected an eval --report"
+            f"{kind} report {path} cannot be read ({exc.strerror}): expected what `trainserve {kind} --report` wrote"
         ) from None
     try:
         report = json.loads(raw, parse_constant=_refuse_constant)
     except ValueError as exc:
-        raise TrainserveError(f"eval report {path} is not strict JSON ({_first_line(exc)})") from None
-    problem = schema_problem(report)
+        raise TrainserveError(f"{kind} report {path} is not strict JSON ({_first_line(exc)})") from None
+    problem = schema_problem(report, schema)
     if problem:
-        raise TrainserveError(f"eval report {path} is not a valid trainserve eval report: {problem}")
+        raise TrainserveError(f"{kind} report {path} is not a valid trainserve {kind} report: {problem}")
     return ReadReport(Path(path), report, hashlib.sha256(raw).hexdigest())
 
 
@@ -56,17 +68,18 @@ def _first_line(exc: Exception) -> str:
 
 
 @functools.cache
-def _validator():
+def _validator(schema: Path = SCHEMA_PATH):
     import jsonschema
 
-    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    return jsonschema.Draft202012Validator(json.loads(schema.read_text()))
 
 
-def schema_problem(report) -> str | None:
-    """The first way `report` breaks the schema, said in one line (None: it follows it)."""
+def schema_problem(report, schema: Path = SCHEMA_PATH) -> str | None:
+    """The first way `report` breaks the schema (the eval report's by default), said in one line (None: it
+    follows it)."""
     import jsonschema
 
-    validator = _validator()
+    validator = _validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(report))
     if error is None:
         return None
@@ -74,9 +87,9 @@ def schema_problem(report) -> str | None:
     return f"at {where}: {_first_line(error)[:200]}"
 
 
-def validate_report(report: dict) -> None:
-    """Raise jsonschema.ValidationError when a report does not follow the published schema."""
-    _validator().validate(report)
+def validate_report(report: dict, schema: Path = SCHEMA_PATH) -> None:
+    """Raise jsonschema.ValidationError when a report does not follow its published schema."""
+    _validator(schema).validate(report)
 
 
 def strict_json(value):

@@ -59,7 +59,8 @@ def run_replay(args: argparse.Namespace) -> int:
         "baseline": {"reference": config.compare_with, "version": plan.versions["baseline"]},
         "capture": capture,
     }
-    report = build_report(head, result.tally, config.max_flip_rate, config.alpha)
+    settings = {"max_flip_rate": config.max_flip_rate, "alpha": config.alpha, "limit": config.limit}
+    report = build_report(head, result.tally, settings)
     return _publish(report, config.report, "replay")
 
 

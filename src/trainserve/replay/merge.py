@@ -29,8 +29,9 @@ def merge_reports(reports: list[dict], sources: list[str]) -> dict:
     head = {k: first[k] for k in (*SAME, "class_names")}
     head["class_names"] = next((r["class_names"] for r in reports if r["class_names"]), [])
     head["capture"] = _capture(reports)
-    settings = first["settings"]
-    merged = build_report(head, tally, settings["max_flip_rate"], settings["alpha"])
+    limits = [r["settings"].get("limit") for r in reports]
+    settings = first["settings"] | {"limit": next((n for n in limits if n is not None), None)}
+    merged = build_report(head, tally, settings)
     merged["merged"] = {
         "shards": len(reports),
         "sources": sources,

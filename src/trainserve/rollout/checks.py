@@ -7,6 +7,8 @@ report's evidence and the files on disk, never from the report's say-so.
     evidence  the data was the version's own held-out split, verified, and the baseline never trained on it
     partial   the whole split was evaluated (no --limit, no lone --shard)
     server    the report came from the server promote waits on (when --server is given)
+    replay    with --replay: the candidate, replayed against stable on all the captured traffic, keeps its flip
+              rate's bound within --max-flip-rate, judged again from the replay's flip matrix
 
 A check that refuses is a one-line error naming what was expected; `--override CHECK --reason TEXT` lets it
 pass, and the history keeps which checks were overridden and why.
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from trainserve.evidence.decision import DISJOINT, OWN_SPLIT, decide
 from trainserve.evidence.document import ReadReport
+from trainserve.evidence.flips import replay_failures
 from trainserve.layout import version_files_sha256
 from trainserve.rollout.config import PromoteConfig
 from trainserve.rollout.labels import Rollout
@@ -30,8 +33,10 @@ class Refusal:
     said: str
 
 
-def refusals(read: ReadReport, config: PromoteConfig, base_path: str, current: Rollout) -> list[Refusal]:
-    """Every check the report fails, in the order a person should fix them."""
+def refusals(
+    read: ReadReport, config: PromoteConfig, base_path: str, current: Rollout, replay: ReadReport | None = None
+) -> list[Refusal]:
+    """Every check the reports fail, in the order a person should fix them."""
     report = read.report
     found = [
         *_gates(report),
@@ -41,7 +46,13 @@ def refusals(read: ReadReport, config: PromoteConfig, base_path: str, current: R
         *_partial(report),
         *_server(report, config.server),
     ]
-    return [Refusal(check, f"eval report {read.path}: {said}") for check, said in found]
+    said = [Refusal(check, f"eval report {read.path}: {words}") for check, words in found]
+    if replay is not None:
+        said += [
+            Refusal("replay", f"replay report {replay.path}: {words}")
+            for words in _replay(replay.report, report, current)
+        ]
+    return said
 
 
 def _gates(report: dict) -> list[tuple[str, str]]:
@@ -126,3 +137,24 @@ def _server(report: dict, server: str | None) -> list[tuple[str, str]]:
     if server is None or report.get("server") == server:
         return []
     return [("server", f"it was made on {report.get('server')}, not on {server}: expected an eval of this server")]
+
+
+def _replay(replay: dict, report: dict, current: Rollout) -> list[str]:
+    """The replay judged the candidate of the eval report against today's stable, on all its captured traffic,
+    and its flip-rate gate holds on its own counts."""
+    candidate, baseline = replay["candidate"]["version"], replay["baseline"]["version"]
+    if replay["model"] != report["model"] or candidate != report["version"]:
+        return [
+            f"it replayed model {replay['model']} version {candidate}, not the candidate: expected a replay of "
+            f"model {report['model']} version {report['version']}"
+        ]
+    if current.stable is not None and baseline != current.stable:
+        return [
+            f"it compared with version {baseline}, but stable is version {current.stable}: expected a replay "
+            "--compare-with stable"
+        ]
+    limit, shard = replay["settings"].get("limit"), replay["capture"]["shard"]
+    if limit is not None or shard is not None:
+        how = f"--limit {limit}" if limit is not None else f"--shard {shard}"
+        return [f"it replayed part of the capture ({how}): expected all of it (shards: trainserve replay-merge)"]
+    return replay_failures(replay)

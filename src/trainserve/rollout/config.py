@@ -17,7 +17,7 @@ CONFIG_HELP = "the ModelServerConfig text proto serving polls (--model_config_fi
 SERVER_HELP = "gRPC HOST:PORT of the server: wait until it serves the change (default: do not wait)"
 WAIT_HELP = "seconds to wait for the server to apply the change (its config poll, a model load)"
 # What promote checks of a report, each refusal overridable by name (trainserve.rollout.checks says what each is).
-CHECKS = ("gates", "baseline", "files", "evidence", "partial", "server")
+CHECKS = ("gates", "baseline", "files", "evidence", "partial", "server", "replay")
 
 
 def parse_checks(text: str) -> tuple[str, ...]:
@@ -62,6 +62,11 @@ class PromoteConfig:
 
     config: Path = option(Path("models.config"), CONFIG_HELP)
     report: Path | None = option(None, "the eval report (trainserve eval --label candidate --report FILE)")
+    replay: Path | None = option(
+        None,
+        "also a replay report of the candidate against stable on captured traffic (trainserve replay "
+        "--max-flip-rate R --report FILE): its flip-rate gate is re-derived from its counts",
+    )
     override: tuple[str, ...] = option(
         (),
         f"CHECK[,CHECK]: promote although these checks refuse ({', '.join(CHECKS)}); needs --reason, and the "

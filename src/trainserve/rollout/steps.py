@@ -16,7 +16,7 @@ from typing import Protocol
 
 from trainserve.errors import TrainserveError
 from trainserve.evidence.decision import decide, gate_words
-from trainserve.evidence.document import ReadReport, read_report
+from trainserve.evidence.document import ReadReport, read_replay_report, read_report
 from trainserve.files import write_file_atomic
 from trainserve.layout import numeric_versions
 from trainserve.rollout.checks import Refusal, refusals
@@ -109,6 +109,7 @@ def promote(config: PromoteConfig, server: Server | None = None) -> Change:
     """stable -> the candidate, when every check of its report holds (or is overridden, with a reason)."""
     config.check()
     read = read_report(config.report)
+    replay = read_replay_report(config.replay) if config.replay is not None else None
     report = read.report
     path = config.config
     with locked(path):
@@ -116,13 +117,15 @@ def promote(config: PromoteConfig, server: Server | None = None) -> Change:
         model = find_model(served, path, report["model"])
         before = Rollout.of(model)
         version = _candidate_of(report, config, model, before)
-        overridden = _judge(refusals(read, config, model.base_path, before), config)
+        overridden = _judge(refusals(read, config, model.base_path, before, replay), config)
         if server is not None:  # reachable, and serving the candidate, before anything is rewritten
             server.wait_available(model.name, version, config.wait)
         after = before.promoted()
         apply_rollout(model, after)
         write_config(path, served)
         record = _record("promote", model.name, before, after, **_report_fields(read))
+        if replay is not None:
+            record["replay"] = _replay_fields(replay)
         record.update(overridden=overridden, reason=config.reason or None)
         entry = append_history(history_path(path), record)
     if server is not None:
@@ -196,6 +199,18 @@ def _report_fields(read: ReadReport) -> dict:
         "gates": [_gate_said(g) for g in report["gates"]],
         "verdict": (report.get("comparison") or {}).get("verdict_line"),
         "evidence": (report.get("evidence") or {}).get("kind"),
+    }
+
+
+def _replay_fields(read: ReadReport) -> dict:
+    """Which replay stood beside the eval report: its path, digest, and the flip rate it showed."""
+    flips = read.report.get("flips") or {}
+    return {
+        "report": str(read.path),
+        "report_sha256": read.sha256,
+        "flip_rate": flips.get("rate"),
+        "flip_upper_bound": flips.get("upper_bound"),
+        "gates": [g["said"] for g in read.report["gates"]],
     }
 
 
