@@ -1,4 +1,4 @@
-"""`trainserve capture-export`: captured inputs as an .npz eval set, one row per example, keyed by request id."""
+"""`trainserve capture export`: captured inputs as an .npz eval set, one row per example, keyed by request id."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_inputs_come_out_row_by_row_with_their_request_ids(tmp_path, capsys):
     ]
     ids = write_batches(tmp_path / "cap", "m", batches, per_file=3)
     out = tmp_path / "traffic.npz"
-    assert main(["capture-export", str(tmp_path / "cap"), "--model", "m", "--to", str(out)]) == 0
+    assert main(["capture", "export", str(tmp_path / "cap"), "--model", "m", "--to", str(out)]) == 0
     assert f"{sum(sizes)} examples of 4 captured requests" in capsys.readouterr().out
     with np.load(out) as npz:  # no pickle needed
         np.testing.assert_array_equal(npz["x_test/x"], np.concatenate([b["x"] for b in batches]))
@@ -33,6 +33,6 @@ def test_inputs_come_out_row_by_row_with_their_request_ids(tmp_path, capsys):
 def test_examples_of_several_shapes_are_one_line(tmp_path, capsys):
     batches = [{"images": np.zeros((1, 8, 8), np.uint8)}, {"images": np.zeros((1, 9, 9), np.uint8)}]
     write_batches(tmp_path / "cap", "m", batches)
-    assert main(["capture-export", str(tmp_path / "cap"), "--model", "m", "--to", str(tmp_path / "t.npz")]) == 2
+    assert main(["capture", "export", str(tmp_path / "cap"), "--model", "m", "--to", str(tmp_path / "t.npz")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "input 'images' has examples of several shapes ([8, 8], [9, 9])" in err

@@ -24,7 +24,6 @@ def build_parser() -> argparse.ArgumentParser:
     from trainserve.replay import commands as replay
     from trainserve.rollout import commands as rollout
     from trainserve.serving import commands as serving
-    from trainserve.traffic import commands as traffic
     from trainserve.training import commands as training
 
     parser = EnvDefaults(
@@ -35,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=EnvDefaults)
     # the data's path, and the order of --help
-    for stage in (training, serving, capture, evaluation, replay, drift, traffic, rollout):
+    for stage in (training, serving, capture, evaluation, replay, drift, rollout):
         stage.add_parsers(commands)
     return parser
 

@@ -1,10 +1,12 @@
-"""`trainserve capture`: the command-line parser and runner (no gRPC imported until it runs, so --help is quick)."""
+"""`trainserve capture` (and `capture export`): the command-line parsers and runner (no gRPC imported until it
+runs, so --help is quick)."""
 
 from __future__ import annotations
 
 import argparse
 
 from trainserve.options import add_options, config_from_args
+from trainserve.traffic.commands import add_export_parser
 
 
 def add_parsers(commands) -> None:
@@ -15,10 +17,12 @@ def add_parsers(commands) -> None:
         help="pass-through in front of TF Serving that writes sampled Predict calls as PredictionLog records",
         description="Forward TF Serving's gRPC PredictionService and ModelService (and REST) to --upstream unchanged, "
         "and write --sampling-rate of the Predict calls, with their answers, as PredictionLog TFRecords under "
-        "--filename-prefix (the format of TF Serving's warmup requests), for replay, drift and export.",
+        "--filename-prefix (the format of TF Serving's warmup requests), for replay, drift and export. "
+        "`trainserve capture export` turns a capture into an eval set.",
     )
     add_options(p, ProxyConfig)
     p.set_defaults(func=run_capture)
+    add_export_parser(p.add_subparsers(title="subcommands", dest="capture_command", metavar="{export}"))
 
 
 def run_capture(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""`trainserve capture-export`: captured traffic's inputs as an `.npz` eval set, keyed by request id."""
+"""`trainserve capture export`: captured traffic's inputs as an `.npz` eval set, keyed by request id (a
+subcommand of `trainserve capture`, whose parser adds it)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import argparse
 from pathlib import Path
 
 
-def add_parsers(commands) -> None:
-    p = commands.add_parser(
-        "capture-export",
+def add_export_parser(subcommands) -> None:
+    p = subcommands.add_parser(
+        "export",
         help="write captured requests' inputs to an .npz (x_test..., request_id), to label and evaluate later",
         description="Read a capture (PredictionLog TFRecords) and write one model's request inputs as an .npz: "
         "x_test (one input) or x_test/<input>, plus request_id, request_row, version and timestamp_s per example, "
