@@ -56,10 +56,10 @@ def logged_m(model_versions, tmp_path, serve_in_process):
     install_version(model_versions[0], tmp_path / "m", 1)
     (tmp_path / "monitoring.config").write_text(MONITORING)
 
-    def start(rate: float, prefix: Path | None = None):
+    def start(rate: float, prefix: Path | None = None, *flags: str):
         config = write_config(tmp_path, rate, str(prefix or tmp_path / "captures" / "m"))
         server = serve_in_process(
-            f"--model_config_file={config}", f"--monitoring_config_file={tmp_path / 'monitoring.config'}"
+            f"--model_config_file={config}", f"--monitoring_config_file={tmp_path / 'monitoring.config'}", *flags
         )
         server.wait_available("m", 1)
         return server
@@ -164,6 +164,38 @@ def test_a_capture_directory_that_cannot_be_written_costs_no_request(logged_m, t
     assert statuses == {"OK"}
     server.wait_for(lambda: capture_counts(server)["write_error"] == answered, "every record dropped and counted")
     assert capture_counts(server)["written"] == 0
+
+
+@pytest.mark.integration
+def test_a_config_reload_applies_its_logging_config_as_tf_serving_does(logged_m, tmp_path, caplog):
+    from serving_fixtures import predict_request, stubs
+
+    server = logged_m(1.0, None, "--model_config_file_poll_wait_seconds=1")
+    predict, _ = stubs(server)
+
+    def call_and_read(directory: Path) -> list[bytes]:
+        predict.Predict(predict_request(), timeout=30)
+        return read_logs(directory)
+
+    first, moved = tmp_path / "captures", tmp_path / "moved"
+    server.wait_for(lambda: call_and_read(first), "a call written under the first prefix")
+    write_config(tmp_path, 1.0, str(moved / "m"))
+    server.wait_for(lambda: call_and_read(moved), "calls written under the new prefix once the config reloads")
+    before = len(read_logs(first))  # the first prefix's writer is closed: nothing more arrives there
+    server.wait_for(lambda: len(call_and_read(moved)) >= 3, "more calls under the new prefix")
+    assert len(read_logs(first)) == before
+
+    write_config(tmp_path, 1.5, str(moved / "m"))  # a broken edit: logged, the running logging kept
+    server.wait_for(lambda: "model config not reloaded" in caplog.text, "the broken edit refused")
+    written = len(read_logs(moved))
+    server.wait_for(lambda: len(call_and_read(moved)) > written, "calls still written under the new prefix")
+
+    write_config(tmp_path, 0.0, str(moved / "m"))  # rate 0: nothing logged, the capture counters gone
+    server.wait_for(lambda: capture_counts(server) == {}, "logging turned off by the reload")
+    predict.Predict(predict_request(), metadata=[("x-request-id", "after-off")], timeout=30)
+    assert server.stop() == 0  # every writer closed: what is on disk now is all there will be
+    origins = [prediction_log_pb2.PredictionLog.FromString(r).log_metadata.request_origin for r in read_logs(moved)]
+    assert len(origins) >= 3 and "after-off" not in origins
 
 
 @pytest.mark.integration

@@ -6,7 +6,9 @@ provided".
 trainserve.traffic.TrafficWriter under `log_collector_config.filename_prefix`, as PredictionLog records carrying the
 version that answered, the signature, the rate, the time and the request id. A call is sampled before it is
 logged and its record encoded on the writer's thread, so a request pays for a random number and a queue offer.
-Models that name one prefix share its writer. The config is read at start; a reload does not change it.
+Models that name one prefix share its writer. A config reload applies the config's logging as TF Serving's does
+(ServerCore::ReloadConfig updates its request logger): a prefix kept keeps its writer and files, a new one opens,
+one no longer named is closed once its queue is written.
 """
 
 from __future__ import annotations
@@ -44,9 +46,12 @@ class Capture:
         self.models, self.uniform = models, uniform
 
     @classmethod
-    def from_config(cls, config, limits: WriterLimits, config_path: str = "") -> Capture | None:
+    def from_config(
+        cls, config, limits: WriterLimits, config_path: str = "", running: Capture | None = None
+    ) -> Capture | None:
         """The models whose logging_config asks for a rate above 0; None when none does. Bad settings fail
-        here, before any model loads."""
+        here, before any model loads. `running`: the capture a reload replaces, whose writers of the prefixes
+        still named are kept."""
         wanted = {}
         for model in config.model_config_list.config:
             if model.HasField("logging_config"):
@@ -56,7 +61,8 @@ class Capture:
         if not wanted:
             return None
         limits.check()
-        writers = {prefix: TrafficWriter(prefix, limits) for prefix in sorted({p for _, p in wanted.values()})}
+        kept = running.writers() if running is not None else {}
+        writers = {p: kept.get(p) or TrafficWriter(p, limits) for p in sorted({p for _, p in wanted.values()})}
         models = {name: ModelCapture(rate, prefix, writers[prefix]) for name, (rate, prefix) in wanted.items()}
         return cls(models, new_sampler())
 
@@ -84,13 +90,20 @@ class Capture:
 
         target.writer.submit(record)
 
-    def close(self, timeout: float = 10) -> None:
-        """Write what is queued (shutdown, after the last request)."""
-        for writer in {id(t.writer): t.writer for t in self.models.values()}.values():
-            writer.close(timeout)
+    def writers(self) -> dict[str, TrafficWriter]:
+        """Each prefix's writer."""
+        return {t.prefix: t.writer for t in self.models.values()}
+
+    def close(self, timeout: float = 10, keep: Capture | None = None) -> None:
+        """Write what is queued and close (shutdown, after the last request), except the writers `keep` took
+        over (a reload)."""
+        kept = {id(w) for w in keep.writers().values()} if keep is not None else set()
+        for writer in self.writers().values():
+            if id(writer) not in kept:
+                writer.close(timeout)
 
     def prometheus_lines(self) -> list[str]:
-        return writer_lines({t.prefix: t.writer for t in self.models.values()})
+        return writer_lines(self.writers())
 
 
 def _settings(model, config_path: str) -> tuple[float, str] | None:

@@ -103,7 +103,7 @@ class Api:
 
     async def Predict(self, request, context):
         name, version, label = parse_model_spec(request.model_spec)
-        sampled = self.servables.capture.sample(name) if self.servables.capture else None
+        sampled = self.servables.sample(name)
         try:
             version, signature, outputs = await self.servables.predict_async(
                 name,

@@ -208,8 +208,9 @@ class RestHandler(BaseHTTPRequestHandler):
         if self.metrics_path and self.path.split("?")[0] == self.metrics_path:
             servables = self.servables
             text = prometheus_text(servables.metrics, servables.manager, batching=servables.batching is not None)
-            if servables.capture is not None:
-                text += "\n".join(servables.capture.prometheus_lines()) + "\n"
+            capture = servables.capture  # read once: a config reload may swap it
+            if capture is not None:
+                text += "\n".join(capture.prometheus_lines()) + "\n"
             return self._send(200, text.encode(), METRICS_CONTENT_TYPE)
         self._handle(self._get)
 
@@ -244,7 +245,7 @@ class RestHandler(BaseHTTPRequestHandler):
             raise ServingError(grpc.StatusCode.NOT_FOUND, f"Malformed request: POST {self.path}")
         body = parse_json_body(raw)
         signature = body.get("signature_name") or DEFAULT_SIGNATURE
-        sampled = self.servables.capture.sample(name) if self.servables.capture else None
+        sampled = self.servables.sample(name)
         inputs: dict[str, np.ndarray] = {}
 
         def to_inputs(spec) -> dict[str, np.ndarray]:

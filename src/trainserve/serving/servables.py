@@ -27,7 +27,7 @@ from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.protos import get_model_metadata_pb2
 from trainserve.savedmodel import LoadedModel, RunError, UnknownSignature
 from trainserve.serving.batching import Arrays, BatchScheduler, QueueFull, shape_key, task_size
-from trainserve.serving.capture import Capture
+from trainserve.serving.capture import Capture, ModelCapture
 from trainserve.serving.config import Batching
 from trainserve.serving.manager import ModelManager, NotFound, ServableHandle, UnknownLabel, VersionState
 from trainserve.serving.metrics import UNKNOWN_MODEL, ServingMetrics
@@ -149,6 +149,11 @@ class Servables:
         self.stopping = threading.Event()  # set when the drain begins (health answers NOT_SERVING)
         self._inflight = 0
         self._lock = threading.Lock()
+
+    def sample(self, name: str) -> ModelCapture | None:
+        """The model's logging when this Predict is sampled (the capture read once: a reload may swap it)."""
+        capture = self.capture
+        return capture.sample(name) if capture is not None else None
 
     def resolve(self, name: str, version: int | None, label: str | None) -> ServableHandle:
         try:

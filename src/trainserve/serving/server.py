@@ -3,8 +3,8 @@
 Start-up follows TF Serving (model_servers/main.cc, model_servers/server.cc): check the flags (the TLS
 files included: serving/tls.py), load the configured models and block until each has a version AVAILABLE,
 only then open the gRPC and REST ports; then poll the model directories (and the config file) until stopped.
-Where serve-local differs, the README says so. The one deliberate improvement: SIGTERM stops accepting,
-finishes in-flight requests and exits 0 (tensorflow_model_server ignores SIGTERM, tensorflow/serving#1853).
+Where serve-local differs, docs/tf-serving-behaviour.md says so. The one deliberate improvement: SIGTERM stops
+accepting, finishes in-flight requests and exits 0 (tensorflow_model_server ignores SIGTERM, tensorflow/serving#1853).
 """
 
 from __future__ import annotations
@@ -64,13 +64,13 @@ def serve(options: ServerOptions, stop: threading.Event | None = None) -> int:
 
     servables = Servables(manager, batching, capture)
     grpc_server, http_server = _open_ports(options, servables, metrics_path, tls)
-    poller = threading.Thread(target=_poll_loop, args=(manager, options, stop, poll_seconds), daemon=True)
+    poller = threading.Thread(target=_poll_loop, args=(servables, options, stop, poll_seconds), daemon=True)
     poller.start()
     stop.wait()
     _stop_serving(servables, grpc_server, http_server, grace_seconds=options.rest_api_timeout_in_ms / 1000)
-    if capture is not None:
-        capture.close()  # after the last answer: its record is queued by then
     poller.join(timeout=5)
+    if servables.capture is not None:
+        servables.capture.close()  # after the last answer and the last reload: every record is queued by then
     manager.close()
     _restore_signal_handlers(previous_handlers)
     log.info("stopped cleanly")
@@ -200,23 +200,34 @@ def _stop_serving(
         http_server.server_close()  # joins the request threads (daemon_threads is off)
 
 
-def _poll_loop(manager: ModelManager, options: ServerOptions, stop: threading.Event, poll_seconds: float) -> None:
+def _poll_loop(servables: Servables, options: ServerOptions, stop: threading.Event, poll_seconds: float) -> None:
     """Until stopped: re-read the config file when due, then bring the loaded versions in line with disk."""
     reload_every = options.model_config_file_poll_wait_seconds if options.model_config_file else 0
     next_config = time.monotonic() + reload_every
     while not stop.wait(poll_seconds):
         if reload_every > 0 and time.monotonic() >= next_config:
             next_config = time.monotonic() + reload_every
-            _reload_config(manager, options)
+            _reload_config(servables, options)
         try:
-            manager.poll()
+            servables.manager.poll()
         except Exception:  # a poll must never take the server down
             log.exception("polling the model directories failed; retrying")
 
 
-def _reload_config(manager: ModelManager, options: ServerOptions) -> None:
-    """Apply the config file again; a broken edit is logged and the running config kept."""
+def _reload_config(servables: Servables, options: ServerOptions) -> None:
+    """Apply the config file again, its models and their logging; a broken edit is logged and the running
+    config kept."""
+    running = servables.capture
+    capture = None
     try:
-        manager.configure(load_config(options))
+        config = load_config(options)
+        capture = Capture.from_config(config, options.capture, options.model_config_file, running)
+        servables.manager.configure(config)
     except TrainserveError as exc:
+        if capture is not None:
+            capture.close(keep=running)  # the writers opened for this edit only
         log.error("model config not reloaded, keeping the current one: %s", exc)
+        return
+    servables.capture = capture
+    if running is not None:
+        running.close(keep=capture)  # the prefixes no longer named: their queues written, their files closed
