@@ -314,16 +314,23 @@ def trained_digits(tmp_path_factory, worker_id) -> Path:
     """The default model trained 5 epochs on the bundled digits and published, once per test session (xdist
     workers share it): ROOT/models/digits/1, ROOT/data/digits/test.npz, ROOT/logs/ (run_summary.json, ...).
     Read-only: a test that changes it copies it first."""
+    return once_per_session(tmp_path_factory, worker_id, "trained-digits", _train_digits)
+
+
+def once_per_session(tmp_path_factory, worker_id: str, name: str, make) -> Path:
+    """`make(root)` once per test session, by whichever xdist worker asks first; the others wait on a lock and
+    reuse `root`."""
     import fcntl
     import shutil
 
     base = tmp_path_factory.getbasetemp()
-    root = (base if worker_id == "master" else base.parent) / "trained-digits"  # the parent: one per session
+    root = (base if worker_id == "master" else base.parent) / name  # the parent: one per session
     with open(f"{root}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (root / "done").is_file():
             shutil.rmtree(root, ignore_errors=True)
-            _train_digits(root)
+            root.mkdir(parents=True)
+            make(root)
             (root / "done").touch()
     return root
 
@@ -486,22 +493,25 @@ def docker_client():
 
 
 @pytest.fixture(scope="session")
-def docker_images(docker_client) -> dict[str, str]:
+def docker_images(docker_client, tmp_path_factory, worker_id) -> dict[str, str]:
     """Stand-in bases (reused when their content is unchanged) and our three images on them, built once per
-    session (the e2e files share one xdist worker); returns each image's tag."""
-    subprocess.run(
-        [REPO / "scripts" / "standins" / "build.sh"], env={**os.environ, "TF_VERSION": TF_VERSION_ENV}, check=True
-    )
-    tags = {}
-    for name, (dockerfile, base_image) in DOCKER_IMAGES.items():
-        context = REPO / Path(dockerfile).parent if name == "serve-cpu" else REPO
-        tags[name] = f"trainserve/{name}:{TF_VERSION_ENV}"
-        docker_client.images.build(
-            path=str(context),
-            dockerfile=str(REPO / dockerfile),
-            tag=tags[name],
-            buildargs={"BASE_IMAGE": base_image, "TF_VERSION": TF_VERSION_ENV},
-            network_mode="host",
-            rm=True,
+    session (the e2e files share one xdist worker, and a lock keeps any other from building them again beside
+    it); returns each image's tag."""
+    tags = {name: f"trainserve/{name}:{TF_VERSION_ENV}" for name in DOCKER_IMAGES}
+
+    def build(_root: Path) -> None:
+        subprocess.run(
+            [REPO / "scripts" / "standins" / "build.sh"], env={**os.environ, "TF_VERSION": TF_VERSION_ENV}, check=True
         )
+        for name, (dockerfile, base_image) in DOCKER_IMAGES.items():
+            docker_client.images.build(
+                path=str(REPO / Path(dockerfile).parent if name == "serve-cpu" else REPO),
+                dockerfile=str(REPO / dockerfile),
+                tag=tags[name],
+                buildargs={"BASE_IMAGE": base_image, "TF_VERSION": TF_VERSION_ENV},
+                network_mode="host",
+                rm=True,
+            )
+
+    once_per_session(tmp_path_factory, worker_id, "docker-images", build)
     return tags
