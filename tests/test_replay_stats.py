@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from trainserve.replay.tally import ReplayTally, histogram_quantile, log_edges, wilson_upper
+from trainserve.evidence.flips import wilson_upper
+from trainserve.replay.tally import ReplayTally, histogram_quantile, log_edges
 
 pytestmark = pytest.mark.unit
 

@@ -122,6 +122,9 @@ def test_compose_config_is_valid_for_every_profile(profiles):
         for step in ("candidate", "promote", "rollback"):
             assert services[step]["image"].rpartition(":")[0] == "trainserve/eval", step
             assert services[step]["entrypoint"] == ["trainserve"] and services[step]["command"][0] == step
+        # `make promote` runs promote-eval right after `candidate` loaded the version: serve-cpu's health may
+        # still say unhealthy (from before its first version) for one interval, and compose would refuse.
+        assert services["promote-eval"]["depends_on"]["serve-cpu"]["condition"] == "service_started"
     if "monitoring" in profiles:  # the repository's scrape config and rules, read-only; the UI on loopback only
         prometheus = services["prometheus"]
         (mount,) = [v for v in prometheus["volumes"] if v["target"] == "/etc/trainserve-monitoring"]

@@ -2,7 +2,7 @@
 #   - a MOUNTED file rules: $MODEL_CONFIG_FILE when set, else /etc/trainserve/models.config when present
 #     (a compose volume, a key added to the k8s serve-cpu-config ConfigMap);
 #   - else $ROLLOUT_CONFIG_FILE when set (compose, k8s base): the config `trainserve candidate/promote/rollback` rewrite (gated
-#     rollout, README "Rolling out a new version"); entrypoint.sh starts it from the template when absent;
+#     rollout, docs/tutorial/rollout.md); entrypoint.sh starts it from the template when absent;
 #   - otherwise the config entrypoint.sh GENERATES at start from models.config.template and $MODEL_NAME,
 #     in /tmp/trainserve (the root filesystem is read-only; /tmp is a tmpfs or an emptyDir).
 # The paths can be moved (TRAINSERVE_CONFIG_DIR, TRAINSERVE_LIB, TRAINSERVE_RUN_DIR) so that tests run

@@ -87,14 +87,9 @@ ln -s "$PWD/src" "$context/src"
 site_files() { "$PYTHON" "$here/site_files.py" requirements/serve.txt "$@" | sed 's,^,site/,'; }
 site_files --closure-of tensorflow-cpu >"$context/tensorflow.files"
 tag="$STANDIN/tensorflow:${TF_VERSION}-gpu"
+# The packages travel with the byte code `make venv` compiled (--compile-bytecode), so a read-only container
+# imports TensorFlow without compiling it first.
 hash="$(content_hash "$here/tensorflow.Dockerfile")-$(list_hash "$context/tensorflow.files")-$TF_VERSION"
-if ! present "$tag" "$hash"; then
-  # Importing here writes the byte code of what the images' processes import (TensorFlow, Keras, serve-local's
-  # protos) where it is missing, and it travels with the packages.
-  env -u PYTHONDONTWRITEBYTECODE TF_CPP_MIN_LOG_LEVEL=3 "$PYTHON" -c \
-    "import tensorflow, keras, tensorflow_serving.apis.prediction_service_pb2_grpc"
-  site_files --closure-of tensorflow-cpu >"$context/tensorflow.files"
-fi
 build "$tag" "$here/tensorflow.Dockerfile" "$hash" "$context/tensorflow.files"
 
 # It carries serve-local, so it is rebuilt whenever the source changes.

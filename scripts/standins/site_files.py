@@ -54,7 +54,7 @@ def closure(name: str) -> set[str]:
 
 
 def compiled(file: importlib.metadata.PackagePath) -> str | None:
-    """The byte code this environment's imports left beside a module, so that a container's first import reads
+    """The byte code `make venv` compiled beside a module, so that a container's first import reads
     it instead of compiling in memory (the containers' user cannot write site-packages)."""
     if file.suffix != ".py":
         return None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from statistics import NormalDist
 
 import numpy as np
 
@@ -27,18 +26,6 @@ def log_bin(values: np.ndarray) -> np.ndarray:
     """Bin index of each value on log_edges (0 and below in bin 0, beyond the last in the last)."""
     v = np.maximum(np.asarray(values, np.float64), LOG_LOW)
     return np.clip(np.floor(np.log(v / LOG_LOW) / math.log(LOG_RATIO)).astype(np.int64), 0, LOG_BINS - 1)
-
-
-def wilson_upper(count: int, n: int, alpha: float) -> float:
-    """One-sided (1 - alpha) upper confidence bound of a proportion: the Wilson score bound, which keeps its
-    coverage near the nominal level for small counts, where the normal (Wald) bound collapses to 0 at 0 flips."""
-    if n == 0:
-        return 1.0
-    z = NormalDist().inv_cdf(1 - alpha)
-    p = count / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return min(1.0, centre + half)
 
 
 def histogram_quantile(counts: np.ndarray, edges: np.ndarray, q: float) -> float:

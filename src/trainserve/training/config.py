@@ -93,7 +93,7 @@ class TrainConfig:
         None, "learning rate once a transfer backbone is unfrozen (default: --learning-rate / 10)", parse=float
     )
     model_fn: str | None = option(
-        None, "your own model: path/to/file.py:function or package.module:function (see README)"
+        None, "your own model: path/to/file.py:function or package.module:function (docs/how-to/own-model.md)"
     )
     epochs: int = option(10, "epochs to train", parse=positive_int)
     batch_size: int = option(64, "per-replica batch size", parse=positive_int)
