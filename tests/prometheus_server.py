@@ -1,6 +1,9 @@
-"""A real Prometheus (Debian's `prometheus`) for the tests: its own data directory and free port, the repository's
-scrape config pointed at a test's server, started and stopped by pid; and the checks that an expression reads
-metrics that exist and returns series with the labels a reader expects."""
+"""A real Prometheus (Debian's `prometheus`) for the tests: its own data directory and free port, one of the
+repository's scrape configs pointed at a test's server, started and stopped by pid; the model it watches (two
+versions serving, stable and canary, and a third whose load failed) and the traffic it sees; and the checks that
+every recording rule, alert expression and dashboard query reads metrics that exist and returns series with the
+labels its reader expects. tests/test_monitoring_prometheus.py runs them against serve-local,
+tests/test_e2e_monitoring_docker.py against the serve-cpu image."""
 
 from __future__ import annotations
 
@@ -8,30 +11,42 @@ import json
 import re
 import shutil
 import subprocess
+import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import yaml
 
-from conftest import DIRECT, REPO, free_port, require
+from conftest import DIRECT, REPO, free_port, install_version, require
+from trainserve.model_server_config import render_model_config, single_model_config
 
 MONITORING = REPO / "monitoring"
+RULES = yaml.safe_load((MONITORING / "rules.yml").read_text())["groups"]
+RECORDS = {r["record"]: r["expr"] for group in RULES for r in group["rules"] if "record" in r}
+ALERTS = {r["alert"]: r for group in RULES for r in group["rules"] if "alert" in r}
+DASHBOARD = json.loads((MONITORING / "grafana" / "trainserve-serving.json").read_text())
+IMAGES = np.random.default_rng(5).integers(0, 256, (4, 8, 8, 1), dtype=np.uint8).tolist()
 # A metric selector: a name followed by its braces (monitoring/rules.yml writes every selector so).
 SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
 COMPARISON = re.compile(r"(==|!=|>=|<=|>|<)(?!\s*bool\b)")
 
 
 class Prometheus:
-    """`prometheus` scraping `target` every second with monitoring/prometheus.yml's job and rules."""
+    """`prometheus` scraping `target` every second with the job and rules of `config`: monitoring/prometheus.yml
+    (job serve-local) or prometheus-compose.yml (job serve-cpu), its one target replaced by `target`."""
 
-    def __init__(self, directory: Path, target: str, job: str = "serve-local"):
+    def __init__(self, directory: Path, target: str, config_file: str = "prometheus.yml"):
         require("prometheus", shutil.which("prometheus") is not None, "Debian's prometheus package")
-        config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+        config = yaml.safe_load((MONITORING / config_file).read_text())
         config["global"].update(scrape_interval="1s", evaluation_interval="1s")
         config["rule_files"] = [str(MONITORING / name) for name in config["rule_files"]]
-        (scrape,) = [c for c in config["scrape_configs"] if c["job_name"] == job]
-        scrape["static_configs"] = [{"targets": [target]}]
+        (scrape,) = config["scrape_configs"]
+        (static,) = scrape["static_configs"]
+        static["targets"] = [target]
+        self.job = scrape["job_name"]
         (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.url = f"http://127.0.0.1:{free_port()}"
         self._log = open(directory / "prometheus.log", "w")  # noqa: SIM115  (closed in stop())
@@ -69,6 +84,17 @@ class Prometheus:
                 pass
             time.sleep(0.2)
         raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{self.log_path.read_text()[-3000:]}")
+
+    def wait_scraped(self, scrapes: int = 5) -> None:
+        """`scrapes` scrapes of the target, the last one up: enough samples for the rules' rates."""
+        count, up = f'count_over_time(up{{job="{self.job}"}}[1m])', f'up{{job="{self.job}"}}'
+        self.wait_for(
+            lambda: (
+                [float(s["value"][1]) >= scrapes for s in self.query(count)] == [True]
+                and [s["value"][1] for s in self.query(up)] == ["1"]
+            ),
+            f"{scrapes} scrapes of {self.job}, the last one up",
+        )
 
     def metric_names(self) -> set[str]:
         return set(self.api("label/__name__/values"))
@@ -112,3 +138,100 @@ def assert_series(prometheus: Prometheus, expr: str, labels: set[str], timeout: 
         absent = {label for label in labels if not series["metric"].get(label)}
         assert not absent, f"{expr!r}: a series without {sorted(absent)}: {series['metric']}"
     return found
+
+
+def dashboard_targets() -> list[tuple[str, str, str]]:
+    """(panel title, expression with the `model` variable at All, legend) for every query on the dashboard."""
+    return [
+        (panel["title"], target["expr"].replace("$model", ".+"), target["legendFormat"])
+        for panel in DASHBOARD["panels"]
+        for target in panel.get("targets", [])
+    ]
+
+
+def by_labels(expr: str) -> set[str]:
+    """The labels an aggregation keeps (`by (...)`), the histogram's `le` aside."""
+    match = re.search(r"\bby \(([^)]*)\)", expr)
+    return {label.strip() for label in match.group(1).split(",")} - {"le"} if match else set()
+
+
+def watched_model(root: Path, versions: list[Path], base_path: str) -> Path:
+    """Model `m` under `root/models/m`: versions 1 and 2 (labels stable and canary) and a version 3 whose load fails
+    (END, error UNKNOWN), all served (`model_version_policy { all {} }`); `root/models.config` names the model's
+    directory as the server sees it (`base_path`). Returns the config's path."""
+    base = root / "models" / "m"
+    install_version(versions[0], base, 1)
+    install_version(versions[1], base, 2)
+    (base / "3").mkdir()
+    (base / "3" / "saved_model.pb").write_bytes(b"not a SavedModel")
+    config = single_model_config("m", base_path)
+    entry = config.model_config_list.config[0]
+    entry.model_version_policy.all.SetInParent()
+    entry.version_labels.update({"stable": 1, "canary": 2})
+    (root / "models.config").write_text(render_model_config(config))
+    return root / "models.config"
+
+
+def traffic(server, stop: threading.Event) -> None:
+    """What clients do while Prometheus watches `server` (anything with the tests' `post`): both versions asked,
+    and now and then a malformed request (a client error, counted under the version it named)."""
+    sent = 0
+    while not stop.is_set():
+        for version in (1, 2):
+            server.post(f"/v1/models/m/versions/{version}:predict", {"instances": IMAGES})
+        sent += 1
+        if sent % 5 == 0:
+            server.post("/v1/models/m/versions/1:predict", {"instances": [{"no_such_input": 1}]})
+        stop.wait(0.05)
+
+
+def check_record(prometheus: Prometheus, record: str) -> None:
+    """The rule's expression returns series per the labels it keeps, Prometheus records it, stable and canary apart."""
+    labels = by_labels(RECORDS[record])
+    assert_series(prometheus, RECORDS[record], labels)
+    series = assert_series(prometheus, record + "{}", labels)
+    if "version" in labels:
+        assert {s["metric"]["version"] for s in series} >= {"1", "2"}, f"{record}: stable and canary apart"
+
+
+def check_alert(prometheus: Prometheus, alert: str) -> None:
+    """The alert's expression (made `bool`) watches series carrying the labels its summary names."""
+    rule = ALERTS[alert]
+    labels = set(re.findall(r"\$labels\.(\w+)", rule["annotations"]["summary"]))
+    assert labels, f"{alert}: its summary names no label"
+    assert_series(prometheus, with_bool(rule["expr"]), labels)
+
+
+def check_dashboard_query(prometheus: Prometheus, expr: str, legend: str) -> None:
+    """A dashboard query returns series carrying the labels its legend names."""
+    assert_series(prometheus, expr, set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend)))
+
+
+def check_model_variable(prometheus: Prometheus) -> None:
+    """The dashboard's `model` variable lists the served model."""
+    (variable,) = [v for v in DASHBOARD["templating"]["list"] if v["name"] == "model"]
+    metric, label = re.fullmatch(r"label_values\(([^,]+), (\w+)\)", variable["query"]["query"]).groups()
+    values = prometheus.api(f"label/{label}/values", **{"match[]": metric})
+    assert values == ["m"], f"{variable['query']['query']}: {values}"
+
+
+def check_version_state(prometheus: Prometheus) -> None:
+    """Versions 1 and 2 AVAILABLE, version 3's failed load END with its error code."""
+    expr = ":trainserve:serve_local:version_state{}"
+    series = assert_series(prometheus, expr, {"version", "state", "error_code"})
+    states = {(s["metric"]["version"], s["metric"]["state"], s["metric"]["error_code"]) for s in series}
+    assert states == {("1", "AVAILABLE", "OK"), ("2", "AVAILABLE", "OK"), ("3", "END", "UNKNOWN")}, f"{expr}: {states}"
+
+
+def every_check() -> list[tuple[str, Callable[[Prometheus], None]]]:
+    """(what it checks, the check) for every recording rule, alert, dashboard query, the model variable and the
+    versions' states: what the e2e test runs in one go."""
+    checks: list[tuple[str, Callable[[Prometheus], None]]] = [
+        *((f"record {r}", lambda p, r=r: check_record(p, r)) for r in sorted(RECORDS)),
+        *((f"alert {a}", lambda p, a=a: check_alert(p, a)) for a in sorted(ALERTS)),
+        *(
+            (f"dashboard {panel!r}: {expr}", lambda p, e=expr, g=legend: check_dashboard_query(p, e, g))
+            for panel, expr, legend in dashboard_targets()
+        ),
+    ]
+    return [*checks, ("dashboard variable model", check_model_variable), ("version_state", check_version_state)]
