@@ -28,7 +28,8 @@ def add_parsers(commands) -> None:
             "Read the eval report of the candidate (trainserve eval --label candidate --report FILE), check it "
             "against its schema and re-derive its decision: its gates from its numbers, its baseline against the "
             "config's stable, the version's files against those it evaluated, its data as the version's own "
-            "held-out split, evaluated whole. Then label the candidate `stable` and keep the old stable loaded as "
+            "held-out split, evaluated whole; with --replay, a replay's flip-rate gate from its counts too. Then "
+            "label the candidate `stable` and keep the old stable loaded as "
             "`previous`. A refusal rewrites nothing; --override CHECK --reason TEXT passes a check, on the record.",
         ),
         (
