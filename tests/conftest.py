@@ -317,6 +317,10 @@ def trained_digits(tmp_path_factory, worker_id) -> Path:
     return once_per_session(tmp_path_factory, worker_id, "trained-digits", _train_digits)
 
 
+# xdist makes a module- or session-scoped fixture once per worker that runs one of its tests. What every worker
+# needs and can share read-only (the trained digits, the Docker images) is made once behind a lock
+# (once_per_session). A module whose own fixture trains or starts servers carries xdist_group("<name>") instead,
+# so one worker runs it whole (`make test` distributes with --dist loadgroup) and the fixture is made once.
 def once_per_session(tmp_path_factory, worker_id: str, name: str, make) -> Path:
     """`make(root)` once per test session, by whichever xdist worker asks first; the others wait on a lock and
     reuse `root`."""

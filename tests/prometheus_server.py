@@ -7,6 +7,7 @@ tests/test_e2e_monitoring_docker.py against the serve-cpu image."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -183,6 +184,28 @@ def traffic(server, stop: threading.Event) -> None:
         if sent % 5 == 0:
             server.post("/v1/models/m/versions/1:predict", {"instances": [{"no_such_input": 1}]})
         stop.wait(0.05)
+
+
+@contextlib.contextmanager
+def watching(server, root: Path, target: str, config_file: str = "prometheus.yml"):
+    """A real Prometheus scraping `server` at `target` once versions 1 and 2 serve, version 3 has failed to load
+    and clients are sending traffic; stopped, and the traffic with it, on leaving."""
+    stop, prometheus = threading.Event(), None
+    sender = threading.Thread(target=traffic, args=(server, stop), daemon=True)
+    try:
+        for version in (1, 2):
+            server.wait_available("m", version)
+        server.wait_for(lambda: server.versions("m").get(3) == "END", "version 3's failed load")
+        sender.start()
+        prometheus = Prometheus(root, target, config_file)
+        prometheus.wait_scraped()
+        yield prometheus
+    finally:
+        stop.set()
+        if sender.is_alive():
+            sender.join(timeout=30)
+        if prometheus is not None:
+            prometheus.stop()
 
 
 def check_record(prometheus: Prometheus, record: str) -> None:

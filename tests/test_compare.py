@@ -26,7 +26,8 @@ from trainserve.savedmodel import LoadedModel
 from trainserve.sources import load_dataset
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples
 
-pytestmark = pytest.mark.unit  # serve-local on a thread of this process, real gRPC
+# serve-local on a thread of this process, real gRPC; the module trains once (conftest.py)
+pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("compare")]
 SYN = SyntheticSpec((8, 8, 1), 10, 2000)
 
 

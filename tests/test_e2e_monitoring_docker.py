@@ -8,12 +8,11 @@ against serve-local in tests/test_monitoring_prometheus.py."""
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import pytest
 
 from conftest import Server, free_port
-from prometheus_server import Prometheus, every_check, traffic, watched_model
+from prometheus_server import every_check, watched_model, watching
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("docker")]  # one worker drives the engine
 
@@ -61,22 +60,10 @@ def prometheus_fixture(docker_client, docker_images, model_versions, tmp_path_fa
         ),
         rest,
     )
-    stop, prometheus = threading.Event(), None
-    sender = threading.Thread(target=traffic, args=(server, stop), daemon=True)
     try:
-        for version in (1, 2):
-            server.wait_available("m", version)
-        server.wait_for(lambda: server.versions("m").get(3) == "END", "version 3's failed load")
-        sender.start()
-        prometheus = Prometheus(root, f"127.0.0.1:{rest}", "prometheus-compose.yml")
-        prometheus.wait_scraped()
-        yield prometheus
+        with watching(server, root, f"127.0.0.1:{rest}", "prometheus-compose.yml") as prometheus:
+            yield prometheus
     finally:
-        stop.set()
-        if sender.is_alive():
-            sender.join(timeout=30)
-        if prometheus is not None:
-            prometheus.stop()
         server.stop()
 
 

@@ -20,7 +20,8 @@ from trainserve.cli import main
 from trainserve.sources import load_dataset
 from trainserve.splits import PROVENANCE_KEY, is_training_source, provenance
 
-pytestmark = pytest.mark.unit  # serve-local on a thread of this process, real gRPC
+# serve-local on a thread of this process, real gRPC; two_trainings made once (conftest.py)
+pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("two-trainings")]
 
 
 def eval_cli(server, root, report, *args) -> int:

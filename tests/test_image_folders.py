@@ -24,6 +24,9 @@ MODEL = "pics"
 IMAGE_SIZE = "16,16"
 
 
+pytestmark = pytest.mark.xdist_group("image-folders")  # one worker: the module's fixtures train once (conftest.py)
+
+
 def folder_flags(photos: Path) -> tuple:
     return ("--data", f"{photos}/", "--image-size", IMAGE_SIZE)
 

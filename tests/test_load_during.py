@@ -15,7 +15,8 @@ from conftest import MONITORING, ServeLocal, assert_one_line_error, install_vers
 from trainserve.evaluation.load.report import validate_load_report
 from trainserve.model_server_config import render_model_config, single_model_config
 
-pytestmark = pytest.mark.integration  # serve-local and the CLI run as subprocesses
+# serve-local and the CLI run as subprocesses; the module starts its server once (conftest.py)
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("load-during")]
 CONCURRENCY = 2
 # A publisher as training is one: the version is copied beside the others under a non-numeric name, then renamed.
 PUBLISH = (

@@ -5,8 +5,6 @@ and return series with the labels their readers (the dashboard's legends, the al
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from conftest import MONITORING as MONITORING_CONFIG
@@ -14,7 +12,6 @@ from conftest import ServeLocal
 from prometheus_server import (
     ALERTS,
     RECORDS,
-    Prometheus,
     assert_series,
     check_alert,
     check_dashboard_query,
@@ -22,11 +19,12 @@ from prometheus_server import (
     check_record,
     check_version_state,
     dashboard_targets,
-    traffic,
     watched_model,
+    watching,
 )
 
-pytestmark = pytest.mark.integration  # serve-local and prometheus are subprocesses
+# serve-local and prometheus are subprocesses; one worker runs the module, so they start once (see conftest.py)
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("monitoring")]
 BATCHING = "max_batch_size { value: 64 }\nbatch_timeout_micros { value: 1000 }\nnum_batch_threads { value: 2 }\n"
 
 
@@ -44,22 +42,10 @@ def prometheus_fixture(model_versions, tmp_path_factory):
         "--allow_version_labels_for_unavailable_models",
         log_path=root / "serve-local.log",
     )
-    stop, prometheus = threading.Event(), None
-    sender = threading.Thread(target=traffic, args=(server, stop), daemon=True)
     try:
-        for version in (1, 2):
-            server.wait_available("m", version)
-        server.wait_for(lambda: server.versions("m").get(3) == "END", "version 3's failed load")
-        sender.start()
-        prometheus = Prometheus(root, server.rest.removeprefix("http://"))
-        prometheus.wait_scraped()
-        yield prometheus
+        with watching(server, root, server.rest.removeprefix("http://")) as prometheus:
+            yield prometheus
     finally:
-        stop.set()
-        if sender.is_alive():
-            sender.join(timeout=30)
-        if prometheus is not None:
-            prometheus.stop()
         server.stop()
 
 

@@ -15,6 +15,10 @@ from trainserve.layout import read_metadata, split_arrays
 from trainserve.sources import load_dataset
 from trainserve.splits import HeldOutSplit, fingerprint_arrays, fingerprint_npz, known_overlap, provenance
 
+pytestmark = pytest.mark.xdist_group(
+    "two-trainings"
+)  # two_trainings made once, with test_evidence_chain's (conftest.py)
+
 
 @pytest.mark.unit
 def test_fingerprint_is_the_same_from_the_arrays_and_from_the_file(tmp_path):

@@ -18,7 +18,7 @@ from trainserve.cli import main
 from trainserve.evidence.document import validate_report
 from trainserve.layout import read_metadata, split_input_names
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("tabular")]  # the module trains once (conftest.py)
 
 EXAMPLE = REPO / "examples" / "iris_categories.py"
 COLUMNS = ["petal_length", "petal_size", "sepal_length", "sepal_width"]
