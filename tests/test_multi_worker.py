@@ -176,25 +176,6 @@ def summaries(tmp: Path) -> tuple[dict, dict]:
 
 
 @pytest.mark.integration
-def test_two_workers_train_one_model_and_only_worker_zero_publishes(tmp_path):
-    logs = finish(start_workers(tmp_path, epochs=2))
-    chief, other = summaries(tmp_path)
-    for summary, index in ((chief, 0), (other, 1)):
-        assert summary["devices"]["strategy"] == "multi-worker"
-        assert summary["devices"]["workers"] == 2 and summary["devices"]["worker_index"] == index
-        assert summary["devices"]["replicas"] == 2 and summary["global_batch"] == 64
-    # Both took part: each processed half of every global batch (1437 training examples less the 10 %
-    # validation split = 1293 -> 20 full batches of 64).
-    steps = 1293 // 64
-    assert chief["examples_seen_by_this_worker"] == other["examples_seen_by_this_worker"] == 2 * steps * 32
-    assert chief["weights_sha256"] == other["weights_sha256"], "the workers end with identical weights"
-    assert numeric_versions(tmp_path / "models" / "digits") == [1], "only worker 0 publishes"
-    assert chief["version"] == 1 and other["version"] is None
-    assert "CPU gate passed" in logs[0] and "CPU gate passed" not in logs[1]
-    assert chief["metrics"]["test_accuracy"] > 0.5
-
-
-@pytest.mark.integration
 @pytest.mark.parametrize("victim", [1, 0], ids=["kill-worker-1", "kill-the-chief"])
 def test_a_killed_worker_makes_the_group_restart_and_resume_at_its_epoch(tmp_path, victim):
     backup = ("--backup-dir", str(tmp_path / "backup"))
@@ -215,16 +196,25 @@ def test_a_killed_worker_makes_the_group_restart_and_resume_at_its_epoch(tmp_pat
     assert "epoch 2/3:" not in survivor.log()
     assert not (tmp_path / "models" / "digits").exists() or numeric_versions(tmp_path / "models" / "digits") == []
 
+    # The restarted group trains as one model: both workers take part, and only worker 0 gates and publishes.
     logs = finish(start_workers(tmp_path, *backup, run="b", epochs=3))
     for log in logs:
         assert "resuming from epoch 2 of 3" in log and "epoch 1/3:" not in log and "epoch 2/3:" in log
     chief, other = summaries(tmp_path)
+    for summary, index in ((chief, 0), (other, 1)):
+        assert summary["devices"]["strategy"] == "multi-worker"
+        assert summary["devices"]["workers"] == 2 and summary["devices"]["worker_index"] == index
+        assert summary["devices"]["replicas"] == 2 and summary["global_batch"] == 64
     assert chief["resumed_from_epoch"] == other["resumed_from_epoch"] == 2
-    steps = 1293 // 64  # as above: 2 epochs after the restart, half of every global batch each
+    # Each processed half of every global batch: 1437 training examples less the 10 % validation split = 1293
+    # -> 20 full batches of 64 per epoch, 2 epochs after the restart.
+    steps = 1293 // 64
     assert chief["examples_seen_by_this_worker"] == other["examples_seen_by_this_worker"] == 2 * steps * 32
     assert chief["weights_sha256"] == other["weights_sha256"], "the workers end with identical weights"
     assert numeric_versions(tmp_path / "models" / "digits") == [1], "only the chief publishes, once"
     assert chief["version"] == 1 and other["version"] is None
+    assert "CPU gate passed" in logs[0] and "CPU gate passed" not in logs[1]
+    assert chief["metrics"]["test_accuracy"] > 0.5
     with open(tmp_path / "logs" / "history.csv") as fh:
         assert [row["epoch"] for row in csv.DictReader(fh)] == ["0", "1", "2"]
     assert not (tmp_path / "backup" / "digits").exists(), "the checkpoint is deleted once the model is published"

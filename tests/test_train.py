@@ -120,7 +120,7 @@ def test_killed_run_resumes_from_its_last_finished_epoch(tmp_path):
         "--data",
         "synthetic",
         "--synthetic-size",
-        "40000",
+        "12000",
         "--model",
         "mlp",
         "--epochs",
