@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -32,3 +33,17 @@ def parse_shard(text: str) -> Shard:
     if not sep or shard is None or not 0 <= shard.index < shard.count:
         raise argparse.ArgumentTypeError(f"{text!r}: expected I/N with 0 <= I < N, e.g. 0/4")
     return shard
+
+
+def add_merge_parser(commands, name: str, sharded: str, description: str, func) -> argparse.ArgumentParser:
+    """The command `name` that merges the reports of `trainserve <sharded> --shard I/N` clients: REPORTS...
+    --output FILE, the same for every command that shards."""
+    merge = commands.add_parser(
+        name,
+        help=f"combine the reports of `trainserve {sharded} --shard I/N` clients into one",
+        description=description,
+    )
+    merge.add_argument("reports", nargs="+", type=Path, help="every shard's JSON report (every shard, once)")
+    merge.add_argument("--output", type=Path, required=True, help="write the merged report here")
+    merge.set_defaults(func=func)
+    return merge

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainserve.errors import TrainserveError, first_line
 from trainserve.options import add_options, config_from_args
+from trainserve.shards import add_merge_parser
 
 
 def add_parsers(commands) -> None:
@@ -24,16 +24,15 @@ def add_parsers(commands) -> None:
     p.add_argument("captures", nargs="+", type=Path, metavar="CAPTURES", help="capture directories or files")
     add_options(p, DriftConfig)
     p.set_defaults(func=run_drift)
-    merge = commands.add_parser(
+    merge = add_merge_parser(
+        commands,
         "drift-merge",
-        help="combine the reports of `trainserve drift --shard I/N` clients into one",
-        description="Add the shards' traffic counts and compute the effect sizes again against the training "
-        "profiles: the report one client would have written. Exit 1 when a feature drifted past the thresholds.",
+        "drift",
+        "Add the shards' traffic counts and compute the effect sizes again against the training profiles: the "
+        "report one client would have written. Exit 1 when a feature drifted past the thresholds.",
+        run_drift_merge,
     )
-    merge.add_argument("reports", nargs="+", type=Path, help="every shard's JSON report")
-    merge.add_argument("--output", type=Path, required=True, help="write the merged report here (and its .html)")
     merge.add_argument("--data-dir", type=Path, default=None, help="the training profiles (default: the reports')")
-    merge.set_defaults(func=run_drift_merge)
 
 
 def run_drift(args: argparse.Namespace) -> int:
@@ -47,20 +46,11 @@ def run_drift(args: argparse.Namespace) -> int:
 
 
 def run_drift_merge(args: argparse.Namespace) -> int:
-    import json
-
-    import jsonschema
-
     from trainserve.drift.merge import merge_reports
-    from trainserve.drift.report import validate_report
+    from trainserve.drift.report import SCHEMA_PATH
+    from trainserve.evidence.document import read_document
 
-    reports = []
-    for path in args.reports:
-        try:
-            reports.append(json.loads(path.read_text()))
-            validate_report(reports[-1])
-        except (OSError, ValueError, jsonschema.ValidationError) as exc:
-            raise TrainserveError(f"{path}: not a readable drift report ({first_line(exc)})") from None
+    reports = [read_document(path, "drift", SCHEMA_PATH).report for path in args.reports]  # strict, schema-valid
     return _publish(merge_reports(reports, [str(p) for p in args.reports], args.data_dir), args.output)
 
 

@@ -62,9 +62,10 @@ def build_report(
 
 
 def validate_report(report: dict) -> None:
-    import jsonschema
+    """Raise jsonschema.ValidationError when a report does not follow drift_report.schema.json."""
+    from trainserve.evidence.document import validate_report as validate
 
-    jsonschema.validate(report, json.loads(SCHEMA_PATH.read_text()))
+    validate(report, SCHEMA_PATH)
 
 
 def write_report(report: dict, path: Path) -> Path:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from trainserve.options import add_options, config_from_args
+from trainserve.shards import add_merge_parser
 
 
 def add_parsers(commands) -> None:
@@ -61,16 +61,15 @@ def run_eval(args: argparse.Namespace) -> int:
 def add_report_parser(commands) -> None:
     p = commands.add_parser("report", help="work with eval reports", description="Work with eval reports.")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    merge = actions.add_parser(
+    add_merge_parser(
+        actions,
         "merge",
-        help="combine the reports of `trainserve eval --shard I/N` clients into one",
-        description="Combine shard reports into the report one client would have written: counts, confusion "
-        "matrices and regression sums add exactly; latency percentiles and two-class curves come from "
-        "histograms, with their precision stated in the report.",
+        "eval",
+        "Combine shard reports into the report one client would have written: counts, confusion matrices and "
+        "regression sums add exactly; latency percentiles and two-class curves come from histograms, with their "
+        "precision stated in the report.",
+        run_report_merge,
     )
-    merge.add_argument("reports", nargs="+", type=Path, help="the shard reports (every shard of one evaluation)")
-    merge.add_argument("--output", type=Path, required=True, help="write the merged report here")
-    merge.set_defaults(func=run_report_merge)
 
 
 def run_report_merge(args: argparse.Namespace) -> int:

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainserve.errors import TrainserveError, first_line
 from trainserve.options import add_options, config_from_args
+from trainserve.shards import add_merge_parser
 
 
 def add_parsers(commands) -> None:
@@ -24,15 +24,14 @@ def add_parsers(commands) -> None:
     p.add_argument("captures", nargs="+", type=Path, metavar="CAPTURES", help="capture directories or files")
     add_options(p, ReplayConfig)
     p.set_defaults(func=run_replay)
-    merge = commands.add_parser(
+    add_merge_parser(
+        commands,
         "replay-merge",
-        help="combine the reports of `trainserve replay --shard I/N` clients into one",
-        description="Add the shards' counts and histograms and derive the figures and the gate again: the report "
-        "one client would have written. Exit 1 when the merged gate fails.",
+        "replay",
+        "Add the shards' counts and histograms and derive the figures and the gate again: the report one client "
+        "would have written. Exit 1 when the merged gate fails.",
+        run_replay_merge,
     )
-    merge.add_argument("reports", nargs="+", type=Path, help="every shard's JSON report")
-    merge.add_argument("--output", type=Path, required=True, help="write the merged report here (and its .html)")
-    merge.set_defaults(func=run_replay_merge)
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -80,19 +79,9 @@ def _publish(report: dict, path: Path | None, command: str) -> int:
 
 
 def run_replay_merge(args: argparse.Namespace) -> int:
-    import json
-
-    import jsonschema
-
+    from trainserve.evidence.document import read_replay_report
     from trainserve.replay.merge import merge_reports
-    from trainserve.replay.report import validate_report
 
-    reports = []
-    for path in args.reports:
-        try:
-            reports.append(json.loads(path.read_text()))
-            validate_report(reports[-1])
-        except (OSError, ValueError, jsonschema.ValidationError) as exc:
-            raise TrainserveError(f"{path}: not a readable replay report ({first_line(exc)})") from None
+    reports = [read_replay_report(path).report for path in args.reports]  # strict JSON, valid against the schema
     merged = merge_reports(reports, [str(p) for p in args.reports])
     return _publish(merged, args.output, "replay-merge")
