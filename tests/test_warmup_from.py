@@ -37,14 +37,7 @@ def test_captured_requests_become_the_warmup_and_the_version_loads(tmp_path, ser
             ("wd", fitting[2]),
         ],
     )
-    config = TrainConfig(
-        model_name="wd",
-        epochs=1,
-        export_base=tmp_path / "models",
-        data_dir=tmp_path / "data",
-        logs_dir=tmp_path / "logs",
-        warmup_from=captured,
-    )
+    config = one_epoch(tmp_path, captured)
     result = train(config)
     warmup = read_warmup_inputs(result.version_dir)
     assert [signature for signature, _ in warmup] == ["serving_default"] * 3
@@ -57,15 +50,20 @@ def test_captured_requests_become_the_warmup_and_the_version_loads(tmp_path, ser
 
 def test_a_capture_nothing_of_which_fits_is_one_line_before_training(tmp_path):
     captured = capture(tmp_path / "cap", [("wd", np.zeros((2, 9, 9, 1), np.uint8))])
-    config = TrainConfig(
-        model_name="wd",
-        epochs=1,
-        export_base=tmp_path / "models",
-        data_dir=tmp_path / "data",
-        logs_dir=tmp_path / "logs",
-        warmup_from=captured,
-    )
+    config = one_epoch(tmp_path, captured)
     with pytest.raises(TrainserveError, match="none of 1 captured request\\(s\\) of model 'wd' fits") as err:
         train(config)
     assert "images uint8 [8, 8, 1]" in str(err.value)
     assert not list(tmp_path.rglob("saved_model.pb")) and not list(tmp_path.rglob("history.csv")), "nothing trained"
+
+
+def one_epoch(root, captured) -> TrainConfig:
+    """One epoch of model wd under `root`, its warmup requests taken from the capture."""
+    return TrainConfig(
+        model_name="wd",
+        epochs=1,
+        export_base=root / "models",
+        data_dir=root / "data",
+        logs_dir=root / "logs",
+        warmup_from=captured,
+    )
