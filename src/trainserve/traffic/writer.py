@@ -97,6 +97,13 @@ def host_name() -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Append `data` to the file (the one place the writer touches the disk's contents; a test slows it here)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 class TrafficWriter:
     """Writes records under `filename_prefix` (a path prefix, as TF Serving's LogCollectorConfig holds it) from a
     thread of its own. `accounting()` may be read at any time, e.g. by a metrics scrape."""
@@ -236,9 +243,7 @@ class TrafficWriter:
         if self._fd is None or self._current.size + len(record) > self.limits.max_file_bytes:
             self._open_next()
         self._ledger.deleted(ROTATION, self._files.make_room(len(record), self.limits.max_total_bytes))
-        view = memoryview(record)
-        while view:
-            view = view[os.write(self._fd, view) :]
+        write_all(self._fd, record)
         self._current.size += len(record)
         if self._unlinked():
             self._file_gone()
