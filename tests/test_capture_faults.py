@@ -17,6 +17,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import DIRECT, MONITORING, install_version
 from trainserve.model_server_config import render_model_config, single_model_config
@@ -173,6 +175,33 @@ def test_a_record_larger_than_the_bound_is_dropped_and_the_capture_kept(tmp_path
     assert records_in(tmp_path) == [payload(i) for i in range(10)]
     assert sum(p.stat().st_size for p in tmp_path.glob("*.tfrecord")) <= limits.max_total_bytes
     assert len(warnings(caplog, "exceeds max_file_mb")) == 1
+
+
+@pytest.mark.unit
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    sizes=st.lists(st.integers(0, 700), max_size=40),
+    max_file=st.integers(64, 600),
+    files_in_total=st.integers(1, 4),
+)
+def test_rotation_keeps_the_newest_records_within_the_bound_and_counts_what_it_deleted(
+    tmp_path_factory, sizes, max_file, files_in_total
+):
+    directory = tmp_path_factory.mktemp("rotation")
+    limits = WriterLimits(max_file_mb=max_file / MIB, max_total_mb=files_in_total * max_file / MIB)
+    writer = TrafficWriter(directory / "cap", limits)
+    records = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+    for record in records:
+        writer.submit(record)
+    counts = writer.close()
+    assert_adds_up(counts)
+    fitting = [r for r in records if len(frame(r)) <= limits.max_file_bytes]
+    assert counts.dropped[TOO_LARGE] == len(records) - len(fitting) and counts.written == len(fitting)
+    kept = records_in(directory)
+    assert len(kept) == counts.written - counts.deleted[ROTATION]
+    assert kept == fitting[len(fitting) - len(kept) :]  # the newest, in order
+    assert bool(kept) == bool(fitting)  # the newest record is never rotated away
+    assert sum(p.stat().st_size for p in directory.glob("*.tfrecord")) <= limits.max_total_bytes
 
 
 @pytest.mark.unit

@@ -199,7 +199,7 @@ class TrafficWriter:
                 "capture %s: %d file(s) of earlier runs on this host (%.1f MiB) count towards the bound",
                 self.prefix,
                 len(adopted),
-                self._files.total() / MIB,
+                self._files.total / MIB,
             )
         while (item := self._queue.get()) is not _STOP and not self._ledger.settled:
             self._write_one(item)
@@ -244,7 +244,7 @@ class TrafficWriter:
             self._open_next()
         self._ledger.deleted(ROTATION, self._files.make_room(len(record), self.limits.max_total_bytes))
         write_all(self._fd, record)
-        self._current.size += len(record)
+        self._files.grew(len(record))
         if self._unlinked():
             self._file_gone()
             return False
@@ -261,7 +261,7 @@ class TrafficWriter:
     def _file_gone(self) -> None:
         """The file being written was deleted (its directory removed): count its records as deleted, forget it
         and every other file gone with it, and write on into a new file."""
-        gone = self._files.files.pop()
+        gone = self._files.drop_newest()
         self._close_file()
         others = self._files.forget_missing()
         self._ledger.deleted(REMOVED, (gone.records or 0) + others)
@@ -279,7 +279,7 @@ class TrafficWriter:
         self._seq += 1
         name = capture_file_name(self.prefix, self.host, self.pid, self.token, time.time(), self._seq)
         self._fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        self._files.files.append(CaptureFile(self.directory / name, 0, 0))
+        self._files.add(self.directory / name)
 
     def _failed(self, exc: OSError) -> None:
         """Cut the file being written back to its last whole record (an empty one is removed), close it, and wait
@@ -289,7 +289,7 @@ class TrafficWriter:
             with contextlib.suppress(OSError):  # else the reader stops at the partial record and counts it
                 os.ftruncate(self._fd, current.size)
             if current.size == 0:  # a full disk would otherwise leave an empty file per retry
-                self._files.files.pop()
+                self._files.drop_newest()
                 with contextlib.suppress(OSError):
                     current.path.unlink()
             self._close_file()
