@@ -178,7 +178,7 @@ def test_a_record_larger_than_the_bound_is_dropped_and_the_capture_kept(tmp_path
 
 
 @pytest.mark.unit
-@settings(max_examples=40, deadline=None, derandomize=True)
+@settings(max_examples=30, deadline=None, derandomize=True)
 @given(
     sizes=st.lists(st.integers(0, 700), max_size=40),
     max_file=st.integers(64, 600),
