@@ -109,7 +109,28 @@ def test_a_directory_deleted_mid_run_is_made_again_and_what_it_held_is_counted_d
     assert records_in(directory) == [payload(i) for i in range(20, 45)]  # today: written into the unlinked file
     assert (counts.offered, counts.written, counts.deleted[REMOVED]) == (45, 45, 20)
     assert counts.written - sum(counts.deleted.values()) == len(records_in(directory))
-    assert len(warnings(caplog, "was deleted while being written")) == 1
+    assert len(warnings(caplog, "was deleted or moved while being written")) == 1
+
+
+@pytest.mark.unit
+def test_a_capture_directory_moved_away_is_noticed_by_its_path(tmp_path, monkeypatch, caplog):
+    """A move keeps the open file linked (as NFS keeps a deleted one, renamed): the path check notices."""
+    caplog.set_level(logging.INFO, logger="trainserve")
+    monkeypatch.setattr(writer_module, "PATH_CHECK_SECONDS", 0.0)
+    directory = tmp_path / "captures"
+    writer = TrafficWriter(directory / "cap")
+    for i in range(5):
+        writer.submit(payload(i))
+    wait_settled(writer)
+    directory.rename(tmp_path / "moved")
+    for i in range(5, 12):
+        writer.submit(payload(i))
+    counts = writer.close()
+    assert_adds_up(counts)
+    assert records_in(tmp_path / "moved") == [payload(i) for i in range(5)]
+    assert records_in(directory) == [payload(i) for i in range(5, 12)]
+    assert (counts.written, counts.deleted[REMOVED]) == (12, 5)
+    assert len(warnings(caplog, "was deleted or moved while being written")) == 1
 
 
 @pytest.mark.unit

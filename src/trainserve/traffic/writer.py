@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 RETRY_SECONDS = 1.0  # after a failed write, records are dropped at once for this long before a file is tried again
+# How often the file's path is checked against the open file (a stat of the path): catches a file moved away, or
+# deleted on a filesystem that keeps deleted open files linked (NFS renames them to .nfsXXXX). Its link count,
+# which catches a plain deletion, is checked after every write (an fstat).
+PATH_CHECK_SECONDS = 1.0
 
 Record = bytes | Callable[[], bytes]  # the bytes, or a function the writer thread calls to make them
 _STOP = object()
@@ -118,7 +122,7 @@ class TrafficWriter:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # bounded by submit, so close can always queue _STOP
         self._fd: int | None = None
         self._seq = 0
-        self._retry_at = 0.0
+        self._retry_at = self._path_check_at = 0.0
         self._faults: dict[str, tuple[float, int]] = {}  # fault -> (since, count of its reason then), logged once
         self._told: set[str] = set()  # one-off losses already logged
         self._closing = False
@@ -256,7 +260,18 @@ class TrafficWriter:
         return self._files.files[-1]
 
     def _unlinked(self) -> bool:
-        return os.fstat(self._fd).st_nlink == 0
+        """Whether the file being written is no longer where the writer put it."""
+        opened = os.fstat(self._fd)
+        if opened.st_nlink == 0:
+            return True
+        if time.monotonic() < self._path_check_at:
+            return False
+        self._path_check_at = time.monotonic() + PATH_CHECK_SECONDS
+        try:
+            named = os.stat(self._current.path)
+        except FileNotFoundError:
+            return True
+        return (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino)
 
     def _file_gone(self) -> None:
         """The file being written was deleted (its directory removed): count its records as deleted, forget it
@@ -266,8 +281,8 @@ class TrafficWriter:
         others = self._files.forget_missing()
         self._ledger.deleted(REMOVED, (gone.records or 0) + others)
         log.warning(
-            "capture %s: %s was deleted while being written (%d record(s) of this writer gone with it and its "
-            "neighbours); writing on into a new file",
+            "capture %s: %s was deleted or moved while being written (%d record(s) of this writer gone with it "
+            "and its neighbours); writing on into a new file",
             self.prefix,
             gone.path,
             (gone.records or 0) + others,
