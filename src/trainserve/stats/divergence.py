@@ -17,6 +17,7 @@ draws of both samples from the reference shares (`sampling_noise`), exact for th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,12 +83,17 @@ def sampling_noise(
     """PSI and JS distance of `draws` seeded pairs (reference', sample'), each a multinomial draw from the
     reference's shares of the reference's size and of `sample`; deterministic for a given seed, so a merged report
     computes what one client computed. Over thousands of bins, fewer draws (MIN_DRAWS at least) bound the time.
-    `sample` must be positive."""
+    `sample` must be positive. Cached: shards, merges and repeated samples ask the same question."""
     if sample < 1:
         raise ValueError(f"sample: expected at least one value, got {sample}")
-    reference_counts = np.asarray(reference_counts, np.int64)
-    population = shares(reference_counts)
-    size = int(reference_counts.sum())
+    counts = tuple(int(c) for c in np.asarray(reference_counts, np.int64))
+    return _simulated_noise(counts, sample, alpha, draws, seed)
+
+
+@functools.lru_cache(maxsize=4096)
+def _simulated_noise(counts: tuple[int, ...], sample: int, alpha: float, draws: int, seed: int) -> SamplingNoise:
+    population = shares(counts)
+    size = sum(counts)
     rng = np.random.default_rng(seed)
     draws = max(min(draws, MIN_DRAWS), min(draws, _CELLS // max(1, population.size)))
     reference = rng.multinomial(size, population, size=draws)
