@@ -197,7 +197,7 @@ def plot_distributions(edges, expected, observed, out: Path, title: str, labels=
     ax.bar(x + 0.2, observed, width=0.4, label="traffic")
     names = labels if labels is not None else [f"{edges[i]:.3g}" for i in range(len(expected))]
     if len(names) <= 30:
-        ax.set_xticks(x, [str(n)[:14] for n in names], rotation=45, ha="right", fontsize=9)
+        ax.set_xticks(x, [str(n)[:18] for n in names], rotation=45, ha="right", fontsize=9)
     ax.legend()
     _label(ax, axis or ("bin" if labels is None else "category"), "share", title)
     return _save(plt, fig, out)
