@@ -1,4 +1,4 @@
-"""The drift report: JSON following drift_report.schema.json (`trainserve.drift/1`), the sorted table for the
+"""The drift report: JSON following drift_report.schema.json (`trainserve.drift/2`), the sorted table for the
 terminal, and which features drifted past the thresholds."""
 
 from __future__ import annotations
