@@ -155,28 +155,6 @@ def main_drift(captures, data_dir, report) -> tuple[int, dict]:
     return code, json.loads(report.read_text())
 
 
-def test_shards_merge_into_the_one_client_report(data_dir, tmp_path):
-    root, _ = data_dir
-    captured = capture(tmp_path / "cap", table(2000, 11, age_shift=10.0, new_colour=0.2))
-    _, whole = drift_cli(tmp_path / "whole", root, captured)
-    paths = []
-    for i in range(3):
-        drift_cli(tmp_path / f"s{i}", root, captured, "--shard", f"{i}/3")
-        paths.append(str(tmp_path / f"s{i}" / "drift.json"))
-    assert main(["drift-merge", *paths, "--output", str(tmp_path / "merged.json")]) == 1
-    merged = json.loads((tmp_path / "merged.json").read_text())
-    validate_report(merged)
-    for mine, theirs in zip(merged["versions"][0]["features"], whole["versions"][0]["features"], strict=True):
-        assert (mine["feature"], mine["bins"], mine["unseen_share"]) == (
-            theirs["feature"],
-            theirs["bins"],
-            theirs["unseen_share"],
-        )
-        assert (mine["psi"], mine["js_distance"]) == pytest.approx((theirs["psi"], theirs["js_distance"]), rel=1e-12)
-    assert merged["drifted"] == whole["drifted"] and merged["versions"][0]["examples"] == 2000
-    assert main(["drift-merge", *paths[:2], "--output", str(tmp_path / "m2.json")]) == 2
-
-
 def test_image_files_are_profiled_by_size_channels_and_brightness(tmp_path):
     """An image folder's training profile (the files' bytes, as clients send them): the training files sent as
     traffic do not drift; the same files brightened (same sizes, same channels) drift on brightness alone."""
@@ -215,3 +193,121 @@ def test_image_files_are_profiled_by_size_channels_and_brightness(tmp_path):
 def main_drift_model(captures, data_dir, report, model) -> tuple[int, dict]:
     code = main(["drift", str(captures), "--model", model, "--data-dir", str(data_dir), "--report", str(report)])
     return code, json.loads(report.read_text())
+
+
+def test_shards_merge_into_the_one_client_report_with_nan_and_infinite_inputs_counted(data_dir, tmp_path):
+    """Traffic whose `age` is NaN throughout, `income` infinite in places and a new colour: each side's NaN and
+    infinite values are counted per feature (equal to numpy's count), no NaN reaches the JSON (drift-merge reads
+    it strictly), and three shards' reports merge into the report one client wrote."""
+    from trainserve.drift.report import SCHEMA_PATH
+    from trainserve.evidence.document import read_document
+
+    root, _ = data_dir
+    traffic = table(2000, 11, new_colour=0.2)
+    traffic["age"][:] = np.nan
+    traffic["income"][::7] = np.inf
+    traffic["income"][3::7] = -np.inf
+    captured = capture(tmp_path / "cap", traffic)
+    _, whole = drift_cli(tmp_path / "whole", root, captured)
+    read_document(tmp_path / "whole" / "drift.json", "drift", SCHEMA_PATH)  # strict JSON, schema-valid
+    rows = {r["feature"]: r for r in whole["versions"][0]["features"]}
+    assert rows["age"]["non_finite"]["traffic"] == {"nan": 2000, "infinite": 0}
+    assert rows["age"]["mean_traffic"] is None and rows["age"]["mean_shift_sd"] is None
+    infinite = int(np.isinf(traffic["income"]).sum())
+    assert rows["income"]["non_finite"]["traffic"] == {"nan": 0, "infinite": infinite} and infinite == 572
+    finite_income = traffic["income"][np.isfinite(traffic["income"])].astype(np.float64)
+    assert rows["income"]["mean_traffic"] == pytest.approx(finite_income.mean(), rel=1e-6)
+    assert rows["age"]["non_finite"]["training"]["nan"] == rows["age"]["bins"]["training"][-1] > 0
+    assert rows["colour"]["non_finite"] is None
+    paths = []
+    for i in range(3):
+        drift_cli(tmp_path / f"s{i}", root, captured, "--shard", f"{i}/3")
+        paths.append(str(tmp_path / f"s{i}" / "drift.json"))
+    assert main(["drift-merge", *paths, "--output", str(tmp_path / "merged.json")]) == 1
+    merged = read_document(tmp_path / "merged.json", "drift", SCHEMA_PATH).report
+    for mine, theirs in zip(merged["versions"][0]["features"], whole["versions"][0]["features"], strict=True):
+        assert (mine["feature"], mine["bins"], mine["unseen_share"], mine["non_finite"], mine["noise"]) == (
+            theirs["feature"],
+            theirs["bins"],
+            theirs["unseen_share"],
+            theirs["non_finite"],
+            theirs["noise"],
+        )
+        assert (mine["psi"], mine["js_distance"]) == pytest.approx((theirs["psi"], theirs["js_distance"]), rel=1e-12)
+    assert merged["drifted"] == whole["drifted"] and merged["versions"][0]["examples"] == 2000
+    assert sorted(d["feature"] for d in merged["drifted"]) == ["age", "colour"]
+    page = (tmp_path / "merged.html").read_text()
+    assert "NaN / infinite" in page and f"<td>0/{infinite}</td>" in page and "<td>2000/0</td>" in page
+    assert main(["drift-merge", *paths[:2], "--output", str(tmp_path / "m2.json")]) == 2
+
+
+def test_a_version_without_a_profile_is_left_out_and_named_while_the_others_are_compared(data_dir, tmp_path, capsys):
+    """Version 1 has a profile, version 2 (serving the same capture) has none: version 1 is judged, version 2's
+    requests are counted and named, in one line, not a stop of the run."""
+    from captures import capture_name, prediction_log, write_capture
+
+    root, _ = data_dir
+    traffic = table(120, 13)
+    records = [
+        prediction_log("people", {k: v[i : i + 10] for k, v in traffic.items()}, version=1 + (i // 10) % 2)
+        for i in range(0, 120, 10)
+    ]
+    write_capture(tmp_path / "cap" / capture_name(0), records)
+    code, report = drift_cli(tmp_path, root, tmp_path / "cap")
+    validate_report(report)
+    assert code == 0 and [s["version"] for s in report["versions"]] == [1]
+    assert report["versions"][0]["records"] == 6 and report["versions"][0]["examples"] == 60
+    assert report["unprofiled_versions"] == [
+        {"version": 2, "records": 6, "profile": str(profile_path(root, "people", 2))}
+    ]
+    said = f"v2: 6 captured requests not compared: no data profile ({profile_path(root, 'people', 2)})"
+    assert capsys.readouterr().err.strip().splitlines() == [f"trainserve drift: {said}"]
+    assert "v2: 6 captured requests not compared" in (tmp_path / "drift.html").read_text()
+
+
+def test_limit_counts_exactly_that_many_requests(data_dir, tmp_path):
+    root, _ = data_dir
+    code, report = drift_cli(tmp_path, root, capture(tmp_path / "cap", table(250, 14), batch=5), "--limit", "6")
+    validate_report(report)
+    section = report["versions"][0]
+    assert (section["records"], section["examples"], report["capture"]["kept"]) == (6, 30, 6)
+    assert report["capture"]["limit"] == 6 and sum(r["traffic_count"] for r in section["features"][:1]) == 30
+    assert "6 captured requests, 30 examples" in (tmp_path / "drift.html").read_text()
+
+
+def test_the_page_draws_every_plot_at_one_size_and_numeric_bins_by_their_values(data_dir, tmp_path, monkeypatch):
+    """Four features: four PNGs of one pixel size in a grid of equal columns (a flex row stretched the fourth to
+    the page's width); a number's bins are labelled by the training deciles' values, a category's by its names."""
+    import base64
+    import re
+    import struct
+
+    from trainserve import plots
+
+    drawn = {}
+    real = plots.plot_distributions
+
+    def spy(edges, expected, observed, out, title, labels=None, axis=None):
+        drawn[title.split(":")[0]] = (labels, axis)
+        return real(edges, expected, observed, out, title, labels=labels, axis=axis)
+
+    monkeypatch.setattr(plots, "plot_distributions", spy)
+    root, _ = data_dir
+    drift_cli(tmp_path, root, capture(tmp_path / "cap", table(400, 15, age_shift=10.0)))
+    page = (tmp_path / "drift.html").read_text()
+    grids = re.findall(r'<div class="plots" style="([^"]*)">', page)
+    assert grids == ["display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:1em"]
+    sizes = {
+        struct.unpack(">II", base64.b64decode(uri)[16:24])
+        for uri in re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    }
+    assert len(re.findall(r"<img ", page)) == 4 and len(sizes) == 1, sizes
+    report = json.loads((tmp_path / "drift.json").read_text())
+    age = next(r for r in report["versions"][0]["features"] if r["feature"] == "age")
+    labels, axis = drawn["age"]
+    edges = age["edges"]
+    assert axis.startswith("value") and len(labels) == len(age["bins"]["training"]) == len(edges) + 2
+    assert labels[0] == f"<{edges[0]:.3g}" and labels[1] == f"{edges[0]:.3g}-{edges[1]:.3g}" and labels[-1] == "NaN"
+    income = next(r for r in report["versions"][0]["features"] if r["feature"] == "income")
+    assert drawn["income"][0][1] == f"{income['edges'][0] / 1000:.3g}k-{income['edges'][1] / 1000:.3g}k"
+    assert drawn["colour"] == (["red", "green", "blue", "<unseen>"], "category")

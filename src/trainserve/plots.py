@@ -186,8 +186,9 @@ def plot_histogram(edges, counts, out: Path, title: str, xlabel: str, log_x: boo
     return _save(plt, fig, out)
 
 
-def plot_distributions(edges, expected, observed, out: Path, title: str, labels=None) -> Path:
-    """Two shares over the same bins (training vs traffic): bars side by side, category names when given."""
+def plot_distributions(edges, expected, observed, out: Path, title: str, labels=None, axis: str | None = None) -> Path:
+    """Two shares over the same bins (training vs traffic): bars side by side, category names when given; `axis`
+    says what the bins are (values, categories)."""
     plt = _pyplot()
     expected, observed = np.asarray(expected, np.float64), np.asarray(observed, np.float64)
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -196,7 +197,7 @@ def plot_distributions(edges, expected, observed, out: Path, title: str, labels=
     ax.bar(x + 0.2, observed, width=0.4, label="traffic")
     names = labels if labels is not None else [f"{edges[i]:.3g}" for i in range(len(expected))]
     if len(names) <= 30:
-        ax.set_xticks(x, [str(n)[:12] for n in names], rotation=60, fontsize=7)
+        ax.set_xticks(x, [str(n)[:18] for n in names], rotation=45, ha="right", fontsize=9)
     ax.legend()
-    _label(ax, "bin" if labels is None else "category", "share", title)
+    _label(ax, axis or ("bin" if labels is None else "category"), "share", title)
     return _save(plt, fig, out)

@@ -18,8 +18,9 @@ def add_parsers(commands) -> None:
         help="compare captured inputs with the training data of the version that answered them",
         description="Count captured requests' inputs into the training profile of the version that answered each "
         "(written by trainserve train --data-dir) and report per feature the population stability index, the "
-        "Jensen-Shannon distance and the share of categories training never saw, most drifted first. Exit 1 when a "
-        "feature passes --max-psi or --max-unseen-share.",
+        "Jensen-Shannon distance and the share of categories training never saw, most drifted first, beside what "
+        "sampling noise alone reaches at that many values. Exit 1 when a feature passes --max-psi or "
+        "--max-unseen-share plus that noise allowance. Versions without a training profile are named and left out.",
     )
     p.add_argument("captures", nargs="+", type=Path, metavar="CAPTURES", help="capture directories or files")
     add_options(p, DriftConfig)
@@ -41,8 +42,7 @@ def run_drift(args: argparse.Namespace) -> int:
     from trainserve.drift.run import count_capture
 
     config = config_from_args(DriftConfig, args)
-    versions, read = count_capture(config, args.captures)
-    return _publish(build_report(config, args.captures, versions, read), config.report)
+    return _publish(build_report(config, args.captures, count_capture(config, args.captures)), config.report)
 
 
 def run_drift_merge(args: argparse.Namespace) -> int:
@@ -56,9 +56,11 @@ def run_drift_merge(args: argparse.Namespace) -> int:
 
 def _publish(report: dict, path: Path | None) -> int:
     from trainserve.drift.html import write_html
-    from trainserve.drift.report import drift_table, write_report
+    from trainserve.drift.report import drift_table, unprofiled_lines, write_report
 
     print(drift_table(report))
+    for line in unprofiled_lines(report):
+        print(f"trainserve drift: {line}", file=sys.stderr)
     if path is not None:
         print(f"report: {write_report(report, path)}")
         print(f"report: {write_html(report, path.with_suffix('.html'))}")

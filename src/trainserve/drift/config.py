@@ -19,9 +19,15 @@ class DriftConfig:
     data_dir: Path = option(
         Path("data"), "where training wrote each version's record and data profile (DIR/<model>/versions/)"
     )
-    max_psi: float = option(0.25, "a feature whose population stability index exceeds this has drifted")
+    max_psi: float = option(
+        0.25,
+        "a feature whose population stability index exceeds this plus its sampling-noise allowance (what undrifted "
+        "samples of that size exceed 1 %% of the time) has drifted",
+    )
     max_unseen_share: float = option(
-        0.01, "a category feature whose share of values training never saw exceeds this has drifted"
+        0.01,
+        "a category feature whose share of values training never saw exceeds this plus its sampling-noise "
+        "allowance has drifted",
     )
     shard: Shard | None = option(None, "I/N: count every N-th captured record from record I", parse=parse_shard)
     limit: int | None = option(None, "count only the first N captured requests (of this shard)", parse=positive_int)

@@ -10,7 +10,7 @@ from pathlib import Path
 from trainserve.data_profile import add_counts
 from trainserve.drift.config import DriftConfig
 from trainserve.drift.report import build_report
-from trainserve.drift.run import VersionTraffic, load_profile
+from trainserve.drift.run import CountedTraffic, VersionTraffic
 from trainserve.errors import TrainserveError
 from trainserve.traffic.reader import ReadSummary
 
@@ -21,23 +21,33 @@ def merge_reports(reports: list[dict], sources: list[str], data_dir: Path | None
     counts = {s.partition("/")[2] for s in shards}
     if len(counts) != 1 or not shards[0] or len(set(shards)) != len(shards) or len(shards) != int(counts.pop()):
         raise TrainserveError(f"shards {', '.join(shards)}: expected every shard I/N of one drift run, once each")
-    if any(r["model"] != first["model"] or r["thresholds"] != first["thresholds"] for r in reports):
+    if any(_run_of(r) != _run_of(first) for r in reports):
         raise TrainserveError(
-            f"{', '.join(sources)}: expected shards of one drift run (one model, one set of thresholds)"
+            f"{', '.join(sources)}: expected shards of one drift run (one model, one set of thresholds, one --limit)"
         )
     data_dir = Path(data_dir or first["data_dir"])
     t = first["thresholds"]
-    config = DriftConfig(first["model"], data_dir, t["max_psi"], t["max_unseen_share"])
-    versions: dict[int, VersionTraffic] = {}
+    config = DriftConfig(first["model"], data_dir, t["max_psi"], t["max_unseen_share"], limit=first["capture"]["limit"])
+    counted = CountedTraffic()
     for report in reports:
+        for left_out in report["unprofiled_versions"]:
+            side = counted.side(data_dir, config.model, left_out["version"])
+            if isinstance(side, VersionTraffic):
+                raise TrainserveError(
+                    f"a shard left out version {side.version} (no data profile then), {data_dir} has one now: "
+                    "expected the shards and the merge to read one data dir (run the shards again)"
+                )
+            side.records += left_out["records"]
         for section in report["versions"]:
-            v = section["version"]
-            side = versions.get(v) or versions.setdefault(v, VersionTraffic(v, load_profile(data_dir, config.model, v)))
+            side = counted.side(data_dir, config.model, section["version"])
             side.records += section["records"]
+            if not isinstance(side, VersionTraffic):
+                continue  # the shard's data dir had the profile, this one has not: left out, named
             side.examples += section["examples"]
             side.uncompared.update(section["uncompared_inputs"])
             add_counts(side.counts, section["traffic_counts"])
-    read = ReadSummary(
+    counted.check_compared(data_dir, config.model)
+    counted.read = ReadSummary(
         files=first["capture"]["files"],
         records=first["capture"]["records"],
         kept=sum(r["capture"]["kept"] for r in reports),
@@ -46,6 +56,11 @@ def merge_reports(reports: list[dict], sources: list[str], data_dir: Path | None
         skipped_bytes=first["capture"]["skipped_bytes"],
         damage=list(first["capture"]["damage"]),
     )
-    merged = build_report(config, [Path(p) for p in first["capture"]["paths"]], versions, read)
+    merged = build_report(config, [Path(p) for p in first["capture"]["paths"]], counted)
     merged["merged"] = {"shards": len(reports), "sources": sources}
     return merged
+
+
+def _run_of(report: dict) -> tuple:
+    """What every shard of one drift run shares."""
+    return report["model"], report["thresholds"], report["capture"]["limit"]

@@ -1,4 +1,4 @@
-"""The drift report: JSON following drift_report.schema.json (`trainserve.drift/1`), the sorted table for the
+"""The drift report: JSON following drift_report.schema.json (`trainserve.drift/2`), the sorted table for the
 terminal, and which features drifted past the thresholds."""
 
 from __future__ import annotations
@@ -8,28 +8,22 @@ import json
 from pathlib import Path
 
 from trainserve import __version__
+from trainserve.drift.compare import judge
 from trainserve.drift.config import DriftConfig
-from trainserve.drift.run import VersionTraffic, compare_version
+from trainserve.drift.run import CountedTraffic, compare_version
 from trainserve.files import write_file_atomic
-from trainserve.traffic.reader import ReadSummary
+from trainserve.stats.divergence import NOISE_ALPHA
 
-SCHEMA_ID = "trainserve.drift/1"
+SCHEMA_ID = "trainserve.drift/2"
 SCHEMA_PATH = Path(__file__).with_name("drift_report.schema.json")
 
 
-def build_report(
-    config: DriftConfig, captures: list[Path], versions: dict[int, VersionTraffic], read: ReadSummary
-) -> dict:
+def build_report(config: DriftConfig, captures: list[Path], counted: CountedTraffic) -> dict:
     sections, drifted = [], []
-    for version, side in sorted(versions.items()):
+    for version, side in sorted(counted.versions.items()):
         rows = compare_version(side)
         for row in rows:
-            reasons = []
-            if row["psi"] > config.max_psi:
-                reasons.append(f"PSI {row['psi']:.3f} > {config.max_psi:g}")
-            if row["unseen_share"] is not None and row["unseen_share"] > config.max_unseen_share:
-                reasons.append(f"unseen categories {row['unseen_share']:.1%} > {config.max_unseen_share:.1%}")
-            row["drifted"] = bool(reasons)
+            reasons = judge(row, config.max_psi, config.max_unseen_share)
             if reasons:
                 drifted.append({"version": version, "feature": row["feature"], "said": "; ".join(reasons)})
         sections.append(
@@ -49,16 +43,30 @@ def build_report(
         "trainserve": __version__,
         "model": config.model,
         "data_dir": str(config.data_dir),
-        "capture": read.as_dict()
+        "capture": counted.read.as_dict()
         | {
             "paths": [str(p) for p in captures],
             "shard": config.shard.describe() if config.shard else None,
+            "limit": config.limit,
         },
-        "thresholds": {"max_psi": config.max_psi, "max_unseen_share": config.max_unseen_share},
+        "thresholds": {
+            "max_psi": config.max_psi,
+            "max_unseen_share": config.max_unseen_share,
+            "noise_alpha": NOISE_ALPHA,
+        },
         "versions": sections,
+        "unprofiled_versions": [u.as_dict() for _, u in sorted(counted.unprofiled.items())],
         "drifted": drifted,
         "passed": not drifted,
     }
+
+
+def unprofiled_lines(report: dict) -> list[str]:
+    """One line per version left out for want of a training profile."""
+    return [
+        f"v{u['version']}: {u['records']} captured requests not compared: no data profile ({u['profile']})"
+        for u in report["unprofiled_versions"]
+    ]
 
 
 def validate_report(report: dict) -> None:
@@ -69,7 +77,7 @@ def validate_report(report: dict) -> None:
 
 
 def write_report(report: dict, path: Path) -> Path:
-    return write_file_atomic(path, (json.dumps(report, indent=2) + "\n").encode())
+    return write_file_atomic(path, (json.dumps(report, indent=2, allow_nan=False) + "\n").encode())
 
 
 def drift_table(report: dict) -> str:
@@ -79,15 +87,38 @@ def drift_table(report: dict) -> str:
             f"drift {report['model']} v{section['version']}: {section['records']} captured requests, "
             f"{section['examples']} examples, against {section['training_examples']} training examples"
         )
-        lines.append(f"  {'feature':<28} {'kind':<11} {'PSI':>8} {'JS dist':>8} {'unseen':>8} {'mean shift':>11}")
+        lines.append(
+            f"  {'feature':<28} {'kind':<11} {'PSI':>8} {'noise':>7} {'JS dist':>8} {'unseen':>8} {'mean shift':>11} "
+            f"{'NaN/inf':>9}  verdict"
+        )
         for r in section["features"]:
-            unseen = "" if r["unseen_share"] is None else f"{r['unseen_share']:.1%}"
-            shift = f"{r['mean_shift_sd']:+.2f} sd" if r["kind"] == "numeric" else ""
-            mark = "  DRIFT" if r["drifted"] else ""
             lines.append(
-                f"  {r['feature'][:28]:<28} {r['kind']:<11} {r['psi']:>8.4f} {r['js_distance']:>8.4f} "
-                f"{unseen:>8} {shift:>11}{mark}"
+                f"  {r['feature'][:28]:<28} {r['kind']:<11} {_number(r['psi'], '.4f'):>8} "
+                f"{_number((r['noise'] or {}).get('psi'), '.3f'):>7} {_number(r['js_distance'], '.4f'):>8} "
+                f"{_number(r['unseen_share'], '.1%'):>8} {_shift(r):>11} {non_finite_said(r):>9}  {_verdict(r)}"
             )
         if section["uncompared_inputs"]:
             lines.append(f"  not in the training profile: {', '.join(section['uncompared_inputs'])}")
+    lines += unprofiled_lines(report)
     return "\n".join(lines)
+
+
+def non_finite_said(row: dict) -> str:
+    """The traffic's NaN and infinite values, `NaN/inf` (blank for categories)."""
+    if row["non_finite"] is None:
+        return ""
+    traffic = row["non_finite"]["traffic"]
+    return f"{traffic['nan']}/{traffic['infinite']}"
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def _shift(row: dict) -> str:
+    value = row.get("mean_shift_sd")
+    return "" if value is None else f"{value:+.2f} sd"
+
+
+def _verdict(row: dict) -> str:
+    return {"drifted": "DRIFT", "stable": "stable", "too few": "too few to tell"}[row["verdict"]]
