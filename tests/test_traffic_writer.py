@@ -19,7 +19,9 @@ from trainserve.tfrecord import DamagedRecord, frame, iter_records
 from trainserve.traffic.records import log_metadata, prediction_log, request_id
 from trainserve.traffic.writer import ENCODE_ERROR, MIB, QUEUE_FULL, WRITE_ERROR, TrafficWriter, WriterLimits, host_name
 
-NAME = re.compile(r"^cap-(?P<host>.+)-(?P<pid>\d+)-(?P<stamp>\d{8}T\d{6})-(?P<seq>\d{5})\.tfrecord$")
+NAME = re.compile(
+    r"^cap-(?P<host>.+)-(?P<pid>\d+)-(?P<token>[0-9a-f]{8})-(?P<stamp>\d{8}T\d{6})-(?P<seq>\d{5})\.tfrecord$"
+)
 
 
 def records_in(directory: Path) -> list[bytes]:

@@ -1,14 +1,18 @@
 """Captured records to disk, off the request path: a bounded queue and one thread that writes.
 
-A request only offers its record (`TrafficWriter.submit`, never blocking); the thread encodes, frames
-(trainserve.tfrecord) and appends it. When the queue is full (a slow or hung volume) or a write fails (a full
-disk, a read-only volume, a directory that cannot be made) the record is dropped and counted by reason; the
-request never waits and never fails. Files are written straight to their final names with one write per record,
-so a killed writer leaves every record but the one it was writing; `iter_records` stops at that one.
+A request only offers its record (`TrafficWriter.submit`, never blocking on the disk); the thread encodes, frames
+(trainserve.tfrecord) and appends it. Every record offered ends in one outcome, counted once (traffic.accounting):
+written; dropped, when the queue is full (a slow or hung volume), a write fails (a full disk, a read-only volume, a
+directory that cannot be made), it cannot be encoded, or it is larger than a capture file may be; or lost, when its
+file was deleted under the writer or `close` ran out of time with it still queued. The request never waits and
+never fails. Each fault is logged once when it starts and once when it clears, with the counts.
 
-Names: `<filename_prefix>-<host>-<pid>-<UTC yyyymmddThhmmss>-<seq5>.tfrecord`, so replicas (the host is the pod)
-and restarts writing into one volume never clash. A file is closed at `max_file_bytes`; the files of this host
-are kept under `max_total_bytes` in all by deleting the oldest (a restarted server counts its predecessors' files).
+Files are written straight to their final names with one write per record, so a killed writer leaves every record
+but the one it was writing; `iter_records` stops at that one. After each write the writer checks (one fstat) that
+its file is still linked: a file deleted meanwhile (its directory removed) is replaced by a new one, in a directory
+made again. A file is closed at `max_file_bytes`; the files this writer owns (traffic.files: its own and its dead
+predecessors' on this host, never another live writer's) are kept under `max_total_bytes` by deleting the oldest,
+never the file being written; a record too large for a file is dropped, so it cannot push the others out.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import re
 import socket
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,15 +33,29 @@ from pathlib import Path
 from trainserve.errors import TrainserveError
 from trainserve.options import option
 from trainserve.tfrecord import frame
+from trainserve.traffic.accounting import (
+    CLOSED,
+    DIRECTORY_GONE,
+    DROP_REASONS,
+    ENCODE_ERROR,
+    ORIGIN,
+    QUEUE_FULL,
+    REMOVED,
+    ROTATION,
+    SHUTDOWN,
+    TOO_LARGE,
+    WRITE_ERROR,
+    Accounting,
+    Ledger,
+)
+from trainserve.traffic.files import SUFFIX, CaptureFile, OwnedFiles, capture_file_name, new_token
+
+__all__ = ["DROP_REASONS", "ENCODE_ERROR", "MIB", "QUEUE_FULL", "SUFFIX", "TOO_LARGE", "WRITE_ERROR"]
 
 log = logging.getLogger(__name__)
 
-SUFFIX = ".tfrecord"
 MIB = 1 << 20
 RETRY_SECONDS = 1.0  # after a failed write, records are dropped at once for this long before a file is tried again
-# Why a record was not written (the `reason` label of the drop counters).
-QUEUE_FULL, WRITE_ERROR, ENCODE_ERROR = "queue_full", "write_error", "encode_error"
-DROP_REASONS = (QUEUE_FULL, WRITE_ERROR, ENCODE_ERROR)
 
 Record = bytes | Callable[[], bytes]  # the bytes, or a function the writer thread calls to make them
 _STOP = object()
@@ -51,6 +69,9 @@ class WriterLimits:
     max_file_mb: float = option(64.0, "close a capture file at this size (MiB) and start the next")
     max_total_mb: float = option(1024.0, "keep this host's capture files under this size (MiB) in all: oldest go")
     queue_records: int = option(1000, "records waiting for the disk; past that, records are dropped and counted")
+    drain_seconds: float = option(
+        10.0, "at shutdown, wait this long for queued capture records to be written; the rest are counted lost"
+    )
 
     @property
     def max_file_bytes(self) -> int:
@@ -67,6 +88,8 @@ class WriterLimits:
             raise TrainserveError(
                 f"capture file size {self.max_file_mb} MiB exceeds the total {self.max_total_mb} MiB: expected <= total"
             )
+        if not self.drain_seconds >= 0:
+            raise TrainserveError(f"capture drain_seconds {self.drain_seconds}: expected 0 or more seconds")
 
 
 def host_name() -> str:
@@ -74,142 +97,226 @@ def host_name() -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
 
 
-def capture_file_name(prefix: str, host: str, pid: int, when: float, seq: int) -> str:
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(when))
-    return f"{prefix}-{host}-{pid}-{stamp}-{seq:05d}{SUFFIX}"
-
-
 class TrafficWriter:
     """Writes records under `filename_prefix` (a path prefix, as TF Serving's LogCollectorConfig holds it) from a
-    thread of its own. `written` and `dropped` (by reason) may be read at any time, e.g. by a metrics scrape."""
+    thread of its own. `accounting()` may be read at any time, e.g. by a metrics scrape."""
 
     def __init__(self, filename_prefix: str | Path, limits: WriterLimits = WriterLimits(), host: str | None = None):
         limits.check()
         prefix = Path(filename_prefix)
         self.directory, self.prefix, self.limits = prefix.parent, prefix.name, limits
-        self.host, self.pid = host or host_name(), os.getpid()
-        self.written, self.dropped = 0, Counter({reason: 0 for reason in DROP_REASONS})
-        self._counts = threading.Lock()
-        self._queue: queue.Queue = queue.Queue(maxsize=limits.queue_records)
+        self.host, self.pid, self.token = host or host_name(), os.getpid(), new_token()
+        self._ledger = Ledger()
+        self._files = OwnedFiles(self.directory, self.prefix, self.host, self.token)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # bounded by submit, so close can always queue _STOP
         self._fd: int | None = None
-        self._size = self._seq = 0
-        self._files: deque[list] = deque()  # [path, size] of this host's files, oldest first
+        self._seq = 0
         self._retry_at = 0.0
-        self._failing: str | None = None  # the error being logged once, until writes succeed again
-        self._closed = False
+        self._faults: dict[str, tuple[float, int]] = {}  # fault -> (since, count of its reason then), logged once
+        self._told: set[str] = set()  # one-off losses already logged
+        self._closing = False
         self._thread = threading.Thread(target=self._run, name=f"capture-{self.prefix}", daemon=True)
         self._thread.start()
 
     def submit(self, record: Record) -> bool:
-        """Offer one record; False (and counted) when it is dropped because the queue is full. Never blocks."""
-        if self._closed:
-            return False
-        try:
-            self._queue.put_nowait(record)
-            return True
-        except queue.Full:
-            self._count(QUEUE_FULL)
-            return False
-
-    def close(self, timeout: float | None = 10) -> None:
-        """Write what is queued, close the file and end the thread (within `timeout`: a hung volume does not hold
-        the caller; its records are lost with the process)."""
-        if self._closed:
-            return
-        self._closed = True
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            self._queue.put(_STOP, timeout=timeout)
-        except queue.Full:
-            log.warning("capture %s: queue still full at close; %d record(s) lost", self.prefix, self._queue.qsize())
-            return
-        self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-
-    def _count(self, reason: str | None) -> None:
-        with self._counts:
-            if reason is None:
-                self.written += 1
+        """Offer one record; False (and counted) when it is dropped at once: the queue is full, or the writer
+        closed. Never waits for the disk."""
+        with self._ledger.lock:
+            if self._closing:
+                self._ledger.offer(dropped=CLOSED)
+                return False
+            if self._queue.qsize() >= self.limits.queue_records:
+                self._ledger.offer(dropped=QUEUE_FULL)
+                full = QUEUE_FULL not in self._faults
+                if full:
+                    self._faults[QUEUE_FULL] = (time.monotonic(), self._ledger.dropped_so_far(QUEUE_FULL) - 1)
             else:
-                self.dropped[reason] += 1
+                self._ledger.offer()
+                self._queue.put(record)
+                return True
+        if full:
+            log.warning(
+                "capture %s: %d records wait for the disk (a slow volume?); records are dropped and counted "
+                "(queue_full) until the queue drains",
+                self.prefix,
+                self.limits.queue_records,
+            )
+        return False
+
+    def skip(self, reason: str = ORIGIN) -> None:
+        """Count a call the capture chose not to offer (traffic.origin: trainserve's own calls)."""
+        self._ledger.skipped(reason)
+
+    def accounting(self) -> Accounting:
+        """Every record's outcome so far, read consistently (traffic.accounting)."""
+        return self._ledger.snapshot()
+
+    @property
+    def written(self) -> int:
+        return self.accounting().written
+
+    @property
+    def dropped(self) -> Counter:
+        return Counter(self.accounting().dropped)
+
+    def close(self, timeout: float | None = None) -> Accounting:
+        """Refuse new records, write the queued ones and close the file, within `timeout` seconds (default the
+        limits' drain_seconds): what is still queued then is counted lost (shutdown). Logs one line with the
+        counts; returns them."""
+        timeout = self.limits.drain_seconds if timeout is None else timeout
+        with self._ledger.lock:
+            if self._closing:
+                return self._ledger._snapshot()
+            self._closing = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            rest = self._ledger.settle_rest(SHUTDOWN)
+            counts = self.accounting()
+            log.warning(
+                "capture %s: %d record(s) still queued after %.1f s of shutdown: counted lost (shutdown); %s",
+                self.prefix,
+                rest,
+                timeout,
+                counts.summary(),
+            )
+            return counts
+        counts = self.accounting()
+        log.info("capture %s: closed; %s", self.prefix, counts.summary())
+        return counts
 
     def _run(self) -> None:
-        self._scan_existing()
-        while (item := self._queue.get()) is not _STOP:
+        adopted = self._files.adopt_predecessors()
+        if adopted:
+            log.info(
+                "capture %s: %d file(s) of earlier runs on this host (%.1f MiB) count towards the bound",
+                self.prefix,
+                len(adopted),
+                self._files.total() / MIB,
+            )
+        while (item := self._queue.get()) is not _STOP and not self._ledger.settled:
             self._write_one(item)
+            if self._queue.empty():
+                self._fault_cleared(QUEUE_FULL, "the queue drained", QUEUE_FULL)
         self._close_file()
+        self._files.release()
 
     def _write_one(self, item: Record) -> None:
         try:
-            data = item() if callable(item) else item
+            record = frame(item() if callable(item) else item)
         except Exception as exc:  # a record that cannot be encoded is lost, not the writer
-            log.warning("capture %s: a record could not be encoded (%s); dropped", self.prefix, exc)
-            self._count(ENCODE_ERROR)
+            self._once(ENCODE_ERROR, "a record could not be encoded (%s); such records are dropped (encode_error)", exc)
+            self._ledger.outcome(dropped=ENCODE_ERROR)
             return
-        record = frame(data)
+        if len(record) > self.limits.max_file_bytes:
+            self._once(
+                TOO_LARGE,
+                "a record of %d bytes exceeds max_file_mb (%s); such records are dropped (too_large)",
+                len(record),
+                self.limits.max_file_mb,
+            )
+            self._ledger.outcome(dropped=TOO_LARGE)
+            return
         if time.monotonic() < self._retry_at:
-            self._count(WRITE_ERROR)
+            self._ledger.outcome(dropped=WRITE_ERROR)
             return
         try:
-            self._append(record)
+            kept = self._append(record)
         except OSError as exc:
             self._failed(exc)
-            self._count(WRITE_ERROR)
+            self._ledger.outcome(dropped=WRITE_ERROR)
             return
-        if self._failing:
-            log.info("capture %s: writing again", self.prefix)
-            self._failing = None
-        self._count(None)
+        self._fault_cleared(WRITE_ERROR, "writing again", WRITE_ERROR)
+        self._ledger.outcome(written=kept, lost=None if kept else DIRECTORY_GONE)
 
-    def _append(self, record: bytes) -> None:
-        if self._fd is None or self._size + len(record) > self.limits.max_file_bytes:
+    def _append(self, record: bytes) -> bool:
+        """Write one framed record; False when its file turned out deleted as it was written (the record is gone)."""
+        if self._fd is not None and self._unlinked():
+            self._file_gone()
+        if self._fd is None or self._current.size + len(record) > self.limits.max_file_bytes:
             self._open_next()
-        self._make_room(len(record))
+        self._ledger.deleted(ROTATION, self._files.make_room(len(record), self.limits.max_total_bytes))
         view = memoryview(record)
         while view:
             view = view[os.write(self._fd, view) :]
-        self._size += len(record)
-        self._files[-1][1] = self._size
+        self._current.size += len(record)
+        if self._unlinked():
+            self._file_gone()
+            return False
+        self._current.records += 1
+        return True
+
+    @property
+    def _current(self) -> CaptureFile:
+        return self._files.files[-1]
+
+    def _unlinked(self) -> bool:
+        return os.fstat(self._fd).st_nlink == 0
+
+    def _file_gone(self) -> None:
+        """The file being written was deleted (its directory removed): count its records as deleted, forget it
+        and every other file gone with it, and write on into a new file."""
+        gone = self._files.files.pop()
+        self._close_file()
+        others = self._files.forget_missing()
+        self._ledger.deleted(REMOVED, (gone.records or 0) + others)
+        log.warning(
+            "capture %s: %s was deleted while being written (%d record(s) of this writer gone with it and its "
+            "neighbours); writing on into a new file",
+            self.prefix,
+            gone.path,
+            (gone.records or 0) + others,
+        )
 
     def _open_next(self) -> None:
         self._close_file()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._files.claim()
         self._seq += 1
-        path = self.directory / capture_file_name(self.prefix, self.host, self.pid, time.time(), self._seq)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        self._size = 0
-        self._files.append([path, 0])
-
-    def _make_room(self, incoming: int) -> None:
-        """Delete this host's oldest files (never the one being written) until the new record fits the total."""
-        while len(self._files) > 1 and sum(size for _, size in self._files) + incoming > self.limits.max_total_bytes:
-            path, _ = self._files.popleft()
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        name = capture_file_name(self.prefix, self.host, self.pid, self.token, time.time(), self._seq)
+        self._fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._files.files.append(CaptureFile(self.directory / name, 0, 0))
 
     def _failed(self, exc: OSError) -> None:
-        """Drop the file being written (cut back to its last whole record where the volume lets us), and wait
-        RETRY_SECONDS before trying a new one."""
+        """Cut the file being written back to its last whole record (an empty one is removed), close it, and wait
+        RETRY_SECONDS before trying a new one; the fault is logged when it starts."""
         if self._fd is not None:
+            current = self._current
             with contextlib.suppress(OSError):  # else the reader stops at the partial record and counts it
-                os.ftruncate(self._fd, self._size)
-        self._close_file()
+                os.ftruncate(self._fd, current.size)
+            if current.size == 0:  # a full disk would otherwise leave an empty file per retry
+                self._files.files.pop()
+                with contextlib.suppress(OSError):
+                    current.path.unlink()
+            self._close_file()
         self._retry_at = time.monotonic() + RETRY_SECONDS
-        reason = f"{exc.strerror or exc}: {exc.filename or self.directory}"
-        if reason != self._failing:
-            log.warning("capture %s: cannot write (%s); records are dropped and counted", self.prefix, reason)
-            self._failing = reason
+        if WRITE_ERROR not in self._faults:
+            self._faults[WRITE_ERROR] = (time.monotonic(), self._ledger.dropped_so_far(WRITE_ERROR))
+            log.warning(
+                "capture %s: cannot write into %s (%s); records are dropped and counted (write_error) until a "
+                "write succeeds",
+                self.prefix,
+                self.directory,
+                exc.strerror or exc,
+            )
+
+    def _fault_cleared(self, fault: str, what: str, reason: str) -> None:
+        if fault in self._faults:
+            since, before = self._faults.pop(fault)
+            log.info(
+                "capture %s: %s; %d record(s) dropped (%s) over %.1f s",
+                self.prefix,
+                what,
+                self._ledger.dropped_so_far(reason) - before,
+                reason,
+                time.monotonic() - since,
+            )
+
+    def _once(self, kind: str, message: str, *args) -> None:
+        if kind not in self._told:
+            self._told.add(kind)
+            log.warning("capture %s: " + message, self.prefix, *args)
 
     def _close_file(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-    def _scan_existing(self) -> None:
-        """This host's files from earlier runs count towards the total, oldest first."""
-        mine = f"{self.prefix}-{self.host}-"
-        try:
-            found = [p for p in self.directory.iterdir() if p.name.startswith(mine) and p.name.endswith(SUFFIX)]
-            found.sort(key=lambda p: (p.stat().st_mtime, p.name))
-            self._files.extend([p, p.stat().st_size] for p in found)
-        except OSError:
-            pass  # no directory yet (made at the first record) or none that can be read: nothing to count
