@@ -78,4 +78,4 @@ def test_sigterm_ends_the_proxy_with_its_records_written(tmp_path, model_version
     (path,) = (tmp_path / "caps").glob("p-*.tfrecord")
     with open(path, "rb") as stream:
         assert len(list(iter_records(stream))) == 5
-    assert "records: 5 offered = 5 written + 0 dropped + 0 lost" in proxy.stderr.read()
+    assert "records offered 5, written 5, dropped none, lost none, pending 0" in proxy.stderr.read()

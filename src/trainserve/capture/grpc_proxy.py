@@ -30,13 +30,13 @@ def forwarded_metadata(metadata) -> tuple:
 
 
 class Forwarder(grpc.GenericRpcHandler):
-    """Every forwarded method, as a raw-bytes handler over one upstream channel. `cut` counts the calls still in
-    flight when the server's stop grace ran out."""
+    """Every forwarded method, as a raw-bytes handler over one upstream channel. `in_flight` counts the calls being
+    answered; `cut`, those still in flight when the server's stop grace ran out."""
 
     def __init__(self, channel: grpc.aio.Channel, capture: ProxyCapture | None, upstream: UpstreamLog, wait_s: float):
         self.channel, self.capture, self.upstream, self.wait_s = channel, capture, upstream, wait_s
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
-        self.stopping, self.cut = False, 0
+        self.stopping, self.cut, self.in_flight = False, 0, 0
 
     def service(self, handler_call_details):
         method = handler_call_details.method
@@ -54,6 +54,7 @@ class Forwarder(grpc.GenericRpcHandler):
             origin = origin_of(metadata) if capture is not None else None
             sampled = capture is not None and origin is None and capture.sample()
             call = None
+            self.in_flight += 1  # on the event loop's one thread: no lock
             try:
                 remaining = context.time_remaining()
                 await wait_reachable(self.channel, self.wait_s if remaining is None else min(self.wait_s, remaining))
@@ -67,12 +68,14 @@ class Forwarder(grpc.GenericRpcHandler):
                     call.cancel()
                 self.cut += self.stopping
                 raise
+            finally:
+                self.in_flight -= 1
             self.upstream.answered(GRPC)
             trailing = await call.trailing_metadata()
             if trailing:
                 context.set_trailing_metadata(tuple(trailing))
             if origin is not None:
-                capture.own_call(origin)
+                capture.own_call()
             elif sampled:
                 capture.log(request, response, metadata)
             return response

@@ -4,7 +4,6 @@ through it."""
 
 from __future__ import annotations
 
-from trainserve.capture.sampling import ProxyCapture
 from trainserve.capture.upstream import SIDES, UpstreamLog
 from trainserve.traffic.metrics import writer_lines
 from trainserve.traffic.writer import TrafficWriter
@@ -14,11 +13,10 @@ READY_PATH = "/monitoring/capture/readyz"
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
 UPSTREAM_FAILURES = ":trainserve:capture:upstream_failures"
 UPSTREAM_UP = ":trainserve:capture:upstream_up"
-OWN_CALLS = ":trainserve:capture:own_calls"
 
 
-def proxy_lines(upstream: UpstreamLog, capture: ProxyCapture | None) -> list[str]:
-    """What the proxy counts besides its writer's records: failures to reach TF Serving, and trainserve's own calls."""
+def upstream_lines(upstream: UpstreamLog) -> list[str]:
+    """What the proxy counts besides its writer's records: failures to reach TF Serving."""
     lines = [
         f"# HELP {UPSTREAM_FAILURES} Calls (readiness checks included) that did not reach TF Serving, by side.",
         f"# TYPE {UPSTREAM_FAILURES} counter",
@@ -26,18 +24,12 @@ def proxy_lines(upstream: UpstreamLog, capture: ProxyCapture | None) -> list[str
     lines += [f'{UPSTREAM_FAILURES}{{side="{side}"}} {upstream.failures[side]}' for side in SIDES]
     lines += [f"# HELP {UPSTREAM_UP} 1 when the last call of a side reached TF Serving.", f"# TYPE {UPSTREAM_UP} gauge"]
     lines += [f'{UPSTREAM_UP}{{side="{side}"}} {int(upstream.up(side))}' for side in SIDES]
-    if capture is not None:
-        lines += [
-            f"# HELP {OWN_CALLS} Predict calls trainserve made itself (x-trainserve-origin): forwarded, not recorded.",
-            f"# TYPE {OWN_CALLS} counter",
-        ]
-        lines += [f'{OWN_CALLS}{{origin="{origin}"}} {count}' for origin, count in sorted(capture.own_calls.items())]
     return lines
 
 
-def metrics_page(prefix: str, writer: TrafficWriter, upstream: UpstreamLog, capture: ProxyCapture | None):
+def metrics_page(prefix: str, writer: TrafficWriter, upstream: UpstreamLog):
     def page() -> tuple[int, str, bytes]:
-        lines = writer_lines({prefix: writer}) + proxy_lines(upstream, capture)
+        lines = writer_lines({prefix: writer}) + upstream_lines(upstream)
         return 200, METRICS_CONTENT_TYPE, ("\n".join(lines) + "\n").encode()
 
     return page

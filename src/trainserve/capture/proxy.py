@@ -21,6 +21,7 @@ from trainserve.capture.rest_proxy import start_rest_proxy
 from trainserve.capture.sampling import ProxyCapture
 from trainserve.capture.upstream import GRPC, PROBE_SECONDS, REST, UpstreamLog, grpc_answers, rest_answers
 from trainserve.tls import server_credentials
+from trainserve.traffic.accounting import Accounting
 from trainserve.traffic.writer import TrafficWriter
 
 log = logging.getLogger(__name__)
@@ -32,25 +33,13 @@ class Stopped:
 
     grpc_cut: int
     rest_cut: int
-    records: str
+    records: Accounting
 
     def summary(self) -> str:
-        return f"{self.grpc_cut} gRPC and {self.rest_cut} REST call(s) cut at the grace's end; records: {self.records}"
-
-
-def by_reason(counts) -> str:
-    named = ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items()) if n)
-    return f" ({named})" if named else ""
-
-
-def records_account(writer: TrafficWriter) -> str:
-    """The writer's counts in one phrase: offered = written + dropped (by reason) + lost (by reason)."""
-    lost = getattr(writer, "lost", {})
-    dropped_n, lost_n = sum(writer.dropped.values()), sum(lost.values())
-    return (
-        f"{writer.written + dropped_n + lost_n} offered = {writer.written} written + {dropped_n} dropped"
-        f"{by_reason(writer.dropped)} + {lost_n} lost{by_reason(lost)}"
-    )
+        return (
+            f"{self.grpc_cut} gRPC and {self.rest_cut} REST call(s) cut at the grace's end; "
+            f"records {self.records.summary()}"
+        )
 
 
 class CaptureProxy:
@@ -80,7 +69,7 @@ class CaptureProxy:
         self.rest = None
         if config.upstream_rest:
             pages = {
-                config.metrics_path: metrics_page(config.filename_prefix, self.writer, self.upstream, self.capture),
+                config.metrics_path: metrics_page(config.filename_prefix, self.writer, self.upstream),
                 LIVE_PATH: live_page,
                 READY_PATH: ready_page(self.why_not_ready),
             }
@@ -125,19 +114,27 @@ class CaptureProxy:
 
     def stop(self, grace: float | None = None) -> Stopped:
         """No new calls; those in flight get `grace` seconds (default --stop-grace), gRPC and REST alike; then the
-        queued records are written in what is left of it. Returns what could not be finished."""
+        queued records are written in what is left of it (at most --capture-drain-seconds); the rest are counted
+        lost. Returns what could not be finished."""
         if self.stopped is not None:
             return self.stopped
         grace = self.config.stop_grace if grace is None else grace
         deadline = time.monotonic() + grace
         self.stopping = self.forwarder.stopping = True
+        log.info(
+            "capture: stopping: %d gRPC and %d REST call(s) in flight get up to %g s, then the queued records",
+            self.forwarder.in_flight,
+            self.rest.inflight.requests if self.rest is not None else 0,
+            grace,
+        )
         grpc_stopped = asyncio.run_coroutine_threadsafe(self.server.stop(grace), self.loop)
         rest_cut = self.rest.stop(deadline) if self.rest is not None else 0
         grpc_stopped.result()
         self._call(self.channel.close())
         self._end_loop()
-        self.writer.close(max(0.0, deadline - time.monotonic()))
-        self.stopped = Stopped(self.forwarder.cut, rest_cut, records_account(self.writer))
+        left = max(0.0, deadline - time.monotonic())
+        records = self.writer.close(min(left, self.config.capture.drain_seconds))
+        self.stopped = Stopped(self.forwarder.cut, rest_cut, records)
         return self.stopped
 
     def _end_loop(self) -> None:
@@ -160,7 +157,6 @@ def run_proxy(config: ProxyConfig) -> int:
         config.filename_prefix,
     )
     stop.wait()
-    log.info("capture: stopping: the calls in flight get up to %g s, then the queued records", config.stop_grace)
     stopped = proxy.stop()
     for sig, handler in previous.items():
         signal.signal(sig, handler)

@@ -4,32 +4,24 @@ from the bytes that crossed the proxy (the model, version and signature read fro
 from __future__ import annotations
 
 import random
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 
 from trainserve.protos import predict_pb2
-from trainserve.traffic.origin import ORIGINS
 from trainserve.traffic.records import REQUEST_ID_HEADER, log_metadata, prediction_log, request_id
 from trainserve.traffic.writer import TrafficWriter
 
-OTHER = "other"  # an origin value trainserve does not send: not recorded either, counted under this label
-
 
 class ProxyCapture:
-    """Samples calls at `rate` (draws from `uniform`, a seeded source in tests) and offers them to `writer`.
-    `own_calls` counts, by origin, the calls trainserve made itself: answered, never offered."""
+    """Samples calls at `rate` (draws from `uniform`, a seeded source in tests) and offers them to `writer`."""
 
     def __init__(self, writer: TrafficWriter, rate: float, uniform: Callable[[], float] | None = None):
         self.writer, self.rate = writer, rate
         self.uniform = uniform or random.Random().random
-        self.own_calls: Counter = Counter({origin: 0 for origin in (*ORIGINS, OTHER)})
-        self._own_lock = threading.Lock()
 
-    def own_call(self, origin: str) -> None:
-        with self._own_lock:
-            self.own_calls[origin if origin in ORIGINS else OTHER] += 1
+    def own_call(self) -> None:
+        """A call trainserve made itself (traffic.origin): never offered, counted apart (calls_skipped, origin)."""
+        self.writer.skip()
 
     def sample(self) -> bool:
         return self.rate >= 1.0 or (self.rate > 0.0 and self.uniform() < self.rate)
