@@ -79,3 +79,22 @@ def test_sigterm_ends_the_proxy_with_its_records_written(tmp_path, model_version
     with open(path, "rb") as stream:
         assert len(list(iter_records(stream))) == 5
     assert "records offered 5, written 5, dropped none, lost none, pending 0" in proxy.stderr.read()
+
+
+def test_the_sidecar_probes_the_proxys_own_pages_and_its_stop_fits_the_pods_grace():
+    from test_k8s import render
+
+    from trainserve.capture.pages import LIVE_PATH, READY_PATH
+    from trainserve.capture.upstream import PROBE_SECONDS
+
+    (deployment,) = [
+        d for d in render("k8s/overlays/capture") if d["kind"] == "Deployment" and "serve" in d["metadata"]["name"]
+    ]
+    spec = deployment["spec"]["template"]["spec"]
+    (sidecar,) = [c for c in spec["containers"] if c["name"] == "capture"]
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == READY_PATH
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == LIVE_PATH
+    assert sidecar["readinessProbe"]["timeoutSeconds"] > 1.0 + 2 * PROBE_SECONDS  # a check's longest wait
+    env = {e["name"]: e["value"] for e in sidecar["env"]}
+    pre_stop = int(sidecar["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert pre_stop + float(env["TRAINSERVE_STOP_GRACE"]) < spec["terminationGracePeriodSeconds"]

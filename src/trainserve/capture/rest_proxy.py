@@ -183,7 +183,7 @@ class RestProxy:
         self.server = ThreadingHTTPServer(("0.0.0.0", port), type("Forwarder", (RestForwarder,), attributes))
         self.server.daemon_threads = True  # an idle kept-alive connection must not hold the process at exit
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, name="capture-rest", daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.1,), name="capture-rest", daemon=True).start()
 
     def stop(self, deadline: float) -> int:
         """Accept nothing more, let the requests in flight finish until `deadline` (time.monotonic), then close

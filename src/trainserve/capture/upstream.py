@@ -24,7 +24,7 @@ GET_MODEL_STATUS = "/tensorflow.serving.ModelService/GetModelStatus"
 AVAILABLE = 30  # ModelVersionStatus.State.AVAILABLE (tensorflow_serving/apis/get_model_status.proto)
 # What TF Serving answers a status request about a model it does not know, or an empty one: it answered.
 ANSWERS = frozenset({grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT})
-PROBE_SECONDS = 3.0  # a readiness check's own deadline, under the probes' timeout
+PROBE_SECONDS = 2.0  # each readiness call's deadline: a whole check (gRPC, then REST) stays under 5 s
 
 
 class UpstreamLog:
@@ -100,7 +100,7 @@ async def grpc_answers(channel: grpc.aio.Channel, model: str, wait_s: float) -> 
     answered and, where `model` is named, a version of it is AVAILABLE)."""
     from trainserve.protos import get_model_status_pb2
 
-    await wait_reachable(channel, min(wait_s, PROBE_SECONDS))
+    await wait_reachable(channel, min(wait_s, 1.0))
     try:
         answer = await channel.unary_unary(GET_MODEL_STATUS)(status_request(model), timeout=PROBE_SECONDS)
     except grpc.aio.AioRpcError as err:
