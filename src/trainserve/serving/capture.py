@@ -8,11 +8,16 @@ version that answered, the signature, the rate, the time and the request id. A c
 logged and its record encoded on the writer's thread, so a request pays for a random number and a queue offer.
 Models that name one prefix share its writer. A config reload applies the config's logging as TF Serving's does
 (ServerCore::ReloadConfig updates its request logger): a prefix kept keeps its writer and files, a new one opens,
-one no longer named is closed once its queue is written.
+one no longer named is closed once its queue is written; each change is logged in one line.
+
+Calls carrying `x-trainserve-origin` (traffic.origin: trainserve's own replay, eval and load) are not sampled; each
+is counted as skipped (reason origin) on its model's writer, so a replay against a capturing server neither feeds
+the capture it reads nor goes unseen.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -20,9 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
+from trainserve.traffic.accounting import ORIGIN
 from trainserve.traffic.metrics import writer_lines
 from trainserve.traffic.records import log_metadata, prediction_log, request_id
 from trainserve.traffic.writer import TrafficWriter, WriterLimits
+
+log = logging.getLogger(__name__)
 
 
 def new_sampler() -> Callable[[], float]:
@@ -66,10 +74,16 @@ class Capture:
         models = {name: ModelCapture(rate, prefix, writers[prefix]) for name, (rate, prefix) in wanted.items()}
         return cls(models, new_sampler())
 
-    def sample(self, name: str) -> ModelCapture | None:
-        """The model's logging when this call is sampled, else None."""
+    def sample(self, name: str, origin: str | None = None) -> ModelCapture | None:
+        """The model's logging when this call is sampled, else None; a call with an `origin` (trainserve's own)
+        never is, and is counted as skipped."""
         target = self.models.get(name)
-        if target is None or (target.rate < 1.0 and self.uniform() >= target.rate):
+        if target is None:
+            return None
+        if origin is not None:
+            target.writer.skip(ORIGIN)
+            return None
+        if target.rate < 1.0 and self.uniform() >= target.rate:
             return None
         return target
 
@@ -94,16 +108,35 @@ class Capture:
         """Each prefix's writer."""
         return {t.prefix: t.writer for t in self.models.values()}
 
-    def close(self, timeout: float = 10, keep: Capture | None = None) -> None:
+    def close(self, keep: Capture | None = None) -> None:
         """Write what is queued and close (shutdown, after the last request), except the writers `keep` took
-        over (a reload)."""
+        over (a reload): all within one drain_seconds (the writers' limits), each counting what it could not
+        write as lost."""
         kept = {id(w) for w in keep.writers().values()} if keep is not None else set()
-        for writer in self.writers().values():
-            if id(writer) not in kept:
-                writer.close(timeout)
+        closing = [w for w in self.writers().values() if id(w) not in kept]
+        deadline = time.monotonic() + max((w.limits.drain_seconds for w in closing), default=0.0)
+        for writer in closing:
+            writer.close(max(0.0, deadline - time.monotonic()))
+
+    def describe(self) -> dict[str, tuple[float, str]]:
+        """Each capturing model's (rate, filename_prefix)."""
+        return {name: (t.rate, t.prefix) for name, t in sorted(self.models.items())}
 
     def prometheus_lines(self) -> list[str]:
         return writer_lines(self.writers())
+
+
+def log_change(before: Capture | None, after: Capture | None) -> None:
+    """One line when a start or a config reload changes what is captured (turned on, changed, or off)."""
+    was = before.describe() if before is not None else {}
+    now = after.describe() if after is not None else {}
+    if was == now:
+        return
+    if not now:
+        log.info("capture off: no model's logging_config asks for a rate above 0")
+        return
+    said = ", ".join(f"{name} {rate:g} of Predict calls to {prefix}" for name, (rate, prefix) in now.items())
+    log.info("capture %s: %s", "on" if not was else "changed", said)
 
 
 def _settings(model, config_path: str) -> tuple[float, str] | None:

@@ -24,6 +24,7 @@ from trainserve.serving.capture import Capture
 from trainserve.serving.health import health_handler
 from trainserve.serving.servables import Servables, ServingError
 from trainserve.tensors import from_tensor_proto, to_tensor_proto
+from trainserve.traffic.origin import origin_of
 from trainserve.traffic.records import REQUEST_ID_HEADER
 
 MAX_MESSAGE = 2**31 - 1  # TF Serving's gRPC message limit, both ways (INT32_MAX, model_servers/server.cc)
@@ -103,7 +104,7 @@ class Api:
 
     async def Predict(self, request, context):
         name, version, label = parse_model_spec(request.model_spec)
-        sampled = self.servables.sample(name)
+        sampled = self.servables.sample(name, origin_of(context.invocation_metadata()))
         try:
             version, signature, outputs = await self.servables.predict_async(
                 name,

@@ -32,6 +32,7 @@ from trainserve.serving.metrics import prometheus_text
 from trainserve.serving.rest_json import rest_inputs
 from trainserve.serving.servables import Servables, ServingError
 from trainserve.tensors import to_tensor_proto
+from trainserve.traffic.origin import origin_of
 from trainserve.traffic.records import REQUEST_ID_HEADER
 
 log = logging.getLogger(__name__)
@@ -245,7 +246,7 @@ class RestHandler(BaseHTTPRequestHandler):
             raise ServingError(grpc.StatusCode.NOT_FOUND, f"Malformed request: POST {self.path}")
         body = parse_json_body(raw)
         signature = body.get("signature_name") or DEFAULT_SIGNATURE
-        sampled = self.servables.sample(name)
+        sampled = self.servables.sample(name, origin_of(self.headers.items()))
         inputs: dict[str, np.ndarray] = {}
 
         def to_inputs(spec) -> dict[str, np.ndarray]:
@@ -254,11 +255,12 @@ class RestHandler(BaseHTTPRequestHandler):
 
         # The JSON is converted with the resolved version's dtypes, inside the request's bookkeeping.
         answered, signature, outputs = self.servables.predict(name, version, label, signature, to_inputs)
+        answer = (json.dumps(predict_json(outputs, "instances" in body)) + "\n").encode()  # may fail: then unrecorded
         if sampled is not None:
             asked = (name, version, label, body.get("signature_name", ""))
             wire = functools.partial(grpc_wire, asked, inputs, (name, answered, signature), outputs)
             Capture.log(sampled, (name, answered, signature), wire, self.headers.get(REQUEST_ID_HEADER))
-        return self._send(200, predict_json(outputs, "instances" in body))
+        return self._send(200, answer)
 
 
 def make_rest_handler(servables: Servables, metrics_path: str | None) -> type[RestHandler]:

@@ -150,10 +150,11 @@ class Servables:
         self._inflight = 0
         self._lock = threading.Lock()
 
-    def sample(self, name: str) -> ModelCapture | None:
-        """The model's logging when this Predict is sampled (the capture read once: a reload may swap it)."""
+    def sample(self, name: str, origin: str | None = None) -> ModelCapture | None:
+        """The model's logging when this Predict is sampled (the capture read once: a reload may swap it); a call
+        of trainserve's own (`origin`, traffic.origin) is never sampled, only counted."""
         capture = self.capture
-        return capture.sample(name) if capture is not None else None
+        return capture.sample(name, origin) if capture is not None else None
 
     def resolve(self, name: str, version: int | None, label: str | None) -> ServableHandle:
         try:

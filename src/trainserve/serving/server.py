@@ -19,7 +19,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
-from trainserve.serving.capture import Capture
+from trainserve.serving.capture import Capture, log_change
 from trainserve.serving.config import (
     Batching,
     ServerOptions,
@@ -44,6 +44,7 @@ def serve(options: ServerOptions, stop: threading.Event | None = None) -> int:
     config = load_config(options)
     batching, metrics_path, tls = check_flags(options)
     capture = Capture.from_config(config, options.capture, options.model_config_file)  # logging_config
+    log_change(None, capture)
     manager = ModelManager(
         options.tensorflow_intra_op_parallelism,
         options.tensorflow_inter_op_parallelism,
@@ -229,5 +230,6 @@ def _reload_config(servables: Servables, options: ServerOptions) -> None:
         log.error("model config not reloaded, keeping the current one: %s", exc)
         return
     servables.capture = capture
+    log_change(running, capture)
     if running is not None:
         running.close(keep=capture)  # the prefixes no longer named: their queues written, their files closed

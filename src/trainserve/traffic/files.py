@@ -53,6 +53,7 @@ class OwnedFiles:
     def __init__(self, directory: Path, prefix: str, host: str, token: str):
         self.directory, self.prefix, self.host, self.token = directory, prefix, host, token
         self.files: deque[CaptureFile] = deque()
+        self.total = 0  # bytes in `files`, kept as they change (a sum per record would grow with the file count)
         self._lock_fd: int | None = None
 
     @property
@@ -100,6 +101,7 @@ class OwnedFiles:
                 stat = path.stat()
                 found.append((stat.st_mtime, path.name, CaptureFile(path, stat.st_size, None)))
         self.files.extend(f for *_, f in sorted(found, key=lambda t: t[:2]))
+        self.total = sum(f.size for f in self.files)
         for token in (t for t, dead in owners.items() if dead and t is not None):
             with contextlib.suppress(OSError):
                 (self.directory / f".{self.prefix}-{self.host}-{token}.lock").unlink()
@@ -119,15 +121,29 @@ class OwnedFiles:
             os.close(fd)
         return False
 
-    def total(self) -> int:
-        return sum(f.size for f in self.files)
+    def add(self, path: Path) -> CaptureFile:
+        """A new file this writer writes, now the newest."""
+        self.files.append(CaptureFile(path, 0, 0))
+        return self.files[-1]
+
+    def grew(self, record_bytes: int) -> None:
+        """One record appended to the newest file."""
+        self.files[-1].size += record_bytes
+        self.total += record_bytes
+
+    def drop_newest(self) -> CaptureFile:
+        """Forget the newest file (deleted, or removed as empty)."""
+        gone = self.files.pop()
+        self.total -= gone.size
+        return gone
 
     def make_room(self, incoming: int, max_total: int) -> int:
         """Delete the oldest files, never the one being written, until `incoming` more bytes fit `max_total`; the
         records this writer had written into the deleted files."""
         deleted = 0
-        while len(self.files) > 1 and self.total() + incoming > max_total:
+        while len(self.files) > 1 and self.total + incoming > max_total:
             gone = self.files.popleft()
+            self.total -= gone.size
             with contextlib.suppress(FileNotFoundError):
                 gone.path.unlink()
             deleted += gone.records or 0
@@ -142,4 +158,5 @@ class OwnedFiles:
             else:
                 gone += f.records or 0
         self.files = kept
+        self.total = sum(f.size for f in kept)
         return gone

@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 RETRY_SECONDS = 1.0  # after a failed write, records are dropped at once for this long before a file is tried again
+# How often the file's path is checked against the open file (a stat of the path): catches a file moved away, or
+# deleted on a filesystem that keeps deleted open files linked (NFS renames them to .nfsXXXX). Its link count,
+# which catches a plain deletion, is checked after every write (an fstat).
+PATH_CHECK_SECONDS = 1.0
 
 Record = bytes | Callable[[], bytes]  # the bytes, or a function the writer thread calls to make them
 _STOP = object()
@@ -97,6 +101,13 @@ def host_name() -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Append `data` to the file (the one place the writer touches the disk's contents; a test slows it here)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 class TrafficWriter:
     """Writes records under `filename_prefix` (a path prefix, as TF Serving's LogCollectorConfig holds it) from a
     thread of its own. `accounting()` may be read at any time, e.g. by a metrics scrape."""
@@ -111,7 +122,7 @@ class TrafficWriter:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # bounded by submit, so close can always queue _STOP
         self._fd: int | None = None
         self._seq = 0
-        self._retry_at = 0.0
+        self._retry_at = self._path_check_at = 0.0
         self._faults: dict[str, tuple[float, int]] = {}  # fault -> (since, count of its reason then), logged once
         self._told: set[str] = set()  # one-off losses already logged
         self._closing = False
@@ -192,7 +203,7 @@ class TrafficWriter:
                 "capture %s: %d file(s) of earlier runs on this host (%.1f MiB) count towards the bound",
                 self.prefix,
                 len(adopted),
-                self._files.total() / MIB,
+                self._files.total / MIB,
             )
         while (item := self._queue.get()) is not _STOP and not self._ledger.settled:
             self._write_one(item)
@@ -236,10 +247,8 @@ class TrafficWriter:
         if self._fd is None or self._current.size + len(record) > self.limits.max_file_bytes:
             self._open_next()
         self._ledger.deleted(ROTATION, self._files.make_room(len(record), self.limits.max_total_bytes))
-        view = memoryview(record)
-        while view:
-            view = view[os.write(self._fd, view) :]
-        self._current.size += len(record)
+        write_all(self._fd, record)
+        self._files.grew(len(record))
         if self._unlinked():
             self._file_gone()
             return False
@@ -251,18 +260,29 @@ class TrafficWriter:
         return self._files.files[-1]
 
     def _unlinked(self) -> bool:
-        return os.fstat(self._fd).st_nlink == 0
+        """Whether the file being written is no longer where the writer put it."""
+        opened = os.fstat(self._fd)
+        if opened.st_nlink == 0:
+            return True
+        if time.monotonic() < self._path_check_at:
+            return False
+        self._path_check_at = time.monotonic() + PATH_CHECK_SECONDS
+        try:
+            named = os.stat(self._current.path)
+        except FileNotFoundError:
+            return True
+        return (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino)
 
     def _file_gone(self) -> None:
         """The file being written was deleted (its directory removed): count its records as deleted, forget it
         and every other file gone with it, and write on into a new file."""
-        gone = self._files.files.pop()
+        gone = self._files.drop_newest()
         self._close_file()
         others = self._files.forget_missing()
         self._ledger.deleted(REMOVED, (gone.records or 0) + others)
         log.warning(
-            "capture %s: %s was deleted while being written (%d record(s) of this writer gone with it and its "
-            "neighbours); writing on into a new file",
+            "capture %s: %s was deleted or moved while being written (%d record(s) of this writer gone with it "
+            "and its neighbours); writing on into a new file",
             self.prefix,
             gone.path,
             (gone.records or 0) + others,
@@ -274,7 +294,7 @@ class TrafficWriter:
         self._seq += 1
         name = capture_file_name(self.prefix, self.host, self.pid, self.token, time.time(), self._seq)
         self._fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        self._files.files.append(CaptureFile(self.directory / name, 0, 0))
+        self._files.add(self.directory / name)
 
     def _failed(self, exc: OSError) -> None:
         """Cut the file being written back to its last whole record (an empty one is removed), close it, and wait
@@ -284,7 +304,7 @@ class TrafficWriter:
             with contextlib.suppress(OSError):  # else the reader stops at the partial record and counts it
                 os.ftruncate(self._fd, current.size)
             if current.size == 0:  # a full disk would otherwise leave an empty file per retry
-                self._files.files.pop()
+                self._files.drop_newest()
                 with contextlib.suppress(OSError):
                     current.path.unlink()
             self._close_file()
