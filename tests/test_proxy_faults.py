@@ -68,9 +68,10 @@ def metric(text: str, name: str, **labels: str) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
-def predict_code(channel: grpc.Channel, metadata=()) -> str:
+def predict_code(channel: grpc.Channel, metadata=(), request=None) -> str:
+    request = predict_request() if request is None else request
     try:
-        channel.unary_unary(PREDICT)(predict_request().SerializeToString(), timeout=30, metadata=metadata)
+        channel.unary_unary(PREDICT)(request.SerializeToString(), timeout=30, metadata=metadata)
         return "OK"
     except grpc.RpcError as err:
         return err.code().name
@@ -206,6 +207,21 @@ def gated_rest_call(port: int, gate: Gate, seen: dict) -> threading.Thread:
     return caller
 
 
+def gated_grpc_call(channel: grpc.Channel, gate: Gate, seen: dict) -> threading.Thread:
+    """A gRPC Predict to g, held at `gate`; `seen` gets its status code's name."""
+    from trainserve.protos import predict_pb2
+    from trainserve.tensors import to_tensor_proto
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "g"
+    for key, value in gate.inputs.items():
+        to_tensor_proto(value, into=request.inputs[key])
+    caller = threading.Thread(target=lambda: seen.update(grpc=predict_code(channel, (), request)))
+    caller.start()
+    gate.wait_arrived()
+    return caller
+
+
 @pytest.mark.integration
 def test_sigterm_lets_a_rest_call_in_flight_finish_and_says_what_it_wrote(m_and_g, tmp_path):
     port, rest_port = free_port(), free_port()
@@ -253,21 +269,26 @@ def test_calls_in_flight_past_the_grace_are_cut_and_queued_records_lost_counted(
         return b""
 
     channel = grpc.insecure_channel(f"127.0.0.1:{proxy.port}")
-    (tmp_path / "gate").mkdir()
-    gate, seen = Gate(tmp_path / "gate"), {}
+    gates, seen = [], {}
+    for name in ("rest", "grpc"):
+        (tmp_path / name).mkdir()
+        gates.append(Gate(tmp_path / name))
     try:
         assert proxy.writer.submit(slow_record)
         wrote.wait(30)
         assert [predict_code(channel) for _ in range(4)] == ["OK"] * 4  # no call waits on the stuck writer
-        caller = gated_rest_call(proxy.rest_port, gate, seen)
-        stopped = proxy.stop(grace=0.5)  # the gate stays shut: the grace runs out, deterministically
+        callers = [gated_rest_call(proxy.rest_port, gates[0], seen), gated_grpc_call(channel, gates[1], seen)]
+        stopped = proxy.stop(grace=0.5)  # the gates stay shut: the grace runs out, deterministically
     finally:
-        gate.open()
+        for gate in gates:
+            gate.open()
         held.set()
-        channel.close()
-    caller.join(60)
-    assert stopped.rest_cut == 1 and stopped.grpc_cut == 0
+    for caller in callers:
+        caller.join(60)
+    channel.close()
+    assert (stopped.grpc_cut, stopped.rest_cut) == (1, 1)
     assert not isinstance(seen["rest"], int), seen  # the connection was closed under it: no HTTP answer
+    assert seen["grpc"] in ("CANCELLED", "UNAVAILABLE"), seen
     records = stopped.records
     assert records.offered == 5 and records.pending == 0
     assert records.offered == records.written + sum(records.dropped.values()) + sum(records.lost.values())
