@@ -40,10 +40,21 @@ def test_the_proxy_imports_no_tensorflow():
         (["--filename-prefix", "caps/p", "--upstream", "nohost"], "expected HOST:PORT"),
         (["--filename-prefix", "caps/p", "--listen-tls-cert", "x.crt"], "--listen-tls-key"),
         (["--filename-prefix", "caps/p", "--capture-max-file-mb", "0"], "above 0"),
+        (["--filename-prefix", "caps/p", "--upstream-wait", "0"], "--upstream-wait 0.0"),
         (["--filename-prefix", "caps/p", "--tls-cert", "x.crt"], "--tls-key"),
         (["--filename-prefix", "caps/p", "--listen-tls-cert", "no.crt", "--listen-tls-key", "no.key"], "no.crt"),
     ],
-    ids=["no-prefix", "prefix-is-a-directory", "rate", "upstream", "listen-half", "file-size", "tls-half", "no-files"],
+    ids=[
+        "no-prefix",
+        "prefix-is-a-directory",
+        "rate",
+        "upstream",
+        "listen-half",
+        "file-size",
+        "upstream-wait",
+        "tls-half",
+        "no-files",
+    ],
 )
 def test_bad_flags_are_one_line_before_any_port_opens(tmp_path, flags, fragment):
     port = free_port()

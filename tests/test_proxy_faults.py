@@ -28,6 +28,7 @@ from trainserve.capture.proxy import CaptureProxy
 from trainserve.tfrecord import iter_records
 from trainserve.traffic.origin import REPLAY, origin_metadata
 
+pytestmark = pytest.mark.unit  # servers in this process; the one subprocess (the proxy) imports no TensorFlow
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 
 
@@ -117,7 +118,6 @@ class RefusingListener:
         self.thread.join(10)
 
 
-@pytest.mark.integration
 def test_an_upstream_outage_is_logged_once_readiness_follows_it_and_the_restarted_server_is_used_at_once(
     tmp_path, model_versions, caplog
 ):
@@ -222,7 +222,6 @@ def gated_grpc_call(channel: grpc.Channel, gate: Gate, seen: dict) -> threading.
     return caller
 
 
-@pytest.mark.integration
 def test_sigterm_lets_a_rest_call_in_flight_finish_and_says_what_it_wrote(m_and_g, tmp_path):
     port, rest_port = free_port(), free_port()
     command = [sys.executable, "-m", "trainserve", "capture", "--upstream", m_and_g.target, "--port", str(port)]
@@ -258,7 +257,6 @@ def test_sigterm_lets_a_rest_call_in_flight_finish_and_says_what_it_wrote(m_and_
     assert "records offered 3, written 3, dropped none, lost none, pending 0" in rest, rest
 
 
-@pytest.mark.integration
 def test_calls_in_flight_past_the_grace_are_cut_and_queued_records_lost_counted(m_and_g, tmp_path):
     proxy = proxy_for(m_and_g, tmp_path / "captures" / "p")
     held, wrote = threading.Event(), threading.Event()
@@ -295,7 +293,6 @@ def test_calls_in_flight_past_the_grace_are_cut_and_queued_records_lost_counted(
     assert records.lost["shutdown"] == 5  # the stuck one and the four queued behind it
 
 
-@pytest.mark.integration
 def test_trainserves_own_calls_are_forwarded_counted_and_never_recorded(m_and_g, tmp_path):
     proxy = proxy_for(m_and_g, tmp_path / "captures" / "p")
     try:
@@ -317,3 +314,19 @@ def on_disk(directory: Path) -> int:
         with open(path, "rb") as stream:
             count += sum(1 for _ in iter_records(stream))
     return count
+
+
+@pytest.mark.parametrize(
+    "model, status, reason",
+    [("m", 200, "ready"), ("", 200, "ready"), ("nope", 503, "TF Serving's gRPC at {target}: NOT_FOUND")],
+    ids=["served-model", "any-answer", "unknown-model"],
+)
+def test_readiness_asks_for_the_named_model(m_and_g, tmp_path, model, status, reason):
+    proxy = proxy_for(m_and_g, tmp_path / "captures" / "p", ready_model=model)
+    try:
+        answer = page(proxy, READY_PATH)
+        metrics = page(proxy, "/monitoring/capture/metrics")[1]
+    finally:
+        proxy.stop()
+    assert answer[0] == status and answer[1].startswith(reason.format(target=m_and_g.target)), answer
+    assert metric(metrics, ":trainserve:capture:upstream_up", side="gRPC") == 1  # TF Serving answered either way

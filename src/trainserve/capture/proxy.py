@@ -96,11 +96,11 @@ class CaptureProxy:
             )
         except (RuntimeError, concurrent.futures.TimeoutError) as exc:  # the loop is closing, or hung
             reached, reason = False, f"no answer from the proxy's gRPC loop ({type(exc).__name__})"
-        if not self._note(GRPC, reached, reason) and reason is not None:
+        if not self._note(GRPC, reached, reason):
             return f"TF Serving's gRPC at {config.upstream}: {reason}"
         if config.upstream_rest:
             reached, reason = rest_answers(config.upstream_rest, config.ready_model)
-            if not self._note(REST, reached, reason) and reason is not None:
+            if not self._note(REST, reached, reason):
                 return f"TF Serving's REST at {config.upstream_rest}: {reason}"
         return None
 
