@@ -26,6 +26,7 @@ from trainserve.capture.config import ProxyConfig
 from trainserve.capture.pages import READY_PATH
 from trainserve.capture.proxy import CaptureProxy
 from trainserve.tfrecord import iter_records
+from trainserve.traffic import writer as writer_module
 from trainserve.traffic.origin import REPLAY, origin_metadata
 
 pytestmark = pytest.mark.unit  # servers in this process; the one subprocess (the proxy) imports no TensorFlow
@@ -257,24 +258,25 @@ def test_sigterm_lets_a_rest_call_in_flight_finish_and_says_what_it_wrote(m_and_
     assert "records offered 3, written 3, dropped none, lost none, pending 0" in rest, rest
 
 
-def test_calls_in_flight_past_the_grace_are_cut_and_queued_records_lost_counted(m_and_g, tmp_path):
+def test_calls_in_flight_past_the_grace_are_cut_and_queued_records_lost_counted(m_and_g, tmp_path, monkeypatch):
     proxy = proxy_for(m_and_g, tmp_path / "captures" / "p")
-    held, wrote = threading.Event(), threading.Event()
+    held, stuck = threading.Event(), threading.Event()
+    real_write = writer_module.write_all
 
-    def slow_record() -> bytes:  # the writer's thread stuck on a hung volume, as the proxy sees it
-        wrote.set()
+    def hung_volume(fd: int, data: bytes) -> None:  # every write into a capture file blocks: a hung volume
+        stuck.set()
         held.wait(60)
-        return b""
+        real_write(fd, data)
 
+    monkeypatch.setattr(writer_module, "write_all", hung_volume)
     channel = grpc.insecure_channel(f"127.0.0.1:{proxy.port}")
     gates, seen = [], {}
     for name in ("rest", "grpc"):
         (tmp_path / name).mkdir()
         gates.append(Gate(tmp_path / name))
     try:
-        assert proxy.writer.submit(slow_record)
-        wrote.wait(30)
-        assert [predict_code(channel) for _ in range(4)] == ["OK"] * 4  # no call waits on the stuck writer
+        assert [predict_code(channel) for _ in range(5)] == ["OK"] * 5  # no call waits on the hung volume
+        assert stuck.wait(30)
         callers = [gated_rest_call(proxy.rest_port, gates[0], seen), gated_grpc_call(channel, gates[1], seen)]
         stopped = proxy.stop(grace=0.5)  # the gates stay shut: the grace runs out, deterministically
     finally:
@@ -290,7 +292,7 @@ def test_calls_in_flight_past_the_grace_are_cut_and_queued_records_lost_counted(
     records = stopped.records
     assert records.offered == 5 and records.pending == 0
     assert records.offered == records.written + sum(records.dropped.values()) + sum(records.lost.values())
-    assert records.lost["shutdown"] == 5  # the stuck one and the four queued behind it
+    assert records.lost["shutdown"] == 5  # the one being written and the four queued behind it
 
 
 def test_trainserves_own_calls_are_forwarded_counted_and_never_recorded(m_and_g, tmp_path):
