@@ -5,6 +5,7 @@ and not found included; REST is passed through; sampled Predict calls are writte
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import logging
 import threading
@@ -16,6 +17,8 @@ import grpc
 import numpy as np
 import pytest
 from google.protobuf import wrappers_pb2
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_tls import SERVICE, make_pki, mutual, ssl_config  # noqa: F401  (make_pki: the session's certificates)
 
 from conftest import DIRECT, Gate, install_version, save_gated_model
@@ -23,6 +26,7 @@ from serving_fixtures import IMAGES, predict_request
 from trainserve.capture.config import ListenTls, ProxyConfig
 from trainserve.capture.pages import READY_PATH
 from trainserve.capture.proxy import CaptureProxy
+from trainserve.capture.rest_proxy import BadBody, read_chunked
 from trainserve.model_server_config import render_model_config, single_model_config
 from trainserve.tensors import to_tensor_proto
 from trainserve.tfrecord import iter_records
@@ -267,3 +271,29 @@ def get(url: str) -> tuple[int, str]:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.binary(max_size=3000), cuts=st.lists(st.integers(1, 700), max_size=12), data=st.data())
+def test_a_chunked_body_is_read_whole_however_it_is_cut(body, cuts, data):
+    pieces, start = [], 0
+    for size in cuts:
+        if start < len(body):
+            pieces.append(body[start : start + size])
+            start += size
+    if start < len(body):
+        pieces.append(body[start:])
+    wire = b""
+    for piece in pieces:
+        extension = data.draw(st.sampled_from([b"", b";name=value"]))
+        wire += f"{len(piece):x}".encode() + extension + b"\r\n" + piece + b"\r\n"
+    wire += b"0\r\n" + data.draw(st.sampled_from([b"", b"X-Checksum: 1\r\n"])) + b"\r\n" + b"NEXT REQUEST"
+    stream = io.BytesIO(wire)
+    assert read_chunked(stream) == body
+    assert stream.read() == b"NEXT REQUEST"  # nothing of the next request on the connection was consumed
+
+
+@pytest.mark.parametrize("wire", [b"zz\r\nab\r\n0\r\n\r\n", b"2\r\nabX\r\n0\r\n\r\n"], ids=["size", "no-crlf"])
+def test_a_malformed_chunked_body_is_refused(wire):
+    with pytest.raises(BadBody):
+        read_chunked(io.BytesIO(wire))
