@@ -273,7 +273,7 @@ def get(url: str) -> tuple[int, str]:
         return err.code, err.read().decode()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(body=st.binary(max_size=3000), cuts=st.lists(st.integers(1, 700), max_size=12), data=st.data())
 def test_a_chunked_body_is_read_whole_however_it_is_cut(body, cuts, data):
     pieces, start = [], 0
