@@ -40,10 +40,21 @@ def test_the_proxy_imports_no_tensorflow():
         (["--filename-prefix", "caps/p", "--upstream", "nohost"], "expected HOST:PORT"),
         (["--filename-prefix", "caps/p", "--listen-tls-cert", "x.crt"], "--listen-tls-key"),
         (["--filename-prefix", "caps/p", "--capture-max-file-mb", "0"], "above 0"),
+        (["--filename-prefix", "caps/p", "--upstream-wait", "0"], "--upstream-wait 0.0"),
         (["--filename-prefix", "caps/p", "--tls-cert", "x.crt"], "--tls-key"),
         (["--filename-prefix", "caps/p", "--listen-tls-cert", "no.crt", "--listen-tls-key", "no.key"], "no.crt"),
     ],
-    ids=["no-prefix", "prefix-is-a-directory", "rate", "upstream", "listen-half", "file-size", "tls-half", "no-files"],
+    ids=[
+        "no-prefix",
+        "prefix-is-a-directory",
+        "rate",
+        "upstream",
+        "listen-half",
+        "file-size",
+        "upstream-wait",
+        "tls-half",
+        "no-files",
+    ],
 )
 def test_bad_flags_are_one_line_before_any_port_opens(tmp_path, flags, fragment):
     port = free_port()
@@ -78,4 +89,23 @@ def test_sigterm_ends_the_proxy_with_its_records_written(tmp_path, model_version
     (path,) = (tmp_path / "caps").glob("p-*.tfrecord")
     with open(path, "rb") as stream:
         assert len(list(iter_records(stream))) == 5
-    assert "5 record(s) written" in proxy.stderr.read()
+    assert "records offered 5, written 5, dropped none, lost none, pending 0" in proxy.stderr.read()
+
+
+def test_the_sidecar_probes_the_proxys_own_pages_and_its_stop_fits_the_pods_grace():
+    from test_k8s import render
+
+    from trainserve.capture.pages import LIVE_PATH, READY_PATH
+    from trainserve.capture.upstream import PROBE_SECONDS
+
+    (deployment,) = [
+        d for d in render("k8s/overlays/capture") if d["kind"] == "Deployment" and "serve" in d["metadata"]["name"]
+    ]
+    spec = deployment["spec"]["template"]["spec"]
+    (sidecar,) = [c for c in spec["containers"] if c["name"] == "capture"]
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == READY_PATH
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == LIVE_PATH
+    assert sidecar["readinessProbe"]["timeoutSeconds"] > 1.0 + 2 * PROBE_SECONDS  # a check's longest wait
+    env = {e["name"]: e["value"] for e in sidecar["env"]}
+    pre_stop = int(sidecar["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert pre_stop + float(env["TRAINSERVE_STOP_GRACE"]) < spec["terminationGracePeriodSeconds"]

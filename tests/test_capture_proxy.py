@@ -4,7 +4,10 @@ and not found included; REST is passed through; sampled Predict calls are writte
 
 from __future__ import annotations
 
+import http.client
+import io
 import json
+import logging
 import threading
 import urllib.error
 import urllib.request
@@ -14,12 +17,16 @@ import grpc
 import numpy as np
 import pytest
 from google.protobuf import wrappers_pb2
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_tls import SERVICE, make_pki, mutual, ssl_config  # noqa: F401  (make_pki: the session's certificates)
 
 from conftest import DIRECT, Gate, install_version, save_gated_model
 from serving_fixtures import IMAGES, predict_request
 from trainserve.capture.config import ListenTls, ProxyConfig
+from trainserve.capture.pages import READY_PATH
 from trainserve.capture.proxy import CaptureProxy
+from trainserve.capture.rest_proxy import BadBody, read_chunked
 from trainserve.model_server_config import render_model_config, single_model_config
 from trainserve.tensors import to_tensor_proto
 from trainserve.tfrecord import iter_records
@@ -188,6 +195,19 @@ def rest(url: str, body: dict | None = None) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
+def chunked_post(address: str, path: str, body: dict) -> tuple[int, dict]:
+    """A POST whose body is sent in chunks (Transfer-Encoding: chunked, no Content-Length), as streaming clients do."""
+    data = json.dumps(body).encode()
+    connection = http.client.HTTPConnection(address, timeout=30)
+    try:
+        chunks = (data[i : i + 100] for i in range(0, len(data), 100))
+        connection.request("POST", path, chunks, {"Content-Type": "application/json"}, encode_chunked=True)
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        connection.close()
+
+
 def test_rest_is_passed_through_and_the_proxy_counts_what_it_wrote(plain):
     upstream, proxy = plain
     via = f"http://127.0.0.1:{proxy.rest_port}"
@@ -201,6 +221,9 @@ def test_rest_is_passed_through_and_the_proxy_counts_what_it_wrote(plain):
         ("/v1/models/m:predict", {"instances": "not a list"}),
     ]:
         assert rest(via + path, body) == rest(upstream.rest + path, body), path
+    chunked = chunked_post(f"127.0.0.1:{proxy.rest_port}", "/v1/models/m:predict", instances)
+    assert chunked == rest(upstream.rest + "/v1/models/m:predict", instances)
+    assert chunked[0] == 200
     Client(f"127.0.0.1:{proxy.port}").outcome("Predict", predict_request())
     proxy.writer.close()
     with DIRECT.open(via + "/monitoring/capture/metrics", timeout=10) as page:
@@ -211,7 +234,7 @@ def test_rest_is_passed_through_and_the_proxy_counts_what_it_wrote(plain):
     )
 
 
-def test_mutual_tls_on_both_sides(tmp_path, model_versions, serve_in_process, pki):
+def test_mutual_tls_on_both_sides(tmp_path, model_versions, serve_in_process, pki, caplog):
     upstream = serve_m_and_g(
         tmp_path, model_versions, serve_in_process, f"--ssl_config_file={ssl_config(tmp_path / 'ssl', pki, True)}"
     )
@@ -227,3 +250,50 @@ def test_mutual_tls_on_both_sides(tmp_path, model_versions, serve_in_process, pk
     finally:
         proxy.stop()
     assert len(records(tmp_path / "captures")) == 2  # the two successful Predicts
+
+    # Toward a mutual-TLS server without a client certificate, every call fails: not Ready, and said in the log.
+    caplog.set_level(logging.INFO, logger="trainserve.capture")
+    tls = ClientTls(pki.ca_crt, server_name=SERVICE)
+    no_cert = proxy_for(upstream, tmp_path / "no-cert", tls=tls, upstream_wait=0.25)
+    try:
+        status, reason = get(f"http://127.0.0.1:{no_cert.rest_port}{READY_PATH}")
+        assert status == 503 and f"TF Serving's gRPC at {upstream.target}: UNAVAILABLE" in reason
+        assert Client(f"127.0.0.1:{no_cert.port}").outcome("Predict", predict_request())[0] == "UNAVAILABLE"
+    finally:
+        no_cert.stop()
+    warnings = [r.getMessage() for r in caplog.records if "cannot reach TF Serving's gRPC" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with DIRECT.open(url, timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+@settings(max_examples=100, deadline=None)
+@given(body=st.binary(max_size=3000), cuts=st.lists(st.integers(1, 700), max_size=12), data=st.data())
+def test_a_chunked_body_is_read_whole_however_it_is_cut(body, cuts, data):
+    pieces, start = [], 0
+    for size in cuts:
+        if start < len(body):
+            pieces.append(body[start : start + size])
+            start += size
+    if start < len(body):
+        pieces.append(body[start:])
+    wire = b""
+    for piece in pieces:
+        extension = data.draw(st.sampled_from([b"", b";name=value"]))
+        wire += f"{len(piece):x}".encode() + extension + b"\r\n" + piece + b"\r\n"
+    wire += b"0\r\n" + data.draw(st.sampled_from([b"", b"X-Checksum: 1\r\n"])) + b"\r\n" + b"NEXT REQUEST"
+    stream = io.BytesIO(wire)
+    assert read_chunked(stream) == body
+    assert stream.read() == b"NEXT REQUEST"  # nothing of the next request on the connection was consumed
+
+
+@pytest.mark.parametrize("wire", [b"zz\r\nab\r\n0\r\n\r\n", b"2\r\nabX\r\n0\r\n\r\n"], ids=["size", "no-crlf"])
+def test_a_malformed_chunked_body_is_refused(wire):
+    with pytest.raises(BadBody):
+        read_chunked(io.BytesIO(wire))

@@ -38,6 +38,19 @@ class ProxyConfig:
     filename_prefix: str = option("", "path prefix of the capture files, e.g. /captures/serving (required)")
     sampling_rate: float = option(1.0, "share of Predict calls written (0 to 1)")
     metrics_path: str = option("/monitoring/capture/metrics", "Prometheus counters on the REST port (not forwarded)")
+    upstream_wait: float = option(
+        2.0,
+        "longest wait (s) for an unreachable TF Serving: reconnect attempts are at most this far apart (gRPC's own "
+        "backoff grows to 120 s), and a call that finds it unreachable waits this long (within its deadline) first",
+    )
+    ready_model: str = option(
+        "", "model the readiness check asks TF Serving about: Ready needs a version AVAILABLE (empty: any answer)"
+    )
+    stop_grace: float = option(
+        20.0,
+        "seconds SIGTERM gives the calls in flight (gRPC and REST), then the queued records; keep it under the "
+        "pod's grace period less its preStop",
+    )
     capture: WriterLimits = option(factory=WriterLimits)
     tls: ClientTls = option(factory=ClientTls)  # toward TF Serving
     listen_tls: ListenTls = option(factory=ListenTls)  # toward the clients
@@ -55,6 +68,11 @@ class ProxyConfig:
             raise TrainserveError(f"--upstream {self.upstream!r} / --upstream-rest: expected HOST:PORT")
         if self.upstream_rest and self.port and self.port == self.rest_port:
             raise TrainserveError(f"--port and --rest-port are both {self.port}: expected different ports")
+        if not 0.0 < self.upstream_wait <= 120.0 or self.stop_grace < 0.0:
+            raise TrainserveError(
+                f"--upstream-wait {self.upstream_wait} / --stop-grace {self.stop_grace}: expected 0 < wait <= 120 s "
+                "and a grace >= 0 s"
+            )
         listen = self.listen_tls
         if listen.enabled and not (listen.cert and listen.key):
             raise TrainserveError("--listen-tls-* needs --listen-tls-cert and --listen-tls-key: expected both")

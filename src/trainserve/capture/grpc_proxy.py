@@ -1,7 +1,10 @@
 """The gRPC side of `trainserve capture`: TF Serving's PredictionService and ModelService (and grpc.health.v1's
 Check) forwarded as bytes on grpc.aio, nothing decoded or re-encoded on the way. The client's deadline travels
 as the upstream call's timeout, its metadata with it; TF Serving's status code, details and trailing metadata come
-back as they were. A sampled Predict is handed to the capture after its answer is on its way."""
+back as they were. A sampled Predict is handed to the capture after its answer is on its way; one that carries
+`x-trainserve-origin` (trainserve's own replay, eval or load) is forwarded and counted, never recorded. A call that
+finds TF Serving unreachable waits up to `--upstream-wait` for it, and each that still fails is counted and logged
+(trainserve.capture.upstream)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import asyncio
 import grpc
 
 from trainserve.capture.sampling import ProxyCapture
+from trainserve.capture.upstream import GRPC, UpstreamLog, reconnect_options, wait_reachable
+from trainserve.traffic.origin import origin_of
 
 FORWARDED = ("/tensorflow.serving.PredictionService/", "/tensorflow.serving.ModelService/", "/grpc.health.v1.Health/")
 STREAMING = ("/grpc.health.v1.Health/Watch",)  # forwarded methods are unary; this one streams
@@ -25,11 +30,13 @@ def forwarded_metadata(metadata) -> tuple:
 
 
 class Forwarder(grpc.GenericRpcHandler):
-    """Every forwarded method, as a raw-bytes handler over one upstream channel."""
+    """Every forwarded method, as a raw-bytes handler over one upstream channel. `in_flight` counts the calls being
+    answered; `cut`, those still in flight when the server's stop grace ran out."""
 
-    def __init__(self, channel: grpc.aio.Channel, capture: ProxyCapture | None):
-        self.channel, self.capture = channel, capture
+    def __init__(self, channel: grpc.aio.Channel, capture: ProxyCapture | None, upstream: UpstreamLog, wait_s: float):
+        self.channel, self.capture, self.upstream, self.wait_s = channel, capture, upstream, wait_s
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self.stopping, self.cut, self.in_flight = False, 0, 0
 
     def service(self, handler_call_details):
         method = handler_call_details.method
@@ -43,35 +50,52 @@ class Forwarder(grpc.GenericRpcHandler):
         capture = self.capture if method == PREDICT else None
 
         async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            sampled = capture is not None and capture.sample()
             metadata = forwarded_metadata(context.invocation_metadata())
-            call = upstream(request, timeout=context.time_remaining(), metadata=metadata)
+            origin = origin_of(metadata) if capture is not None else None
+            sampled = capture is not None and origin is None and capture.sample()
+            call = None
+            self.in_flight += 1  # on the event loop's one thread: no lock
             try:
+                remaining = context.time_remaining()
+                await wait_reachable(self.channel, self.wait_s if remaining is None else min(self.wait_s, remaining))
+                call = upstream(request, timeout=context.time_remaining(), metadata=metadata)
                 response = await call
             except grpc.aio.AioRpcError as err:
+                self._failed(err)
                 await context.abort(err.code(), err.details() or "", err.trailing_metadata() or ())
-            except asyncio.CancelledError:  # the client left: so does the upstream call
-                call.cancel()
+            except asyncio.CancelledError:  # the client left, or the stop grace ran out: so does the upstream call
+                if call is not None:
+                    call.cancel()
+                self.cut += self.stopping
                 raise
+            finally:
+                self.in_flight -= 1
+            self.upstream.answered(GRPC)
             trailing = await call.trailing_metadata()
             if trailing:
                 context.set_trailing_metadata(tuple(trailing))
-            if sampled:
+            if origin is not None:
+                capture.own_call()
+            elif sampled:
                 capture.log(request, response, metadata)
             return response
 
         return forward
 
+    def _failed(self, err: grpc.aio.AioRpcError) -> None:
+        """UNAVAILABLE: the call did not reach TF Serving (refused, reset, TLS refused); any other code is an answer."""
+        if err.code() is grpc.StatusCode.UNAVAILABLE:
+            self.upstream.failed(GRPC, f"{err.code().name}: {err.details()}")
+        else:
+            self.upstream.answered(GRPC)
+
 
 async def start_grpc_proxy(
-    port: int,
-    channel: grpc.aio.Channel,
-    capture: ProxyCapture | None,
-    credentials: grpc.ServerCredentials | None,
+    port: int, forwarder: Forwarder, credentials: grpc.ServerCredentials | None
 ) -> tuple[grpc.aio.Server, int]:
     """The proxy's gRPC server on 0.0.0.0:`port`, started; returns it and the bound port."""
     server = grpc.aio.server(options=MESSAGE_OPTIONS)
-    server.add_generic_rpc_handlers((Forwarder(channel, capture),))
+    server.add_generic_rpc_handlers((forwarder,))
     address = f"0.0.0.0:{port}"
     bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
@@ -80,9 +104,10 @@ async def start_grpc_proxy(
     return server, bound
 
 
-def upstream_channel(target: str, tls) -> grpc.aio.Channel:
-    """The aio channel to TF Serving, plaintext or TLS (`--tls-*`, checked as every client checks them)."""
-    options = MESSAGE_OPTIONS + tls.channel_options()
+def upstream_channel(target: str, tls, wait_s: float) -> grpc.aio.Channel:
+    """The aio channel to TF Serving, plaintext or TLS (`--tls-*`, checked as every client checks them), trying
+    to reconnect at most `wait_s` apart."""
+    options = MESSAGE_OPTIONS + tls.channel_options() + reconnect_options(wait_s)
     if not tls.enabled:
         return grpc.aio.insecure_channel(target, options=options)
     return grpc.aio.secure_channel(target, tls.credentials(), options=options)

@@ -1,23 +1,45 @@
 """`trainserve capture` running: the gRPC pass-through on an event loop thread, the REST one on its own threads,
-one TrafficWriter behind them; stopped by SIGTERM/SIGINT, in-flight calls finish first, queued records are written."""
+one TrafficWriter behind them. SIGTERM/SIGINT: nothing new is accepted, the calls in flight (gRPC and REST) finish
+within `--stop-grace`, the queued records are written in what is left of it, and one line says what could not be
+finished."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from trainserve.capture.config import ProxyConfig
-from trainserve.capture.grpc_proxy import start_grpc_proxy, upstream_channel
+from trainserve.capture.grpc_proxy import Forwarder, start_grpc_proxy, upstream_channel
+from trainserve.capture.pages import LIVE_PATH, READY_PATH, live_page, metrics_page, ready_page
 from trainserve.capture.rest_proxy import start_rest_proxy
 from trainserve.capture.sampling import ProxyCapture
+from trainserve.capture.upstream import GRPC, PROBE_SECONDS, REST, UpstreamLog, grpc_answers, rest_answers
 from trainserve.tls import server_credentials
-from trainserve.traffic.metrics import writer_lines
+from trainserve.traffic.accounting import Accounting
 from trainserve.traffic.writer import TrafficWriter
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What a stop could not finish within its grace: calls cut, and the writer's account of its records."""
+
+    grpc_cut: int
+    rest_cut: int
+    records: Accounting
+
+    def summary(self) -> str:
+        return (
+            f"{self.grpc_cut} gRPC and {self.rest_cut} REST call(s) cut at the grace's end; "
+            f"records {self.records.summary()}"
+        )
 
 
 class CaptureProxy:
@@ -25,46 +47,95 @@ class CaptureProxy:
 
     def __init__(self, config: ProxyConfig, uniform: Callable[[], float] | None = None):
         config.check()
+        self.config = config
         listen = config.listen_tls
         credentials = (
             server_credentials(listen.cert, listen.key, listen.client_ca, "--listen-tls") if listen.enabled else None
         )
         config.tls.credentials() if config.tls.enabled else None  # the upstream's files checked before any port opens
         self.writer = TrafficWriter(config.filename_prefix, config.capture)
-        capture = ProxyCapture(self.writer, config.sampling_rate, uniform) if config.sampling_rate > 0 else None
+        self.capture = ProxyCapture(self.writer, config.sampling_rate, uniform) if config.sampling_rate > 0 else None
+        self.upstream = UpstreamLog({GRPC: config.upstream, REST: config.upstream_rest or "(none)"})
+        self.stopping, self.stopped = False, None
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="capture-grpc", daemon=True)
         self._thread.start()
         try:
-            self.server, self.port = self._call(self._start(config, capture, credentials))
+            self.server, self.port = self._call(self._start(credentials))
         except BaseException:
             self._end_loop()
             self.writer.close()
             raise
-        self.http = None
+        self.rest = None
         if config.upstream_rest:
-            metrics = lambda: "\n".join(writer_lines({config.filename_prefix: self.writer})) + "\n"  # noqa: E731
-            self.http = start_rest_proxy(config.rest_port, config.upstream_rest, config.metrics_path, metrics)
-        self.rest_port = self.http.server_address[1] if self.http else None
+            pages = {
+                config.metrics_path: metrics_page(config.filename_prefix, self.writer, self.upstream),
+                LIVE_PATH: live_page,
+                READY_PATH: ready_page(self.why_not_ready),
+            }
+            self.rest = start_rest_proxy(config.rest_port, config.upstream_rest, pages, self.upstream)
+        self.rest_port = self.rest.port if self.rest else None
 
     def _call(self, coroutine, timeout: float | None = 30):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
-    async def _start(self, config: ProxyConfig, capture, credentials):
-        self.channel = upstream_channel(config.upstream, config.tls)
-        return await start_grpc_proxy(config.port, self.channel, capture, credentials)
+    async def _start(self, credentials):
+        config = self.config
+        self.channel = upstream_channel(config.upstream, config.tls, config.upstream_wait)
+        self.forwarder = Forwarder(self.channel, self.capture, self.upstream, config.upstream_wait)
+        return await start_grpc_proxy(config.port, self.forwarder, credentials)
 
-    def stop(self, grace: float = 30) -> None:
-        """No new calls; in-flight ones get `grace` seconds; then the records still queued are written."""
-        if self.loop.is_closed():
-            return
-        if self.http is not None:
-            self.http.shutdown()
-            self.http.server_close()
-        self._call(self.server.stop(grace), timeout=None)
+    def why_not_ready(self) -> str | None:
+        """None when TF Serving answers a status request on each side the proxy forwards; else why not."""
+        if self.stopping:
+            return "stopping"
+        config = self.config
+        try:
+            reached, reason = self._call(
+                grpc_answers(self.channel, config.ready_model, config.upstream_wait), PROBE_SECONDS * 3
+            )
+        except (RuntimeError, concurrent.futures.TimeoutError) as exc:  # the loop is closing, or hung
+            reached, reason = False, f"no answer from the proxy's gRPC loop ({type(exc).__name__})"
+        if not self._note(GRPC, reached, reason):
+            return f"TF Serving's gRPC at {config.upstream}: {reason}"
+        if config.upstream_rest:
+            reached, reason = rest_answers(config.upstream_rest, config.ready_model)
+            if not self._note(REST, reached, reason):
+                return f"TF Serving's REST at {config.upstream_rest}: {reason}"
+        return None
+
+    def _note(self, side: str, reached: bool, reason: str | None) -> bool:
+        """A readiness check's outcome goes into the upstream log like a call's; returns whether it is ready."""
+        if reached:
+            self.upstream.answered(side)
+        else:
+            self.upstream.failed(side, reason)
+        return reached and reason is None
+
+    def stop(self, grace: float | None = None) -> Stopped:
+        """No new calls; those in flight get `grace` seconds (default --stop-grace), gRPC and REST alike; then the
+        queued records are written in what is left of it (at most --capture-drain-seconds); the rest are counted
+        lost. Returns what could not be finished."""
+        if self.stopped is not None:
+            return self.stopped
+        grace = self.config.stop_grace if grace is None else grace
+        deadline = time.monotonic() + grace
+        self.stopping = self.forwarder.stopping = True
+        log.info(
+            "capture: stopping: %d gRPC and %d REST call(s) in flight get up to %g s, then the queued records",
+            self.forwarder.in_flight,
+            self.rest.inflight.requests if self.rest is not None else 0,
+            grace,
+        )
+        grpc_stopped = asyncio.run_coroutine_threadsafe(self.server.stop(grace), self.loop)
+        rest_cut = self.rest.stop(deadline) if self.rest is not None else 0
+        grpc_stopped.result()
         self._call(self.channel.close())
         self._end_loop()
-        self.writer.close()
+        left = max(0.0, deadline - time.monotonic())
+        records = self.writer.close(min(left, self.config.capture.drain_seconds))
+        self.stopped = Stopped(self.forwarder.cut, rest_cut, records)
+        return self.stopped
 
     def _end_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -86,9 +157,8 @@ def run_proxy(config: ProxyConfig) -> int:
         config.filename_prefix,
     )
     stop.wait()
-    log.info("capture: stopping (in-flight calls finish, queued records are written)")
-    proxy.stop()
+    stopped = proxy.stop()
     for sig, handler in previous.items():
         signal.signal(sig, handler)
-    log.info("capture: stopped; %d record(s) written, dropped %s", proxy.writer.written, dict(proxy.writer.dropped))
+    log.info("capture: stopped; %s", stopped.summary())
     return 0

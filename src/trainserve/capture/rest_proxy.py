@@ -1,15 +1,22 @@
 """The REST side of `trainserve capture`: every HTTP request forwarded to TF Serving's REST port as it came (method,
-path, headers but the hop-by-hop ones, body), the answer returned as it came; one kept-alive upstream connection
-per proxy thread. The proxy's own counters are served at `metrics_path` and not forwarded."""
+path, headers but the hop-by-hop ones, body, a chunked one included), the answer returned as it came; one kept-alive
+upstream connection per proxy thread. The proxy's own pages (counters, liveness, readiness) are served here and
+not forwarded. At stop, the requests in flight finish within the grace, as gRPC's do; those still running at its
+end are cut and counted."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
+import socket
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from trainserve.capture.upstream import REST, UpstreamLog
 
 log = logging.getLogger(__name__)
 
@@ -18,41 +25,120 @@ HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding"}
     | {"upgrade", "host", "content-length"}
 )
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
 STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)  # an idle connection TF Serving closed
+Page = Callable[[], tuple[int, str, bytes]]  # (HTTP status, content type, body) of one of the proxy's own pages
+
+
+class BadBody(ValueError):
+    """A request body that cannot be read as its headers announce it."""
+
+
+class InFlight:
+    """Requests being answered, and the connections open, so that a stop can wait for the first and close the rest."""
+
+    def __init__(self) -> None:
+        self._idle = threading.Condition()
+        self.requests = 0
+        self.connections: set[socket.socket] = set()
+        self.stopping = False
+
+    def enter(self) -> None:
+        with self._idle:
+            self.requests += 1
+
+    def leave(self) -> None:
+        with self._idle:
+            self.requests -= 1
+            self._idle.notify_all()
+
+    def wait_idle(self, deadline: float) -> int:
+        """Wait until no request is in flight or `deadline` (time.monotonic) passes; returns how many still are."""
+        with self._idle:
+            self._idle.wait_for(lambda: self.requests == 0, max(0.0, deadline - time.monotonic()))
+            return self.requests
+
+
+def read_chunked(stream) -> bytes:
+    """A `Transfer-Encoding: chunked` body (RFC 9112 7.1), trailers read and left out."""
+    parts = []
+    while True:
+        line = stream.readline(65537)
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise BadBody(f"chunk size {line[:40]!r}: expected hexadecimal digits") from None
+        if size == 0:
+            break
+        parts.append(stream.read(size))
+        if stream.read(2) != b"\r\n":
+            raise BadBody("expected CRLF after a chunk")
+    while stream.readline(65537) not in (b"\r\n", b"\n", b""):  # trailer fields
+        pass
+    return b"".join(parts)
 
 
 class RestForwarder(BaseHTTPRequestHandler):
-    """One client request; `make_rest_proxy` binds the upstream and the metrics to a subclass."""
+    """One client connection; `start_rest_proxy` binds the upstream, the pages and the bookkeeping to a subclass."""
 
     upstream: str
     timeout_s: float
-    metrics_path: str
-    metrics: Callable[[], str]
+    pages: dict[str, Page]
+    upstream_log: UpstreamLog
+    inflight: InFlight
     local = threading.local()  # this thread's connection to TF Serving
     protocol_version = "HTTP/1.1"
 
     def log_message(self, fmt, *args):
         log.debug("%s %s", self.address_string(), fmt % args)
 
+    def setup(self) -> None:
+        super().setup()
+        self.inflight.connections.add(self.connection)
+
+    def finish(self) -> None:
+        self.inflight.connections.discard(self.connection)
+        super().finish()
+
     def _forward(self) -> None:
-        if self.command == "GET" and self.path.split("?")[0] == self.metrics_path:
-            return self._reply(200, [("Content-Type", METRICS_CONTENT_TYPE)], self.metrics().encode())
-        length = self.headers.get("Content-Length") or "0"
-        if not length.isdigit():
+        self.inflight.enter()
+        try:
+            if self.inflight.stopping:  # the answer ends this connection: the client reconnects elsewhere
+                self.close_connection = True
+            self._answer()
+        finally:
+            self.inflight.leave()
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
+
+    def _answer(self) -> None:
+        page = self.pages.get(self.path.split("?")[0]) if self.command == "GET" else None
+        if page is not None:
+            status, content_type, data = page()
+            return self._reply(status, [("Content-Type", content_type)], data)
+        try:
+            body = self._body()
+        except BadBody as exc:
             self.close_connection = True
-            return self._reply(411, [("Content-Type", "application/json")], b'{"error": "expected Content-Length"}')
-        body = self.rfile.read(int(length)) if int(length) else None
+            return self._reply(400, [("Content-Type", "application/json")], json.dumps({"error": str(exc)}).encode())
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
         try:
             response = self._exchange(body, headers)
         except (OSError, http.client.HTTPException) as exc:
+            self.upstream_log.failed(REST, f"{type(exc).__name__}: {exc}")
             message = json.dumps({"error": f"capture proxy: TF Serving at {self.upstream} did not answer: {exc}"})
             return self._reply(502, [("Content-Type", "application/json")], message.encode())
+        self.upstream_log.answered(REST)
         status, reason, answer_headers, data = response
         self._reply(status, [(k, v) for k, v in answer_headers if k.lower() not in HOP_BY_HOP], data, reason)
 
-    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
+    def _body(self) -> bytes | None:
+        """The request's body, whole: by Content-Length, or chunk by chunk (forwarded with its length)."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return read_chunked(self.rfile)
+        length = self.headers.get("Content-Length") or "0"
+        if not length.isdigit():
+            raise BadBody(f"Content-Length {length!r}: expected a number of bytes")
+        return self.rfile.read(int(length)) if int(length) else None
 
     def _exchange(self, body: bytes | None, headers: dict) -> tuple[int, str, list, bytes]:
         """One request upstream; a connection TF Serving closed while idle is replaced once."""
@@ -80,21 +166,40 @@ class RestForwarder(BaseHTTPRequestHandler):
         for key, value in headers:
             self.send_header(key, value)
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
 
 
+class RestProxy:
+    """The REST pass-through, serving from a background thread; `stop` drains it."""
+
+    def __init__(self, port: int, upstream: str, pages: dict[str, Page], upstream_log: UpstreamLog, timeout_s: float):
+        self.inflight = InFlight()
+        attributes = {"upstream": upstream, "timeout_s": timeout_s, "pages": pages}
+        attributes |= {"upstream_log": upstream_log, "inflight": self.inflight}
+        self.server = ThreadingHTTPServer(("0.0.0.0", port), type("Forwarder", (RestForwarder,), attributes))
+        self.server.daemon_threads = True  # an idle kept-alive connection must not hold the process at exit
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, args=(0.1,), name="capture-rest", daemon=True).start()
+
+    def stop(self, deadline: float) -> int:
+        """Accept nothing more, let the requests in flight finish until `deadline` (time.monotonic), then close
+        every connection; returns how many requests were cut."""
+        self.inflight.stopping = True
+        self.server.shutdown()
+        self.server.server_close()
+        cut = self.inflight.wait_idle(deadline)
+        for connection in list(self.inflight.connections):  # idle kept-alive ones, and any cut
+            with contextlib.suppress(OSError):  # already closed by its client
+                connection.shutdown(socket.SHUT_RDWR)
+        return cut
+
+
 def start_rest_proxy(
-    port: int, upstream: str, metrics_path: str, metrics: Callable[[], str], timeout_s: float = 300
-) -> ThreadingHTTPServer:
-    """The REST pass-through on 0.0.0.0:`port` (0: any free port), serving from a background thread."""
-    handler = type(
-        "Forwarder",
-        (RestForwarder,),
-        {"upstream": upstream, "timeout_s": timeout_s, "metrics_path": metrics_path, "metrics": staticmethod(metrics)},
-    )
-    server = ThreadingHTTPServer(("0.0.0.0", port), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="capture-rest", daemon=True).start()
-    return server
+    port: int, upstream: str, pages: dict[str, Page], upstream_log: UpstreamLog, timeout_s: float = 300
+) -> RestProxy:
+    """The REST pass-through on 0.0.0.0:`port` (0: any free port), started."""
+    return RestProxy(port, upstream, pages, upstream_log, timeout_s)

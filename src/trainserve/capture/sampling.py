@@ -19,6 +19,10 @@ class ProxyCapture:
         self.writer, self.rate = writer, rate
         self.uniform = uniform or random.Random().random
 
+    def own_call(self) -> None:
+        """A call trainserve made itself (traffic.origin): never offered, counted apart (calls_skipped, origin)."""
+        self.writer.skip()
+
     def sample(self) -> bool:
         return self.rate >= 1.0 or (self.rate > 0.0 and self.uniform() < self.rate)
 

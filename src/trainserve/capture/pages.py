@@ -1,0 +1,49 @@
+"""The proxy's own pages on its REST port (never forwarded): Prometheus counters, liveness and readiness, as
+kubeflow/trainer separates them: `healthz` asks whether the proxy itself runs, `readyz` whether TF Serving answers
+through it."""
+
+from __future__ import annotations
+
+from trainserve.capture.upstream import SIDES, UpstreamLog
+from trainserve.traffic.metrics import writer_lines
+from trainserve.traffic.writer import TrafficWriter
+
+LIVE_PATH = "/monitoring/capture/healthz"
+READY_PATH = "/monitoring/capture/readyz"
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
+UPSTREAM_FAILURES = ":trainserve:capture:upstream_failures"
+UPSTREAM_UP = ":trainserve:capture:upstream_up"
+
+
+def upstream_lines(upstream: UpstreamLog) -> list[str]:
+    """What the proxy counts besides its writer's records: failures to reach TF Serving."""
+    lines = [
+        f"# HELP {UPSTREAM_FAILURES} Calls (readiness checks included) that did not reach TF Serving, by side.",
+        f"# TYPE {UPSTREAM_FAILURES} counter",
+    ]
+    lines += [f'{UPSTREAM_FAILURES}{{side="{side}"}} {upstream.failures[side]}' for side in SIDES]
+    lines += [f"# HELP {UPSTREAM_UP} 1 when the last call of a side reached TF Serving.", f"# TYPE {UPSTREAM_UP} gauge"]
+    lines += [f'{UPSTREAM_UP}{{side="{side}"}} {int(upstream.up(side))}' for side in SIDES]
+    return lines
+
+
+def metrics_page(prefix: str, writer: TrafficWriter, upstream: UpstreamLog):
+    def page() -> tuple[int, str, bytes]:
+        lines = writer_lines({prefix: writer}) + upstream_lines(upstream)
+        return 200, METRICS_CONTENT_TYPE, ("\n".join(lines) + "\n").encode()
+
+    return page
+
+
+def live_page() -> tuple[int, str, bytes]:
+    return 200, "text/plain", b"ok\n"
+
+
+def ready_page(why_not_ready):
+    """`why_not_ready()`: None when ready, else the reason, which the probe's answer carries."""
+
+    def page() -> tuple[int, str, bytes]:
+        reason = why_not_ready()
+        return (200, "text/plain", b"ready\n") if reason is None else (503, "text/plain", f"{reason}\n".encode())
+
+    return page
