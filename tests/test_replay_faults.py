@@ -153,10 +153,10 @@ def test_a_candidate_unloaded_mid_replay_fails_the_gate_and_promote_refuses_it(
     validate_report(report)
     assert report["errors"] == {"candidate": {"NOT_FOUND": 30}, "baseline": {}}
     assert report["requests"]["replayed"] == 40 and report["requests"]["paired"] == 10
+    assert code == 1 and report["passed"] is False
     assert report["error_share"]["candidate"] == 30 / 40
     gates = {g["kind"]: g for g in report["gates"]}
     assert gates["max_flip_rate"]["passed"] is True and gates["max_error_rate"]["passed"] is False
-    assert code == 1 and report["passed"] is False
     assert "candidate 30 of 40 (0.7500: NOT_FOUND 30)" in gates["max_error_rate"]["said"]
     # Promote judges the report's counts again: refused, however the report's verdict were edited.
     report["passed"] = gates["max_error_rate"]["passed"] = True
@@ -173,11 +173,11 @@ def test_a_candidate_whose_graph_fails_some_requests_fails_the_gate(scorer_base,
     refused = sum(int((b["x"][:, 0] > 1.0).any()) for b in sent)
     assert 0 < refused < len(sent)
     assert report["errors"] == {"candidate": {"INVALID_ARGUMENT": refused}, "baseline": {}}
+    assert code == 1 and report["passed"] is False
     assert report["error_share"]["candidate"] == refused / len(sent) and report["error_share"]["refused_by_both"] == 0
     assert report["flips"]["count"] == 0 and report["flips"]["examples"] == sum(
         len(b["x"]) for b in sent if not (b["x"][:, 0] > 1.0).any()
     )
-    assert code == 1 and report["passed"] is False
     assert replay_failures(report)[0].startswith(f"error share candidate {refused} of {len(sent)}")
 
 

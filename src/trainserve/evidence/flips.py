@@ -137,7 +137,7 @@ def replay_failures(report: dict) -> list[str]:
         return [
             *failures,
             f"its flips say {recorded[0]} of {recorded[1]} (bound {recorded[2]}) but its flip matrix gives "
-            f"{rate.count} of {rate.examples} (bound {rate.upper_bound})"
+            f"{rate.count} of {rate.examples} (bound {rate.upper_bound})",
         ]
     for gate in (g for g in gates if g["kind"] == FLIP_GATE):
         derived = flip_gate(rate, gate["threshold"], flips["bound"])
