@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 
+import grpc
 import numpy as np
 import pytest
 from scorers import save_scorer, traffic
@@ -16,6 +17,7 @@ from captures import capture_name, prediction_log, write_capture
 from conftest import free_port, install_version
 from serving_fixtures import predict_request, stubs
 from trainserve.cli import main
+from trainserve.errors import TrainserveError
 from trainserve.evidence.flips import replay_failures
 from trainserve.model_server_config import render_model_config, single_model_config
 from trainserve.replay import run as replay_run
@@ -221,3 +223,48 @@ def test_signature_replays_the_requests_of_that_signature_and_counts_the_others(
     named = [b for i, b in enumerate(sent) if i % 3]
     assert code == 0 and report["requests"]["replayed"] == len(named) and report["capture"]["other_signature"] == 4
     assert report["flips"]["examples"] == sum(len(b["x"]) for b in named)
+
+
+class Listener:
+    """A real gRPC server that answers every method NOT_FOUND and keeps each call's metadata."""
+
+    def __init__(self):
+        from concurrent import futures
+
+        self.calls: list[tuple[str, dict[str, str]]] = []
+        listener = self
+
+        class Everything(grpc.GenericRpcHandler):
+            def service(self, details):
+                def refuse(request, context):
+                    listener.calls.append((details.method, dict(context.invocation_metadata())))
+                    context.abort(grpc.StatusCode.NOT_FOUND, "no such model")
+
+                return grpc.unary_unary_rpc_method_handler(refuse)
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[Everything()])
+        self.target = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+
+@pytest.fixture
+def listener():
+    started = Listener()
+    yield started
+    started.server.stop(grace=None)
+
+
+def test_trainserves_own_calls_say_where_they_come_from(listener, tmp_path, capsys):
+    """Every call of a replay carries `x-trainserve-origin: replay` (so a capturing server can leave it out); eval's
+    and load's clients say `eval` and `load`; a client that names no origin sends none."""
+    from trainserve.client import ServingClient, Target
+
+    capture_of(tmp_path / "capture", traffic(requests=2))
+    assert main(["replay", str(tmp_path / "capture"), "--server", listener.target, "--model", "scorer"]) == 2
+    assert "no such model" in capsys.readouterr().err
+    for origin in ("eval", "load", None):
+        with ServingClient(listener.target, origin=origin) as client, pytest.raises(TrainserveError):
+            client.predict(Target("scorer"), {"x": np.zeros((1, 4), np.float32)}, ["probabilities"], 1, 0)
+    said = [(method.rsplit("/", 1)[1], metadata.get("x-trainserve-origin")) for method, metadata in listener.calls]
+    assert said[0] == ("GetModelMetadata", "replay") and {o for _, o in said[:-3]} == {"replay"}  # the label
+    assert said[-3:] == [("Predict", "eval"), ("Predict", "load"), ("Predict", None)]
