@@ -59,8 +59,8 @@ class ReplayConfig:
     retries: int = option(3, "retries of UNAVAILABLE/DEADLINE_EXCEEDED/RESOURCE_EXHAUSTED")
     unanswered: int = option(
         3,
-        "stop (exit 2) after this many request pairs in a row that the server did not answer (UNAVAILABLE or "
-        "DEADLINE_EXCEEDED after the retries): it is gone",
+        "stop (exit 2) after this many request pairs in a row that the server did not answer (both sides "
+        "UNAVAILABLE or DEADLINE_EXCEEDED after the retries): it is gone",
         parse=positive_int,
     )
     timeout: float = option(10.0, "seconds per request attempt")

@@ -27,7 +27,6 @@ import numpy as np
 
 from trainserve.client import RequestFailed, ServingClient, Signature, Target
 from trainserve.client.predict import Prediction, predict
-from trainserve.client.target import RETRYABLE
 from trainserve.errors import TrainserveError
 from trainserve.layout import LABEL_NAMES
 from trainserve.protos import predict_pb2
@@ -38,6 +37,7 @@ from trainserve.traffic.reader import CapturedRequest, ReadSummary, read_capture
 
 log = logging.getLogger(__name__)
 SIDES = ("candidate", "baseline")
+UNANSWERED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 @dataclass
@@ -216,8 +216,10 @@ class PairedReplay:
             self._compare(ok["candidate"], ok["baseline"])
 
     def _check_answering(self, failed: list[RequestFailed]) -> None:
-        """One line, and the end of the replay, once the server has not answered --unanswered pairs in a row."""
-        unanswered = [a for a in failed if a.code in RETRYABLE - {grpc.StatusCode.RESOURCE_EXHAUSTED}]
+        """One line, and the end of the replay, once the server has not answered --unanswered pairs in a row: both
+        sides UNAVAILABLE or DEADLINE_EXCEEDED (one side alone timing out is that version's error, not a gone one)."""
+        gone = len(failed) == 2 and all(a.code in UNANSWERED for a in failed)
+        unanswered = failed if gone else []
         self.unanswered_in_row = self.unanswered_in_row + 1 if unanswered else 0
         if self.unanswered_in_row >= self.config.unanswered:
             raise TrainserveError(
