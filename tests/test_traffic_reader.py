@@ -77,6 +77,7 @@ def test_a_killed_writers_truncated_tail_keeps_every_record_before_it(tmp_path, 
     last = len(prediction_log("m", batches(4)[3], request_id=ids[3], timestamp_s=1_790_000_003)) + 16
     assert summary.skipped_bytes == last - 7
     assert [line for line in caplog.messages] == summary.damage and len(summary.damage) == 1
+    assert summary.after_start.said() is None  # the damaged tail is no record written while it was read
     assert "the last record is truncated" in summary.damage[0] and f"last {last - 7} bytes skipped" in summary.damage[0]
 
 
@@ -121,10 +122,12 @@ def test_any_truncation_or_flipped_byte_reads_what_is_intact(tmp_path_factory, p
         expected = [str(i) for i in range(len(records)) if i < k or (not in_header and i > k)]
     directory = tmp_path_factory.mktemp("damaged")
     (directory / capture_name(0)).write_bytes(bytes(blob))
+    summary = ReadSummary()
     try:
-        assert read_ids([directory]) == expected
+        assert read_ids([directory], summary=summary) == expected
     except TrainserveError as exc:
         assert expected == [] and "\n" not in str(exc)
+    assert summary.after_start.said() is None  # a file nobody writes gained nothing while it was read
 
 
 def test_a_capture_written_while_it_is_read_is_read_as_it_was_at_the_start(tmp_path, caplog):

@@ -265,6 +265,7 @@ def _run_of_records(
             read_to[path] = at + _FRAME_OVERHEAD + length
             return read_to[path]
         summary.skipped_bytes += size - at
+        read_to[path] = size  # what follows the damage is no record written after the start
         what = "the last record is truncated (a writer killed mid-write?)" if "truncated" in damage.reason else ""
         _note(
             summary,
