@@ -164,6 +164,12 @@ def replay_report(
             "skipped_bytes": 0,
             "damage": [],
             "shard": settings.pop("shard", None),
+            "after_start": {"records": 0, "files_grown": 0, "files_new": 0, "files_gone": 0},
         },
     }
-    return build_report(head, tally, {"max_flip_rate": max_flip_rate, "alpha": 0.05, "limit": None, **settings})
+    errors = settings.pop("errors", {})  # side -> {status: requests}
+    for side, counts in errors.items():
+        tally.errors[side].update(counts)
+    tally.paired -= max((sum(c.values()) for c in errors.values()), default=0)
+    defaults = {"max_flip_rate": max_flip_rate, "max_error_rate": 0.01, "alpha": 0.05, "limit": None}
+    return build_report(head, tally, defaults | settings)

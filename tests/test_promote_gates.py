@@ -175,14 +175,35 @@ def test_a_report_from_another_server_is_refused_when_promote_names_its_server(s
 
 
 def _tampered_replay(replay):
-    replay["gates"][0]["passed"] = replay["passed"] = True  # 60 flips in 2000: the bound is above 0.02
+    flip_gate = next(g for g in replay["gates"] if g["kind"] == "max_flip_rate")
+    flip_gate["passed"] = replay["passed"] = True  # 60 flips in 2000: the bound is above 0.02
+
+
+def _errors(replay):
+    """Item 2 of issue 45: the candidate unloaded early in the replay, 73 % of its requests NOT_FOUND; 4 flips in
+    the pairs left would pass --max-flip-rate 0.02 on their own."""
+    built = replay_report(2, 1, 4, errors={"candidate": {"NOT_FOUND": 1460}})
+    replay.clear()
+    replay.update(built)
+
+
+def _errors_tampered(replay):
+    _errors(replay)
+    replay["gates"][0]["passed"] = replay["passed"] = True
 
 
 REPLAY_REFUSED = [
     pytest.param(lambda r: None, 60, "flip rate 0.0300 (60 of 2000)", id="flips"),
     pytest.param(_tampered_replay, 60, "says passed=True but its counts say False", id="tampered"),
     pytest.param(lambda r: r["flips"].update(count=0), 60, "its flips say 0 of 2000", id="edited-count"),
-    pytest.param(lambda r: r.update(gates=[]), 0, "applied no gate", id="no-gate"),
+    pytest.param(lambda r: r.update(gates=[]), 0, "applied no error gate", id="no-gate"),
+    pytest.param(
+        lambda r: r.update(gates=r["gates"][:1], passed=None), 0, "applied no flip-rate gate", id="no-flip-gate"
+    ),
+    pytest.param(_errors, 4, "error share candidate 1460 of 2000 (0.7300: NOT_FOUND 1460)", id="errors"),
+    pytest.param(
+        _errors_tampered, 4, "max error rate 0.01 says passed=True but its counts say False", id="errors-edited"
+    ),
     pytest.param(lambda r: r["candidate"].update(version=3), 0, "version 3, not the candidate", id="other-version"),
     pytest.param(lambda r: r["baseline"].update(version=3), 0, "compared with version 3", id="other-baseline"),
     pytest.param(lambda r: r["settings"].update(limit=50), 0, "(--limit 50)", id="limit"),
@@ -225,6 +246,23 @@ def test_a_replay_that_is_not_a_replay_report_is_refused_before_anything(site, c
     line = capsys.readouterr().err.strip()
     assert len(line.splitlines()) == 1 and "is not a valid trainserve replay report" in line, line
     assert site.read_bytes() == before
+
+
+def test_candidate_and_promote_keep_a_logging_config_added_by_hand(site):
+    """The generated config says to add `logging_config` by hand and that rollout keeps it: it does."""
+    from trainserve.model_server_config import parse_model_config, render_model_config
+
+    text = site.read_text()
+    assert "logging_config" in text and "keep it" in text  # the header says how
+    config = parse_model_config(site)
+    logging = config.model_config_list.config[0].logging_config
+    logging.sampling_config.sampling_rate = 0.25
+    logging.log_collector_config.filename_prefix = "/captures/m"
+    site.write_text(text.split("model_config_list")[0] + render_model_config(config))
+    promote(PromoteConfig(site, write(good(site), site.parent / "candidate.json")), AppliedServer())
+    stage(site, 3)
+    kept = parse_model_config(site).model_config_list.config[0].logging_config
+    assert (kept.sampling_config.sampling_rate, kept.log_collector_config.filename_prefix) == (0.25, "/captures/m")
 
 
 def _sha256(path) -> str:

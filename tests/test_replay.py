@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 from scipy import stats
+from scorers import save_scorer, traffic
 
 from captures import capture_name, prediction_log, write_batches, write_capture
 from serving_fixtures import serve_every_version
@@ -16,30 +17,6 @@ from trainserve.cli import main
 from trainserve.replay.report import validate_report
 
 pytestmark = pytest.mark.unit  # serve-local on a thread of this process, real gRPC
-
-
-def save_scorer(path, moves_class_2: bool):
-    """probabilities = softmax(3x) over 4 classes; `moves_class_2`: where that top class is 2, its probability
-    goes to class 3 (so exactly those examples flip, 2 -> 3)."""
-    import tensorflow as tf
-
-    class Scorer(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
-        def serve(self, x):
-            p = tf.nn.softmax(3.0 * x)
-            if moves_class_2:
-                moved = tf.stack([p[:, 0], p[:, 1], tf.zeros_like(p[:, 2]), p[:, 2] + p[:, 3]], axis=1)
-                p = tf.where(tf.equal(tf.argmax(p, axis=1), 2)[:, None], moved, p)
-            return {"probabilities": p, "classes": tf.argmax(p, axis=1)}
-
-    module = Scorer()
-    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
-    return path
-
-
-def traffic(seed: int = 3, requests: int = 240) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    return [{"x": rng.normal(size=(int(rng.integers(1, 5)), 4)).astype(np.float32)} for _ in range(requests)]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +65,8 @@ def test_a_candidate_that_moves_one_class_is_named_and_fails_the_gate(served, tm
     ]
     bound = stats.binomtest(flips, n).proportion_ci(confidence_level=0.90, method="wilson").high
     assert f["upper_bound"] == pytest.approx(bound, rel=1e-9)
-    assert code == 1 and report["passed"] is False and report["gates"][0]["kind"] == "max_flip_rate"
+    assert code == 1 and report["passed"] is False
+    assert [(g["kind"], g["passed"]) for g in report["gates"]] == [("max_error_rate", True), ("max_flip_rate", False)]
     assert "gate failed: flip rate" in capsys.readouterr().err
     assert (report["candidate"], report["baseline"]) == (
         {"reference": "candidate", "version": 2},
@@ -96,6 +74,7 @@ def test_a_candidate_that_moves_one_class_is_named_and_fails_the_gate(served, tm
     )
     assert report["requests"] == {"replayed": len(sent), "paired": len(sent), "examples": n}
     assert report["errors"] == {"candidate": {}, "baseline": {}}
+    assert (report["error_share"]["candidate"], report["error_share"]["baseline"]) == (0.0, 0.0)
     # The probability moved is the class-2 probability of those examples: the shift's maximum, independently.
     x = np.concatenate([b["x"] for b in sent]).astype(np.float64)
     p = np.exp(3 * x) / np.exp(3 * x).sum(axis=1, keepdims=True)
@@ -179,17 +158,19 @@ def test_regression_outputs_report_their_differences(served, tmp_path):
     moved = p[p.argmax(axis=1) == 2, 2]
     d = report["regression_difference"]
     assert code == 0 and report["flips"] is None and d["count"] == 4 * len(x)
+    # No flip-rate gate judged it: no verdict, however clean its errors (a report without a gate never passes).
+    assert report["passed"] is None and [g["kind"] for g in report["gates"]] == ["max_error_rate"]
     assert (d["min"], d["max"], d["mean"]) == pytest.approx((-moved.max(), moved.max(), 0.0), abs=1e-6)
     # |d| per example and target, independently; the report's percentile is its histogram bin's upper edge.
     absolute = np.zeros((len(x), 4))
     absolute[p.argmax(axis=1) == 2, 2:] = moved[:, None]
     exact = np.quantile(absolute, 0.99, method="inverted_cdf")
-    assert exact * (1 - 1e-6) <= d["abs_p99"] <= exact * 1.02 + 1e-6
+    assert exact * (1 - 1e-6) <= d["abs_p99"] <= min(exact * 1.02 + 1e-6, max(-d["min"], d["max"]))
 
 
 def test_requests_the_versions_refuse_are_counted_as_errors_not_compared(served, tmp_path):
     """A client's malformed request (an input the signature lacks, a wrong shape) was refused in production too:
-    both sides' INVALID_ARGUMENT counted, the pair left out of the flips."""
+    both sides' INVALID_ARGUMENT counted, the pair left out of the flips, and no error of either version's own."""
     server, capture, sent = served
     mixed = tmp_path / "mixed"
     good = sent[:20]
@@ -198,3 +179,6 @@ def test_requests_the_versions_refuse_are_counted_as_errors_not_compared(served,
     assert code == 0 and report["errors"] == {"candidate": {"INVALID_ARGUMENT": 2}, "baseline": {"INVALID_ARGUMENT": 2}}
     assert report["requests"] == {"replayed": 22, "paired": 20, "examples": sum(len(b["x"]) for b in good)}
     assert report["flips"]["count"] == expected_flips(good)[0]
+    share = report["error_share"]
+    assert (share["candidate"], share["baseline"], share["refused_by_both"]) == (0.0, 0.0, 2)
+    assert report["passed"] is None and report["gates"][0]["passed"] is True

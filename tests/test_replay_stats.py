@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
-from trainserve.evidence.flips import wilson_upper
+from trainserve.evidence.flips import error_gate, error_shares, wilson_upper
 from trainserve.replay.tally import ReplayTally, histogram_quantile, log_edges
 
 pytestmark = pytest.mark.unit
@@ -47,3 +49,30 @@ def test_tally_state_round_trips_and_shards_add_exactly():
     assert merged.examples == 300 and merged.latency["candidate"].sum() == 3
     p50 = histogram_quantile(merged.latency["candidate"], log_edges(), 0.5)
     assert 2.0 <= p50 <= 2.0 * 1.02 + 1e-12  # the median latency (2 ms), at most one 2 % bin above
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.floats(0, 1, allow_nan=False), min_size=1, max_size=40))
+def test_a_reported_quantile_is_never_above_the_largest_shift_and_never_below_the_exact_one(shifts):
+    """The report's shift percentiles are their histogram bin's upper edge, clipped to the largest shift seen (a
+    p99 above the max was printed before); each stays at or above the exact quantile."""
+    from trainserve.replay.report import shift_summary
+
+    tally = ReplayTally(2)
+    candidate = np.array([[0.5 + s / 2, 0.5 - s / 2] for s in shifts])
+    tally.add_classification(candidate, np.full_like(candidate, 0.5))
+    summary = shift_summary(tally)
+    exact = np.abs(candidate - 0.5).max(axis=1)
+    for q in (50, 90, 99):
+        assert np.quantile(exact, q / 100, method="inverted_cdf") - 1e-12 <= summary[f"p{q}"] <= summary["max"]
+    assert summary["max"] == pytest.approx(exact.max())
+
+
+def test_errors_both_sides_refused_as_invalid_argument_are_no_versions_own():
+    tally = ReplayTally(0)
+    tally.requests, tally.refused_by_both = 50, 3
+    tally.errors["candidate"].update({"INVALID_ARGUMENT": 3, "NOT_FOUND": 1})
+    tally.errors["baseline"].update({"INVALID_ARGUMENT": 3})
+    shares = error_shares(ReplayTally.from_state(tally.state()).state())
+    assert (shares.own("candidate"), shares.own("baseline")) == (1, 0)
+    assert error_gate(shares, 0.02)["passed"] and not error_gate(shares, 0.01)["passed"]

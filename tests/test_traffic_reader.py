@@ -77,6 +77,7 @@ def test_a_killed_writers_truncated_tail_keeps_every_record_before_it(tmp_path, 
     last = len(prediction_log("m", batches(4)[3], request_id=ids[3], timestamp_s=1_790_000_003)) + 16
     assert summary.skipped_bytes == last - 7
     assert [line for line in caplog.messages] == summary.damage and len(summary.damage) == 1
+    assert summary.after_start.said() is None  # the damaged tail is no record written while it was read
     assert "the last record is truncated" in summary.damage[0] and f"last {last - 7} bytes skipped" in summary.damage[0]
 
 
@@ -121,7 +122,46 @@ def test_any_truncation_or_flipped_byte_reads_what_is_intact(tmp_path_factory, p
         expected = [str(i) for i in range(len(records)) if i < k or (not in_header and i > k)]
     directory = tmp_path_factory.mktemp("damaged")
     (directory / capture_name(0)).write_bytes(bytes(blob))
+    summary = ReadSummary()
     try:
-        assert read_ids([directory]) == expected
+        assert read_ids([directory], summary=summary) == expected
     except TrainserveError as exc:
         assert expected == [] and "\n" not in str(exc)
+    assert summary.after_start.said() is None  # a file nobody writes gained nothing while it was read
+
+
+def test_a_capture_written_while_it_is_read_is_read_as_it_was_at_the_start(tmp_path, caplog):
+    """A writer appending to the file being read (half a record there at the start), and starting a new file: the
+    read ends at the snapshot, takes the half record for no damage, and counts all that came after it."""
+    sent = batches(6)
+    records = [prediction_log("m", b, request_id=f"r{i}") for i, b in enumerate(sent)]
+    path = write_capture(tmp_path / capture_name(0), records[:2])
+    with open(path, "ab") as tail:
+        tail.write(frame(records[2])[:9])  # the writer is mid-record at the snapshot
+    summary = ReadSummary()
+    reading = read_capture([tmp_path], "m", summary=summary)
+    assert next(reading).request_id == "r0"  # the snapshot is taken: now the capture grows
+    with open(path, "ab") as tail:
+        tail.write(frame(records[2])[9:] + frame(records[3]))
+    write_capture(tmp_path / capture_name(1), records[4:])
+    with caplog.at_level(logging.INFO):
+        assert [r.request_id for r in reading] == ["r1"]
+    assert (summary.files, summary.records, summary.kept, summary.damage) == (1, 2, 2, [])
+    assert summary.as_dict()["after_start"] == {
+        "records": 4,
+        "files_grown": 1,
+        "files_new": 1,
+        "files_gone": 0,
+        "why": "written after the read began: a read is of the capture as it was at its start",
+    }
+    assert "left out 4 record(s) written after the read began (1 file(s) grown, 1 new)" in caplog.text
+
+
+def test_a_file_rotated_away_before_it_is_read_is_counted_gone(tmp_path):
+    ids = write_batches(tmp_path, "m", batches(6), per_file=3)
+    summary = ReadSummary()
+    reading = read_capture([tmp_path], "m", summary=summary)
+    assert next(reading).request_id == ids[0]
+    (tmp_path / capture_name(1)).unlink()  # the writer's rotation deletes the oldest-but-one meanwhile
+    assert [r.request_id for r in reading] == ids[1:3]
+    assert summary.after_start.files_gone == 1 and summary.after_start.said().endswith("as it was at its start")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from trainserve.client.channel import MAX_MESSAGE_BYTES, open_channel
+from trainserve.client.channel import MAX_MESSAGE_BYTES, open_channel, with_origin
 from trainserve.client.predict import Prediction, predict, predict_request
 from trainserve.client.signature import Signature, read_signature
 from trainserve.client.status import ModelStatus
@@ -18,7 +18,9 @@ class ServingClient:
     """A TF Serving (or serve-local) gRPC endpoint; thread-safe (gRPC stubs are).
 
     `channel`: one built by the caller (e.g. `open_channel` wrapped with grpc.intercept_channel); by default
-    `open_channel(server, tls, max_message_bytes)`. `tls` also tells the waits how to read a refusal.
+    `open_channel(server, tls, max_message_bytes)`. `tls` also tells the waits how to read a refusal. `origin`
+    (replay, eval, load: trainserve.traffic.origin) is sent with every call, so no capture records trainserve's own
+    traffic as production's.
     """
 
     def __init__(
@@ -28,9 +30,11 @@ class ServingClient:
         tls: ClientTls | None = None,
         timeout: float = 10.0,
         channel: grpc.Channel | None = None,
+        origin: str | None = None,
     ):
         self.server, self.timeout = server, timeout
-        self.channel = channel if channel is not None else open_channel(server, tls, max_message_bytes)
+        channel = channel if channel is not None else open_channel(server, tls, max_message_bytes)
+        self.channel = with_origin(channel, origin)
         self.prediction = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         # Status and metadata calls are cheap and few: the per-Predict timeout must not starve them.
         self.status = ModelStatus(

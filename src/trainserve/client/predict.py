@@ -53,14 +53,21 @@ def predict_request(
 
 
 def predict(
-    prediction, request: predict_pb2.PredictRequest, target: Target, version: int | None, retries: int, timeout: float
+    prediction,
+    request: predict_pb2.PredictRequest,
+    target: Target,
+    version: int | None,
+    retries: int,
+    timeout: float,
+    wait_for_ready: bool = True,
 ) -> Prediction:
-    """Send `request`, retrying up to `retries` times; `version` is what it pins (for the messages)."""
+    """Send `request`, retrying up to `retries` times; `version` is what it pins (for the messages).
+    `wait_for_ready`: while the server restarts, wait (within the deadline) for it to listen again; False: a server
+    that does not listen is UNAVAILABLE at once (each retry then costs its backoff, not a whole deadline)."""
     for attempt in range(retries + 1):
         started = time.perf_counter()
         try:
-            # wait_for_ready: while the server restarts, wait (within the deadline) for it to listen again.
-            response = prediction.Predict(request, timeout=timeout, wait_for_ready=True)
+            response = prediction.Predict(request, timeout=timeout, wait_for_ready=wait_for_ready)
         except grpc.RpcError as exc:
             if exc.code() not in RETRYABLE or attempt == retries:
                 raise _failed(exc, target, version, attempt, timeout) from None

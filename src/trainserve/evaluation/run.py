@@ -41,7 +41,7 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     config.check()
     start_rss = _current_rss_mb()
     target = Target(config.model, config.version, config.label, config.signature)
-    client = ServingClient(config.server, tls=config.tls, timeout=config.timeout)
+    client = ServingClient(config.server, tls=config.tls, timeout=config.timeout, origin="eval")
     show = sys.stderr.isatty() if progress is None else progress
     paired = None
     try:

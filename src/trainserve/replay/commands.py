@@ -19,7 +19,9 @@ def add_parsers(commands) -> None:
         description="Replay captured traffic (PredictionLog TFRecords) against two versions of one model, pinned, "
         "each request to both, and compare the answers without labels: the share of examples whose top class flips "
         "(with a one-sided Wilson upper bound), where flips go, probability shifts, regression differences, errors "
-        "and both versions' latency. Exit 1 when the flip rate's bound exceeds --max-flip-rate.",
+        "and both versions' latency. Exit 1 when the flip rate's bound exceeds --max-flip-rate or either version "
+        "failed more than --max-error-rate of the requests. Its calls say they are a replay (x-trainserve-origin) "
+        "and it reads the capture as it was when it began, so replaying against a capturing server is safe.",
     )
     p.add_argument("captures", nargs="+", type=Path, metavar="CAPTURES", help="capture directories or files")
     add_options(p, ReplayConfig)
@@ -58,7 +60,12 @@ def run_replay(args: argparse.Namespace) -> int:
         "baseline": {"reference": config.compare_with, "version": plan.versions["baseline"]},
         "capture": capture,
     }
-    settings = {"max_flip_rate": config.max_flip_rate, "alpha": config.alpha, "limit": config.limit}
+    settings = {
+        "max_flip_rate": config.max_flip_rate,
+        "max_error_rate": config.max_error_rate,
+        "alpha": config.alpha,
+        "limit": config.limit,
+    }
     report = build_report(head, result.tally, settings)
     return _publish(report, config.report, "replay")
 

@@ -32,7 +32,9 @@ class ReplayConfig:
     label: str | None = option("candidate", "the version judged: the one behind this label")
     version: int | None = option(None, "the version judged, by number (instead of --label)", parse=positive_int)
     compare_with: str = option("stable", "VERSION|LABEL: the version it is judged against")
-    signature: str | None = option(None, "SignatureDef to call (default: the one each request named)")
+    signature: str | None = option(
+        None, "replay only the requests that named this SignatureDef (default: the one the first request named)"
+    )
     output: str | None = option(None, "the output compared (default: probabilities, else predictions)")
     task: Literal["auto", "classification", "regression"] = option(
         "auto", "what the output is (auto: probabilities -> classification, predictions -> regression)"
@@ -42,6 +44,12 @@ class ReplayConfig:
         "exit 1 unless the flip rate's upper confidence bound is at most this share (e.g. 0.02)",
         parse=parse_fraction,
     )
+    max_error_rate: float = option(
+        0.01,
+        "exit 1 when either version failed more than this share of the requests replayed (those both refused as "
+        "INVALID_ARGUMENT, a client's malformed request, not counted)",
+        parse=parse_fraction,
+    )
     alpha: float = option(0.05, "the upper bound is one-sided at confidence 1 - alpha (Wilson score)")
     shard: Shard | None = option(
         None, "I/N: replay every N-th captured record from record I (then trainserve replay-merge)", parse=parse_shard
@@ -49,6 +57,12 @@ class ReplayConfig:
     limit: int | None = option(None, "replay only the first N captured requests (of this shard)", parse=positive_int)
     concurrency: int = option(4, "request pairs in flight", parse=positive_int)
     retries: int = option(3, "retries of UNAVAILABLE/DEADLINE_EXCEEDED/RESOURCE_EXHAUSTED")
+    unanswered: int = option(
+        3,
+        "stop (exit 2) after this many request pairs in a row that the server did not answer (both sides "
+        "UNAVAILABLE or DEADLINE_EXCEEDED after the retries): it is gone",
+        parse=positive_int,
+    )
     timeout: float = option(10.0, "seconds per request attempt")
     wait: float = option(30.0, "seconds to wait for both versions to be AVAILABLE")
     tls: ClientTls = option(factory=ClientTls)
@@ -72,5 +86,6 @@ class ReplayConfig:
     def judged(self) -> str:
         return str(self.version) if self.version is not None else str(self.label)
 
-    def signature_of(self, requested: str) -> str:
-        return self.signature or requested or DEFAULT_SIGNATURE
+    def signature_of(self, first: str) -> str:
+        """The signature replayed: --signature, else the one the first captured request named."""
+        return self.signature or first or DEFAULT_SIGNATURE

@@ -30,10 +30,9 @@ def render_html(report: dict) -> str:
 
 
 def _verdict(report: dict) -> str:
-    gates = report["gates"]
-    if not gates:
-        return html_page.verdict(None, "NO GATE: report only (--max-flip-rate sets one)")
-    said = "; ".join(g["said"] for g in gates)
+    said = "; ".join(g["said"] for g in report["gates"])
+    if report["passed"] is None:
+        return html_page.verdict(None, f"NO VERDICT: no flip-rate gate (--max-flip-rate sets one); {said}")
     return html_page.verdict(report["passed"], ("PASSED: " if report["passed"] else "FAILED: ") + said)
 
 
@@ -47,13 +46,24 @@ def _capture(report: dict) -> str:
         ["examples compared", req["examples"]],
         ["records skipped (damage)", cap["skipped_records"]],
         ["bytes skipped (truncated tails)", cap["skipped_bytes"]],
+        ["records of other signatures (skipped)", cap.get("other_signature", 0)],
+        ["records written after the replay began (left out)", cap["after_start"]["records"]],
     ]
-    errors = [[side, ", ".join(f"{k}: {v}" for k, v in e.items()) or "none"] for side, e in report["errors"].items()]
+    share = report["error_share"]
+    errors = [
+        [side, f"{share[side]:.4f}", ", ".join(f"{k}: {v}" for k, v in e.items()) or "none"]
+        for side, e in report["errors"].items()
+    ]
     damage = "".join(f"<li>{html_page.escape(line)}</li>" for line in cap["damage"][:20])
     return (
         "<h2>Traffic</h2>"
         + html_page.table(["", ""], rows, ident="traffic")
-        + html_page.table(["side", "errors"], errors, ident="errors")
+        + html_page.table(
+            ["side", "error share", "errors"],
+            errors,
+            caption=f"{share['refused_by_both']} request(s) refused by both as INVALID_ARGUMENT: not counted",
+            ident="errors",
+        )
         + (f"<ul>{damage}</ul>" if damage else "")
     )
 

@@ -55,6 +55,8 @@ def _capture(reports: list[dict]) -> dict:
         "skipped_records": caps[0]["skipped_records"],
         "skipped_bytes": caps[0]["skipped_bytes"],
         "damage": caps[0]["damage"],
+        # Each shard read its own snapshot: the most any of them left out.
+        "after_start": max((c["after_start"] for c in caps), key=lambda a: (a["records"], a["files_gone"])),
         "shard": None,
         "other_signature": sum(c.get("other_signature", 0) for c in caps),
     }

@@ -1,6 +1,7 @@
-"""The replay report: JSON following replay_report.schema.json (`trainserve.replay/1`), a summary for the terminal,
-and the gate. The figures are derived from the tally the report also stores (`tally`), so a merge of shard reports
-derives them again from the summed tallies and gets what one client would have."""
+"""The replay report: JSON following replay_report.schema.json (`trainserve.replay/2`), a summary for the terminal,
+and the gates (trainserve.evidence.flips: the flip rate's bound, each side's error share). The figures are derived
+from the tally the report also stores (`tally`), so a merge of shard reports derives them again from the summed
+tallies and gets what one client would have."""
 
 from __future__ import annotations
 
@@ -11,18 +12,18 @@ from pathlib import Path
 import numpy as np
 
 from trainserve import __version__
-from trainserve.evidence.flips import flip_gate, flip_rate
+from trainserve.evidence.flips import SIDES, error_gate, error_shares, flip_gate, flip_rate, verdict
 from trainserve.files import write_file_atomic
 from trainserve.replay.tally import SHIFT_BINS, ReplayTally, histogram_quantile, log_edges
 
-SCHEMA_ID = "trainserve.replay/1"
+SCHEMA_ID = "trainserve.replay/2"
 SCHEMA_PATH = Path(__file__).with_name("replay_report.schema.json")
 TOP_FLIPS = 20
 
 
 def build_report(head: dict, tally: ReplayTally, settings: dict) -> dict:
-    """`head`: what the run was (model, versions, capture); `settings`: max_flip_rate, alpha and limit; the rest
-    is derived from `tally`."""
+    """`head`: what the run was (model, versions, capture); `settings`: max_flip_rate, max_error_rate, alpha and
+    limit; the rest is derived from `tally`."""
     alpha = settings["alpha"]
     report = {
         "schema": SCHEMA_ID,
@@ -31,6 +32,7 @@ def build_report(head: dict, tally: ReplayTally, settings: dict) -> dict:
         **head,
         "requests": {"replayed": tally.requests, "paired": tally.paired, "examples": tally.examples},
         "errors": {side: dict(sorted(c.items())) for side, c in tally.errors.items()},
+        "error_share": error_share(tally),
         "latency_ms": {side: latency_summary(tally, side) for side in ("candidate", "baseline")},
         "flips": flips(tally, head["class_names"], alpha) if head["task"] == "classification" else None,
         "probability_shift": shift_summary(tally) if head["task"] == "classification" else None,
@@ -38,16 +40,26 @@ def build_report(head: dict, tally: ReplayTally, settings: dict) -> dict:
         "settings": settings,
         "tally": tally.state(),
     }
-    report["gates"] = gates(report, settings["max_flip_rate"])
-    report["passed"] = all(g["passed"] for g in report["gates"])
+    report["gates"] = gates(report, settings)
+    report["passed"] = verdict(report["gates"])
     return report
+
+
+def error_share(tally: ReplayTally) -> dict:
+    shares = error_shares(tally.state())
+    return {
+        **{side: shares.share(side) for side in SIDES},
+        "refused_by_both": tally.refused_by_both,
+        "what": "each side's failed requests, less those both refused as INVALID_ARGUMENT, of the requests replayed",
+    }
 
 
 def latency_summary(tally: ReplayTally, side: str) -> dict:
     counts, edges = tally.latency[side], log_edges()
     spread = tally.latency_spread[side].summary()
-    quantiles = {f"p{q}": histogram_quantile(counts, edges, q / 100) for q in (50, 90, 99)}
-    return {**quantiles, "mean": spread["mean"], "max": spread["max"] or 0.0, "requests": int(counts.sum())}
+    top = spread["max"] or 0.0
+    quantiles = {f"p{q}": histogram_quantile(counts, edges, q / 100, top) for q in (50, 90, 99)}
+    return {**quantiles, "mean": spread["mean"], "max": top, "requests": int(counts.sum())}
 
 
 def class_name(names: list[str], index: int) -> str:
@@ -96,7 +108,7 @@ def shift_summary(tally: ReplayTally) -> dict:
         "what": "max over classes of |p_candidate - p_baseline|, per example",
         "mean": spread["mean"],
         "max": spread["max"] or 0.0,
-        **{f"p{q}": histogram_quantile(tally.shift, edges, q / 100) for q in (50, 90, 99)},
+        **{f"p{q}": histogram_quantile(tally.shift, edges, q / 100, spread["max"] or 0.0) for q in (50, 90, 99)},
         "histogram": {"edges": [0.0, 1.0], "bins": SHIFT_BINS, "counts": tally.shift.tolist()},
     }
 
@@ -104,7 +116,8 @@ def shift_summary(tally: ReplayTally) -> dict:
 def difference_summary(tally: ReplayTally) -> dict:
     spread = tally.difference.summary()
     edges = log_edges()
-    quantiles = {f"abs_p{q}": histogram_quantile(tally.abs_difference, edges, q / 100) for q in (50, 90, 99)}
+    top = max(abs(spread["min"] or 0.0), abs(spread["max"] or 0.0))
+    quantiles = {f"abs_p{q}": histogram_quantile(tally.abs_difference, edges, q / 100, top) for q in (50, 90, 99)}
     return {
         "what": "candidate - baseline, every example and target",
         "count": tally.difference.count,
@@ -113,13 +126,13 @@ def difference_summary(tally: ReplayTally) -> dict:
     }
 
 
-def gates(report: dict, max_flip_rate: float | None) -> list[dict]:
-    if max_flip_rate is None or report["flips"] is None:
-        return []
-    f = report["flips"]
-    return [
-        flip_gate(flip_rate(report["tally"]["flip_matrix"], report["settings"]["alpha"]), max_flip_rate, f["bound"])
-    ]
+def gates(report: dict, settings: dict) -> list[dict]:
+    """The error gate always; the flip gate with --max-flip-rate on a classification."""
+    judged = [error_gate(error_shares(report["tally"]), settings["max_error_rate"])]
+    if settings["max_flip_rate"] is not None and report["flips"] is not None:
+        rate = flip_rate(report["tally"]["flip_matrix"], settings["alpha"])
+        judged.append(flip_gate(rate, settings["max_flip_rate"], report["flips"]["bound"]))
+    return judged
 
 
 def validate_report(report: dict) -> None:
@@ -153,6 +166,15 @@ def summary_table(report: dict) -> str:
         lat, err = report["latency_ms"][side], report["errors"][side]
         errors = ", ".join(f"{k} {v}" for k, v in err.items()) or "none"
         lines.append(f"{side}: latency p50 {lat['p50']:.2f} ms p99 {lat['p99']:.2f} ms; errors {errors}")
+    capture = report["capture"]
+    left = (capture.get("after_start") or {}).get("records", 0)
+    if left or capture.get("other_signature"):
+        lines.append(
+            f"left out: {left} record(s) written after the replay began (its snapshot of the capture), "
+            f"{capture.get('other_signature', 0)} of other signatures"
+        )
     for gate in report["gates"]:
         lines.append(f"gate {'PASS' if gate['passed'] else 'FAIL'}: {gate['said']}")
+    if report["passed"] is None:
+        lines.append("no verdict: no flip-rate gate applied (--max-flip-rate; classification only)")
     return "\n".join(lines)

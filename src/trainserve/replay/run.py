@@ -5,6 +5,13 @@ both requests of a pair in flight together. No labels are needed: what is compar
 The request is the captured PredictRequest itself (its inputs' bytes untouched), with its model spec pinned and
 its output filter narrowed to the output compared. A pair one side fails is counted under that side's status code
 and left out of the comparison; a captured request both refuse (a client's malformed request) is no difference.
+Requests of another signature than the one replayed are skipped and counted.
+
+Replay's own calls carry `x-trainserve-origin: replay`, so a capturing server leaves them out of its capture; the
+capture is read as it was when the replay began (trainserve.traffic.reader), so even a capture that records them
+neither grows the replay nor makes it endless. A server that stops answering (UNAVAILABLE, or DEADLINE_EXCEEDED
+after the retries, for --unanswered pairs in a row) ends the replay with one line: its requests are sent without
+waiting for a connection, so each costs its retries' backoff, not a deadline.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import numpy as np
 
 from trainserve.client import RequestFailed, ServingClient, Signature, Target
@@ -24,10 +32,12 @@ from trainserve.layout import LABEL_NAMES
 from trainserve.protos import predict_pb2
 from trainserve.replay.config import ReplayConfig
 from trainserve.replay.tally import ReplayTally
+from trainserve.traffic.origin import REPLAY
 from trainserve.traffic.reader import CapturedRequest, ReadSummary, read_capture
 
 log = logging.getLogger(__name__)
 SIDES = ("candidate", "baseline")
+UNANSWERED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 @dataclass
@@ -62,7 +72,7 @@ def replay(config: ReplayConfig, captures: list[Path]) -> ReplayResult:
     # A capture with nothing of this model fails here, before any connection; a shard may hold no record of it
     # (more shards than records): its report is empty and still merges.
     first = next(records, None)
-    with ServingClient(config.server, tls=config.tls, timeout=config.timeout) as client:
+    with ServingClient(config.server, tls=config.tls, timeout=config.timeout, origin=REPLAY) as client:
         plan = settle(client, config, config.signature_of(first.signature if first else ""))
         run = PairedReplay(client, config, plan)
         started = time.perf_counter()
@@ -150,12 +160,13 @@ class PairedReplay:
         self.tally = ReplayTally(0)  # the classes are counted from the first answer compared
         self.class_names: list[str] = []
         self.skipped_signature = 0
+        self.unanswered_in_row = 0
 
     def send_all(self, records) -> None:
         in_flight: deque = deque()
         with ThreadPoolExecutor(max_workers=2 * self.config.concurrency, thread_name_prefix="replay") as pool:
             for record in records:
-                if self.config.signature_of(record.signature) != self.plan.signature:
+                if record.signature != self.plan.signature:
                     self.skipped_signature += 1
                     continue
                 if len(in_flight) >= self.config.concurrency:
@@ -183,6 +194,7 @@ class PairedReplay:
                 self.plan.versions[side],
                 self.config.retries,
                 self.config.timeout,
+                wait_for_ready=False,
             )
         except RequestFailed as failed:
             return failed
@@ -190,14 +202,30 @@ class PairedReplay:
     def _finish(self, candidate: Future, baseline: Future) -> None:
         answers = {"candidate": candidate.result(), "baseline": baseline.result()}
         ok = {side: a for side, a in answers.items() if isinstance(a, Prediction)}
+        failed = [a for a in answers.values() if isinstance(a, RequestFailed)]
+        self._check_answering(failed)
         self.tally.requests += 1
         for side, answer in answers.items():
             if isinstance(answer, RequestFailed):
                 self.tally.errors[side][answer.code.name] += 1
             else:
                 self.tally.add_latency(side, answer.latency_s)
+        if len(failed) == 2 and all(a.code == grpc.StatusCode.INVALID_ARGUMENT for a in failed):
+            self.tally.refused_by_both += 1
         if len(ok) == 2:
             self._compare(ok["candidate"], ok["baseline"])
+
+    def _check_answering(self, failed: list[RequestFailed]) -> None:
+        """One line, and the end of the replay, once the server has not answered --unanswered pairs in a row: both
+        sides UNAVAILABLE or DEADLINE_EXCEEDED (one side alone timing out is that version's error, not a gone one)."""
+        gone = len(failed) == 2 and all(a.code in UNANSWERED for a in failed)
+        unanswered = failed if gone else []
+        self.unanswered_in_row = self.unanswered_in_row + 1 if unanswered else 0
+        if self.unanswered_in_row >= self.config.unanswered:
+            raise TrainserveError(
+                f"{self.config.server} stopped answering: {self.unanswered_in_row} request pairs in a row failed "
+                f"after {self.tally.requests} replayed ({unanswered[0]}): expected the server up for the whole replay"
+            )
 
     def _compare(self, candidate: Prediction, baseline: Prediction) -> None:
         for side, answer in (("candidate", candidate), ("baseline", baseline)):

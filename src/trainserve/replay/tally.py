@@ -28,13 +28,15 @@ def log_bin(values: np.ndarray) -> np.ndarray:
     return np.clip(np.floor(np.log(v / LOG_LOW) / math.log(LOG_RATIO)).astype(np.int64), 0, LOG_BINS - 1)
 
 
-def histogram_quantile(counts: np.ndarray, edges: np.ndarray, q: float) -> float:
-    """The upper edge of the bin holding quantile q (at most one bin width above the exact value)."""
+def histogram_quantile(counts: np.ndarray, edges: np.ndarray, q: float, observed_max: float | None = None) -> float:
+    """The upper edge of the bin holding quantile q (at most one bin width above the exact value), and never above
+    the largest value observed (the bin's edge can be: a quantile above the maximum is no quantile)."""
     total = counts.sum()
     if not total:
         return 0.0
     index = int(np.searchsorted(np.cumsum(counts), q * total, side="left"))
-    return float(edges[min(index + 1, len(edges) - 1)])
+    edge = float(edges[min(index + 1, len(edges) - 1)])
+    return edge if observed_max is None else min(edge, float(observed_max))
 
 
 class Spread:
@@ -90,10 +92,12 @@ class ReplayTally:
         self.latency = {side: np.zeros(LOG_BINS, np.int64) for side in ("candidate", "baseline")}
         self.latency_spread = {side: Spread() for side in ("candidate", "baseline")}
         self.errors = {side: Counter() for side in ("candidate", "baseline")}
+        self.refused_by_both = 0  # pairs both sides refused as INVALID_ARGUMENT: the request's fault
         self.requests = self.paired = self.examples = 0
         if like is not None:
             self.latency, self.latency_spread, self.errors = like.latency, like.latency_spread, like.errors
             self.requests, self.paired, self.examples = like.requests, like.paired, like.examples
+            self.refused_by_both = like.refused_by_both
 
     def add_classification(self, candidate: np.ndarray, baseline: np.ndarray) -> None:
         """Both versions' probabilities [N, K] for the same N examples."""
@@ -127,6 +131,7 @@ class ReplayTally:
             self.errors[side].update(other.errors[side])
         self.requests, self.paired = self.requests + other.requests, self.paired + other.paired
         self.examples += other.examples
+        self.refused_by_both += other.refused_by_both
 
     def flip_count(self) -> int:
         return int(self.flips.sum() - np.trace(self.flips))
@@ -144,6 +149,7 @@ class ReplayTally:
             "latency_bins": {side: sparse(c) for side, c in self.latency.items()},
             "latency": {side: s.state() for side, s in self.latency_spread.items()},
             "errors": {side: dict(c) for side, c in self.errors.items()},
+            "refused_by_both": self.refused_by_both,
             "requests": self.requests,
             "paired": self.paired,
             "examples": self.examples,
@@ -164,4 +170,5 @@ class ReplayTally:
             tally.latency_spread[side] = Spread(state["latency"][side])
             tally.errors[side] = Counter(state["errors"][side])
         tally.requests, tally.paired, tally.examples = state["requests"], state["paired"], state["examples"]
+        tally.refused_by_both = state["refused_by_both"]
         return tally

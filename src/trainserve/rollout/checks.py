@@ -8,7 +8,8 @@ report's evidence and the files on disk, never from the report's say-so.
     partial   the whole split was evaluated (no --limit, no lone --shard)
     server    the report came from the server promote waits on (when --server is given)
     replay    with --replay: the candidate, replayed against stable on all the captured traffic, keeps its flip
-              rate's bound within --max-flip-rate, judged again from the replay's flip matrix
+              rate's bound within --max-flip-rate, judged again from the replay's flip matrix, and neither version
+              failed more than --max-error-rate of the requests, judged again from its error counts
 
 A check that refuses is a one-line error naming what was expected; `--override CHECK --reason TEXT` lets it
 pass, and the history keeps which checks were overridden and why.
@@ -141,7 +142,7 @@ def _server(report: dict, server: str | None) -> list[tuple[str, str]]:
 
 def _replay(replay: dict, report: dict, current: Rollout) -> list[str]:
     """The replay judged the candidate of the eval report against today's stable, on all its captured traffic,
-    and its flip-rate gate holds on its own counts."""
+    and its flip-rate and error-rate gates hold on its own counts."""
     candidate, baseline = replay["candidate"]["version"], replay["baseline"]["version"]
     if replay["model"] != report["model"] or candidate != report["version"]:
         return [

@@ -65,7 +65,7 @@ class PromoteConfig:
     replay: Path | None = option(
         None,
         "also a replay report of the candidate against stable on captured traffic (trainserve replay "
-        "--max-flip-rate R --report FILE): its flip-rate gate is re-derived from its counts",
+        "--max-flip-rate R --report FILE): its flip-rate and error-rate gates are re-derived from its counts",
     )
     override: tuple[str, ...] = option(
         (),

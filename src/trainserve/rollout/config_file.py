@@ -17,8 +17,11 @@ from trainserve.model_server_config import parse_model_config, render_model_conf
 
 HEADER = (
     "# Written by trainserve (candidate, promote, rollback): the version policy and the labels move together,\n"
-    "# so that a label never names a version the policy unloads. Change it with those commands; the history\n"
+    "# so that a label never names a version the policy unloads. Change those with these commands; the history\n"
     "# of changes is in {history}.\n"
+    "# To capture traffic, add by hand in this model's config {{ ... }} (candidate, promote and rollback keep it):\n"
+    "#   logging_config {{ sampling_config {{ sampling_rate: 0.1 }}\n"
+    '#                    log_collector_config {{ filename_prefix: "/captures/MODEL" }} }}\n'
 )
 
 

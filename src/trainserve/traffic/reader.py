@@ -8,11 +8,18 @@ its writer was killed, so damage does not stop the read: a record whose data che
 length is intact, so the next one is found); a truncated tail or a broken length ends that file. Each is one
 warning line naming the file, the byte and what was skipped. A capture that yields nothing to read is one error
 line: no files, no records, or records of other models only.
+
+A read is of a snapshot taken as it starts: the files there then, each up to the size it had then, whole records
+only. A capture still being written (a replay against the capturing server itself, whose calls a capture that did
+not honour `x-trainserve-origin` would append to the files being read) can neither grow the read nor make it
+endless; what was written after the start is counted when the read ends (`after_start`) and left out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -56,6 +63,7 @@ class ReadSummary:
     skipped: int = 0  # records skipped for a bad checksum, or not a Predict PredictionLog
     skipped_bytes: int = 0  # tails not read (truncated, broken length)
     damage: list[str] = field(default_factory=list)  # one line each
+    after_start: AfterStart = field(default_factory=lambda: AfterStart())
 
     def as_dict(self) -> dict:
         return {
@@ -66,7 +74,40 @@ class ReadSummary:
             "skipped_records": self.skipped,
             "skipped_bytes": self.skipped_bytes,
             "damage": list(self.damage),
+            "after_start": self.after_start.as_dict(),
         }
+
+
+@dataclass
+class AfterStart:
+    """What the capture gained (or lost) while it was read, left out of the read: records appended to the files
+    read (past their size at the start), files that appeared, files that went (rotated away) before they were read."""
+
+    records: int = 0
+    files_grown: int = 0
+    files_new: int = 0
+    new_files_records: int = 0
+    files_gone: int = 0
+
+    def as_dict(self) -> dict:
+        return {
+            "records": self.records + self.new_files_records,
+            "files_grown": self.files_grown,
+            "files_new": self.files_new,
+            "files_gone": self.files_gone,
+            "why": "written after the read began: a read is of the capture as it was at its start",
+        }
+
+    def said(self) -> str | None:
+        """One line for the log, or None when the capture did not change while it was read."""
+        total = self.records + self.new_files_records
+        if not (total or self.files_gone):
+            return None
+        gone = f"; {self.files_gone} file(s) rotated away before they were read" if self.files_gone else ""
+        return (
+            f"left out {total} record(s) written after the read began ({self.files_grown} file(s) grown, "
+            f"{self.files_new} new){gone}: a read is of the capture as it was at its start"
+        )
 
 
 def capture_files(paths: list[Path]) -> list[Path]:
@@ -86,18 +127,29 @@ def capture_files(paths: list[Path]) -> list[Path]:
     return sorted(dict.fromkeys(files), key=lambda p: (p.name, str(p)))
 
 
+def snapshot(paths: list[Path]) -> dict[Path, int]:
+    """The capture's files now and each one's size: what a read started now reads, and no more."""
+    sizes = {}
+    for path in capture_files(paths):
+        with contextlib.suppress(FileNotFoundError):  # listed a moment ago, rotated away since
+            sizes[path] = path.stat().st_size
+    return sizes
+
+
 def read_capture(
     paths: list[Path], model: str, shard: Shard | None = None, summary: ReadSummary | None = None
 ) -> Iterator[CapturedRequest]:
-    """Every captured Predict of `model` in the files' name order (this shard's only); `summary` is filled as
-    the read goes. Raises a one-line TrainserveError at the end when nothing of `model` was found."""
+    """Every captured Predict of `model` in the files' name order (this shard's only), of the snapshot taken at
+    the first record asked for; `summary` is filled as the read goes, and its `after_start` at the end. Raises a
+    one-line TrainserveError at the end when nothing of `model` was found."""
     shard = shard or Shard()
     summary = summary if summary is not None else ReadSummary()
-    files = capture_files(paths)
-    summary.files = len(files)
+    sizes = snapshot(paths)
+    summary.files = len(sizes)
+    read_to: dict[Path, int] = {}
     index = 0
-    for path in files:
-        for captured in _records_of(path, summary):
+    for path, size in sizes.items():
+        for captured in _records_of(path, size, summary, read_to):
             if captured is None:
                 continue
             if captured.model != model:
@@ -107,8 +159,48 @@ def read_capture(
             if shard.takes(index - 1):
                 summary.kept += 1
                 yield captured
+    summary.after_start = _after_start(paths, read_to)
+    said = summary.after_start.said()
+    if said:
+        log.info("%s", said)
     if index == 0:
         raise TrainserveError(_nothing_found(paths, model, summary))
+
+
+def _after_start(paths: list[Path], read_to: dict[Path, int]) -> AfterStart:
+    """Count, by their frames' lengths alone, the records past what was read: in the files read and in new ones."""
+    after = AfterStart(files_gone=sum(1 for offset in read_to.values() if offset < 0))
+    try:
+        now = capture_files(paths)
+    except TrainserveError:  # every file went
+        now = []
+    for path in now:
+        start = read_to.get(path)
+        if start is not None and start < 0:
+            continue
+        counted = count_frames(path, start or 0)
+        if start is None:
+            after.files_new += 1
+            after.new_files_records += counted
+        elif counted:
+            after.files_grown += 1
+            after.records += counted
+    return after
+
+
+def count_frames(path: Path, start: int) -> int:
+    """Records (whole, or being written) from byte `start` of `path`, read by their length headers only."""
+    count = 0
+    with contextlib.suppress(FileNotFoundError), open(path, "rb") as stream:
+        size = stream.seek(0, os.SEEK_END)
+        while start < size:
+            stream.seek(start)
+            header = stream.read(8)
+            count += 1
+            if len(header) < 8:
+                break
+            start += _FRAME_OVERHEAD + int.from_bytes(header, "little")
+    return count
 
 
 def _nothing_found(paths: list[Path], model: str, summary: ReadSummary) -> str:
@@ -120,39 +212,73 @@ def _nothing_found(paths: list[Path], model: str, summary: ReadSummary) -> str:
     return f"{said}: {summary.files} capture file(s) but no readable Predict records{damaged}"
 
 
-def _records_of(path: Path, summary: ReadSummary) -> Iterator[CapturedRequest | None]:
-    """One file's records, decoded; damage skipped and noted (one warning line each)."""
-    with open(path, "rb") as stream:
-        size = stream.seek(0, 2)
+class _Bounded:
+    """A file read no further than `size` bytes: the size it had at the snapshot."""
+
+    def __init__(self, stream: BinaryIO, size: int):
+        self.stream, self.size = stream, size
+
+    def read(self, n: int) -> bytes:
+        return self.stream.read(max(0, min(n, self.size - self.stream.tell())))
+
+    def seek(self, offset: int) -> None:
+        self.stream.seek(offset)
+
+
+def _records_of(path: Path, size: int, summary: ReadSummary, read_to: dict[Path, int]):
+    """One file's records up to `size`, decoded; damage skipped and noted (one warning line each). `read_to[path]`:
+    the byte after the last whole record read (-1: the file went before it was opened)."""
+    try:
+        stream = open(path, "rb")  # noqa: SIM115 (closed below; a file rotated away is counted, not an error)
+    except FileNotFoundError:
+        read_to[path] = -1
+        return
+    with stream:
+        bounded = _Bounded(stream, size)
         start = 0
+        read_to[path] = 0
         while start is not None:
-            stream.seek(start)
-            start = yield from _run_of_records(path, stream, start, size, summary)
+            bounded.seek(start)
+            start = yield from _run_of_records(path, bounded, start, size, summary, read_to)
 
 
-def _run_of_records(path: Path, stream: BinaryIO, start: int, size: int, summary: ReadSummary):
+def _run_of_records(
+    path: Path, stream: _Bounded, start: int, size: int, summary: ReadSummary, read_to: dict[Path, int]
+):
     """Records from `start` until the end (returns None) or damage: where to go on after a bad data checksum
     (the length is intact), None after a truncated or unreadable tail."""
     try:
         for raw in iter_records(stream):
             summary.records += 1
+            read_to[path] = stream.stream.tell()
             yield _decode(raw, path, summary)
         return None
     except DamagedRecord as damage:
         at = start + damage.offset
+        if "truncated" in damage.reason and _grew(path, size):
+            return None  # a record being written at the snapshot: counted with what came after it
         if damage.reason.startswith("data checksum"):
             stream.seek(at)
             length = int.from_bytes(stream.read(8), "little")
             summary.skipped += 1
             _note(summary, f"{path}: record at byte {at} skipped: its data checksum does not match (corrupt)")
-            return at + _FRAME_OVERHEAD + length
+            read_to[path] = at + _FRAME_OVERHEAD + length
+            return read_to[path]
         summary.skipped_bytes += size - at
+        read_to[path] = size  # what follows the damage is no record written after the start
         what = "the last record is truncated (a writer killed mid-write?)" if "truncated" in damage.reason else ""
         _note(
             summary,
             f"{path}: {what or damage.reason} at byte {at}: records before it read, the last {size - at} bytes skipped",
         )
         return None
+
+
+def _grew(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size > size
+    except FileNotFoundError:
+        return False
 
 
 def _decode(raw: bytes, path: Path, summary: ReadSummary) -> CapturedRequest | None:

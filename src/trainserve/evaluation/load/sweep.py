@@ -30,7 +30,7 @@ def run_sweep(config: LoadConfig) -> LoadResult:
 
         return run_during(config)
     target = Target(config.model, config.version, config.label, config.signature)
-    client = ServingClient(config.server, tls=config.tls, timeout=config.timeout)
+    client = ServingClient(config.server, tls=config.tls, timeout=config.timeout, origin="load")
     try:
         version = client.wait_until_available(target, config.wait)  # the version every point pins
         signature = client.signature(target, version)
