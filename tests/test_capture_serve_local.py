@@ -20,14 +20,12 @@ from scipy.stats import binomtest
 from conftest import (
     DIRECT,
     MONITORING,
-    QUICK_SWEEP,
     assert_one_line_error,
     free_port,
     install_version,
     predict_count,
     run_cli,
 )
-from trainserve.cli import main
 from trainserve.model_server_config import render_model_config, single_model_config
 from trainserve.protos import prediction_log_pb2
 from trainserve.serving import capture
@@ -79,9 +77,15 @@ def capture_counts(server) -> dict[str, int]:
     return counts
 
 
-def run_load(server) -> int:
-    """`trainserve load` (a short closed-loop sweep, synthetic inputs at batch 1 and 4); returns its exit code."""
-    return main(["load", "--server", server.target, "--model", "m", "--batch-sizes", "1,4", *QUICK_SWEEP])
+def run_load(server, calls: int = 60) -> int:
+    """Third-party traffic: `calls` Predicts at batch 1 and 4 from a plain TF Serving client (no trainserve origin
+    header: `trainserve load` marks its calls, and a capture leaves those out); returns 0 once all are answered."""
+    from serving_fixtures import predict_request, stubs
+
+    predict, _ = stubs(server)
+    for call in range(calls):
+        predict.Predict(predict_request(images=np.zeros((1 + 3 * (call % 2), 8, 8, 1), np.uint8)), timeout=30)
+    return 0
 
 
 def read_logs(directory: Path) -> list[bytes]:
