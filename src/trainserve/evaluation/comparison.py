@@ -260,4 +260,8 @@ def comparison_lines(c: dict) -> list[str]:
             f"  pairs           right only in {v}: {d['candidate_only']}, only in {b}: {d['baseline_only']}, "
             f"both: {d['both_right']}, neither: {d['both_wrong']}"
         )
+    if c.get("preflight"):
+        from trainserve.evaluation.preflight import preflight_line
+
+        lines.append(f"  power           {preflight_line(c['preflight'])}")
     return lines + (slice_lines(c["slices"]) if c.get("slices") else [])

@@ -39,6 +39,13 @@ def optional_text(text: str) -> str | None:
     return text.strip() or None
 
 
+def parse_max_drop(text: str) -> tuple[Margin, ...] | None:
+    """`accuracy=0.01,loss=5%` -> margins; empty -> None (the default margin); `none` -> () (no margin)."""
+    if not text.strip():
+        return None
+    return () if text.strip().lower() == "none" else parse_margins(text)
+
+
 def optional_float(text: str) -> float | None:
     return float(text) if text.strip() else None
 
@@ -137,15 +144,29 @@ class EvalConfig(ClientOptions):
     )
     not_worse: bool = option(
         True,
-        "with --compare-with and no --max-drop: exit 1 when significantly worse (false: report only)",
+        "with --compare-with --max-drop none: exit 1 when significantly worse (absence of evidence: promote "
+        "refuses a comparison gated only so; false: report only)",
         parse=parse_bool,
     )
-    max_drop: tuple[Margin, ...] = option(
-        (),
-        "METRIC=DROP[%%][,...]: with --compare-with, the non-inferiority gate (instead of not significantly "
-        "worse): pass only when the interval shows METRIC fell by less than DROP (absolute, or %% of the "
-        "baseline's value); too few examples to tell is 'inconclusive', which does not pass",
-        parse=parse_margins,
+    max_drop: tuple[Margin, ...] | None = option(
+        None,
+        "METRIC=DROP[%%][,...]: with --compare-with, the non-inferiority gate: pass only when the 95%% interval "
+        "shows METRIC fell by less than DROP (absolute, or %% of the baseline's value; the interval's lower end "
+        "is a one-sided 2.5%% bound); too few examples to tell is 'inconclusive', which does not pass (default: "
+        "accuracy=0.03, or mse=5%% for regression; none: no margin, only 'not significantly worse', which "
+        "promote refuses)",
+        parse=parse_max_drop,
+    )
+    assume_discordance: float = option(
+        0.03,
+        "with --max-drop on accuracy: the share of examples the two versions are assumed to disagree on, for "
+        "the pre-flight's smallest decidable margin (the observed share is reported after the run)",
+        parse=float,
+    )
+    require_power: bool = option(
+        False,
+        "with --compare-with: refuse (exit 2, before any request) when an accuracy --max-drop is below the "
+        "smallest margin the examples decide with 80%% power",
     )
     alpha: float = option(0.05, "significance level of the comparison's test")
     require_vs_baseline: tuple[ChangeGate, ...] = option(
@@ -208,6 +229,8 @@ class EvalConfig(ClientOptions):
             )
         if self.rollout_config is not None and not self.rollout_config.is_file():
             raise TrainserveError(f"--rollout-config {self.rollout_config}: no such file (expected models.config)")
+        if not 0 < self.assume_discordance <= 1:
+            raise TrainserveError(f"--assume-discordance {self.assume_discordance:g}: expected a share in (0, 1]")
         if not 0 < self.alpha < 1:
             raise TrainserveError(f"--alpha {self.alpha:g}: expected a significance level between 0 and 1")
 

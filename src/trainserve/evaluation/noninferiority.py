@@ -35,6 +35,7 @@ class Margin:
     metric: str
     drop: float
     relative: bool = False
+    default: bool = False  # applied because --max-drop named none (the report says so)
 
     def describe(self) -> str:
         return f"{self.metric}={self.drop:g}{'%' if self.relative else ''}"
@@ -103,6 +104,7 @@ def margin_gate(margin: Margin, comparison: dict) -> dict:
         "baseline_value": m["baseline"],
         "baseline_version": version,
         "passed": verdict == "non-inferior",
+        "default_margin": margin.default,
         "said": f"{margin.metric} is {verdict} to version {version} with a margin of {margin.drop:g}{unit} "
         f"(change {m['difference']:+.4f}, interval [{_num(low)}, {_num(high)}], allowed drop {absolute:.4g})"
         + (f"; about {needed:,} examples would decide" if needed else ""),

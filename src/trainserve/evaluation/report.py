@@ -86,7 +86,7 @@ def _comparison_gates(comparison: dict | None, config) -> list[dict]:
     from trainserve.evaluation.noninferiority import margin_gate
     from trainserve.evaluation.slicing import slice_gate
 
-    margins = [margin_gate(m, comparison) for m in config.max_drop]
+    margins = [margin_gate(m, comparison) for m in config.max_drop or ()]
     significance = [not_worse_gate(comparison, config.alpha)] if config.not_worse and not margins else []
     slices = [slice_gate(comparison["slices"], comparison["baseline"]["version"])] if config.gate_slices else []
     return margins + significance + slices + change_gates(config.require_vs_baseline, comparison)
@@ -176,7 +176,14 @@ def summary_table(report: dict) -> str:
 
 
 def describe_gate(gate: dict) -> str:
-    """One gate as a line says it: value gates `accuracy 0.95 >= 0.9`, comparison gates in their own words."""
+    """One gate as a line says it: value gates `accuracy 0.95 >= 0.9`, comparison gates in their own words and
+    what their pass rests on (a bound, or absence of evidence)."""
+    from trainserve.evaluation.gates import basis_note
+
+    return _gate_words(gate) + basis_note(gate)
+
+
+def _gate_words(gate: dict) -> str:
     value = "n/a" if gate["value"] is None else f"{gate['value']:.4f}"
     if gate.get("kind") == "significance":
         p, alpha = gate["value"], gate["threshold"]

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,8 @@ from trainserve.evaluation.data import Batch, EvalData
 from trainserve.evaluation.held_out import open_for_version
 from trainserve.evaluation.metrics import predicted_classes, task_metrics
 from trainserve.evaluation.noninferiority import check_margins
-from trainserve.evaluation.plan import Plan, plan_requests, with_class_ids
+from trainserve.evaluation.plan import Plan, expected_kind, plan_requests, with_class_ids
+from trainserve.evaluation.preflight import margins_for, observed_power, preflight
 from trainserve.evaluation.proof import baseline_evidence, evidence_section
 from trainserve.evaluation.records import BatchAnswer, EvalResult, FinishedRun, LocalComparison, RunTotals, Tally
 from trainserve.evaluation.report import build_report
@@ -48,6 +49,7 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
         # The version first: its own held-out split, and its record to check other data against.
         version = client.wait_until_available(target, config.wait)
         data, data_check, record = open_for_version(config, version)
+        config, planned = _plan_comparison(config, data)  # before any Predict: the margin and what n can show
         resolved = resolve_baseline(client, config, target, version) if config.compare_with else None
         baseline = resolved.version if resolved else None
         signature = client.signature(target, version)
@@ -80,6 +82,8 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
         client.close()
     refuse_nonfinite(plan, (totals,) if paired is None else (totals, baseline_totals))
     comparison = _comparison(config, paired, totals.version, resolved, slices)
+    if comparison is not None and planned is not None and paired is not None:
+        comparison["preflight"] = observed_power(planned, comparison)
     against = baseline_evidence(config, baseline, record, resolved.first_rollout) if resolved else None
     evidence = evidence_section(config, data_check, record, totals.tally.examples, against)
     finished = FinishedRun(config, data, plan, totals, start_rss, _peak_rss_mb(), data_check, comparison, evidence)
@@ -88,6 +92,23 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
         log.warning("output %r holds logits, not probabilities: loss and curves use their softmax", plan.output)
     latencies = [t * 1000 for t in totals.tally.latencies]
     return EvalResult(report, report["passed"], latencies, totals.tally, paired.tallies[1] if paired else None)
+
+
+def _plan_comparison(config: EvalConfig, data: EvalData) -> tuple[EvalConfig, dict | None]:
+    """The margins the comparison gates on (the default, said in one line, where --max-drop names none), and
+    the pre-flight of what the data's examples can decide: a line when a margin is below it, a refusal with
+    --require-power. Judged before any Predict; config returned with the margins it will apply."""
+    if config.compare_with is None:
+        return config, None
+    kind = expected_kind(config.task, data)
+    margins, default = margins_for(config.max_drop, kind)
+    if default:
+        log.info(
+            "no --max-drop: gating on the default margin %s (non-inferiority; --max-drop none: no margin)",
+            margins[0].describe(),
+        )
+    planned = preflight(margins, data.count, config.assume_discordance, True, config.require_power)
+    return replace(config, max_drop=margins), planned
 
 
 def _slices_of(config: EvalConfig, plan: Plan, data: EvalData) -> list[tuple[str, np.ndarray]] | None:

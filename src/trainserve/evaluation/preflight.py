@@ -1,0 +1,123 @@
+"""What a comparison can show, said before it is run: the smallest accuracy margin its examples decide with 80 %
+power, and the default margin applied when --max-drop names none.
+
+A non-inferiority gate passes when the lower end of the two-sided 95 % interval of the accuracy change (a one-sided
+2.5 % bound) lies above -margin. For two versions that are truly equal and disagree on a share psi of the n
+examples (the discordance), that end falls about (z_0.975 + z_0.8) sqrt(psi / n) below 0 or less in 80 % of
+evals; it is never closer to 0 than the interval with no discordant pair at all (which still has a width). A
+margin below that is one the eval will mostly call "inconclusive", whatever the models do. The sizing rule read
+the other way: n = (z_0.975 + z_0.8)^2 psi / margin^2 examples decide a margin with 80 % power.
+
+Before any request the discordance is unknown: it is assumed (--assume-discordance, default 0.03: two trainings
+of the demo's CNN with different seeds disagree on 2-3 % of digits' held-out examples) and the observed one is
+reported after the run, with the margin it could decide.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from trainserve.errors import TrainserveError
+from trainserve.evaluation.intervals import paired_proportion_interval, z_quantile
+from trainserve.evaluation.noninferiority import Margin
+
+log = logging.getLogger(__name__)
+
+POWER, ONE_SIDED_ALPHA = 0.80, 0.025
+DEFAULT_DISCORDANCE = 0.03
+# The margin eval gates on when --max-drop names none (and make promote, compose and the k8s promote Job by
+# default): on the demo's 360 held-out examples a retrain with another seed passes it in 10 of 10 seeds and a
+# planted 5-point drop in 0 of 10 (bench/promote_defaults.py, docs/evidence.md). Regression has no such
+# measurement: 5 % of stable's MSE, a stated convention.
+DEFAULT_MARGINS = {
+    "classification": Margin("accuracy", 0.03, default=True),
+    "regression": Margin("mse", 5.0, relative=True, default=True),
+}
+
+
+def smallest_decidable_margin(n: int, discordance: float, power: float = POWER) -> float:
+    """The smallest accuracy margin n paired examples with this discordance decide (non-inferior) with `power`
+    when the versions are truly equal: the planning number, not a verdict."""
+    if n <= 0:
+        return math.inf
+    planned = (z_quantile(1 - ONE_SIDED_ALPHA) + z_quantile(power)) * math.sqrt(max(discordance, 0.0) / n)
+    floor = -paired_proportion_interval(0, 0, n, 1 - 2 * ONE_SIDED_ALPHA)[0]
+    return max(planned, floor)
+
+
+def examples_for_margin(margin: float, discordance: float, power: float = POWER) -> int:
+    """How many examples decide `margin` with `power` at this discordance (the sizing rule, normal part)."""
+    z = z_quantile(1 - ONE_SIDED_ALPHA) + z_quantile(power)
+    return math.ceil(z * z * discordance / (margin * margin))
+
+
+def margins_for(max_drop: tuple[Margin, ...] | None, kind: str) -> tuple[tuple[Margin, ...], bool]:
+    """The margins a comparison gates on, and whether they are the default (--max-drop named none)."""
+    if max_drop is not None:
+        return max_drop, False
+    return (DEFAULT_MARGINS[kind],), True
+
+
+def preflight(
+    margins: tuple[Margin, ...], n: int, discordance: float, assumed: bool, require_power: bool
+) -> dict | None:
+    """Before any request: each absolute accuracy margin against what n examples can decide. Logs one line for
+    a margin below it (with --require-power: refuses, nothing sent); returns the planning numbers for the report
+    (None: no accuracy margin to plan for)."""
+    accuracy = [m for m in margins if m.metric == "accuracy" and not m.relative]
+    if not accuracy:
+        return None
+    smallest = smallest_decidable_margin(n, discordance)
+    how = "assumed (--assume-discordance)" if assumed else "observed"
+    for margin in accuracy:
+        if margin.drop >= smallest:
+            continue
+        said = (
+            f"pre-flight: {n:,} examples at a discordance of {discordance:.3g} ({how}) decide an accuracy margin of "
+            f"{smallest:.4f} or more with 80% power; --max-drop {margin.describe()} is below it, so expect "
+            f"'inconclusive' (about {examples_for_margin(margin.drop, discordance):,} examples would decide "
+            f"{margin.drop:g})"
+        )
+        if require_power:
+            raise TrainserveError(f"{said}: --require-power refuses; expected a larger margin or more examples")
+        log.warning("%s", said)
+    return {
+        "examples": n,
+        "discordance": discordance,
+        "discordance_source": "assumed" if assumed else "observed",
+        "power": POWER,
+        "one_sided_alpha": ONE_SIDED_ALPHA,
+        "smallest_margin": smallest,
+    }
+
+
+def observed_power(planned: dict, comparison: dict) -> dict:
+    """The pre-flight's numbers beside what the run observed: the discordance it found and the smallest margin
+    that discordance decides with 80 % power (classification; regression has no discordance)."""
+    said = {"assumed": planned}
+    discordant = (comparison.get("test") or {}).get("discordant")
+    if discordant:
+        n = sum(discordant.values())
+        share = (discordant["candidate_only"] + discordant["baseline_only"]) / n if n else 0.0
+        said["observed"] = {
+            "examples": n,
+            "discordance": share,
+            "discordance_source": "observed",
+            "power": POWER,
+            "one_sided_alpha": ONE_SIDED_ALPHA,
+            "smallest_margin": smallest_decidable_margin(n, share),
+        }
+    return said
+
+
+def preflight_line(section: dict) -> str:
+    """The summary's line: what the examples could decide, assumed before the run and observed after it."""
+    assumed, observed = section["assumed"], section.get("observed")
+    said = (
+        f"{assumed['examples']:,} examples decide an accuracy margin of {assumed['smallest_margin']:.4f} with "
+        f"80% power at the assumed discordance {assumed['discordance']:.3g}"
+    )
+    if observed:
+        said += f"; at the observed {observed['discordance']:.3g}: {observed['smallest_margin']:.4f}"
+    return said
