@@ -13,13 +13,8 @@ from scipy import stats
 from trainserve.evaluation.comparison import summarize
 from trainserve.evaluation.gates import ChangeGate, change_gates, not_worse_gate, parse_change_gates
 from trainserve.evaluation.noninferiority import Margin, margin_gate, parse_margins
-from trainserve.evaluation.paired_stats import (
-    RESAMPLES,
-    bootstrap_interval,
-    mcnemar_exact,
-    root_mean,
-    sign_flip_test,
-)
+from trainserve.stats.means import RESAMPLES, bootstrap_interval, root_mean
+from trainserve.stats.significance import mcnemar_exact, sign_flip_test
 
 pytestmark = pytest.mark.unit
 

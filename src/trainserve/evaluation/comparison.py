@@ -3,11 +3,11 @@ interval at level 1 - alpha and the smallest difference the data could have show
 decides the verdict, and the verdict line a person reads first.
 
 Classification is decided by accuracy with McNemar's exact test; regression by MSE with a paired sign-flip
-test on the per-example squared errors (paired_stats.py says why those). "better" or "worse" only when the
+test on the per-example squared errors (trainserve.stats.significance says why those). "better" or "worse" only when the
 test's p-value is below --alpha; otherwise "no significant difference", whatever the point estimates say, and
 never "no difference": the detectable difference says how large a one could have gone unseen.
 
-Intervals (intervals.py): accuracies, which are right or wrong per example, by the paired score interval that
+Intervals (trainserve.stats): accuracies, which are right or wrong per example, by the paired score interval that
 agrees with McNemar's exact test; losses and errors, which are means, by Student's t; RMSE, the root of a mean,
 by the paired bootstrap (its resamples are recorded).
 """
@@ -19,27 +19,21 @@ import math
 import numpy as np
 
 from trainserve.evaluation.gates import HIGHER_IS_BETTER, PAIRED_METRICS
-from trainserve.evaluation.intervals import mean_interval, paired_proportion_interval, two_sided_z, z_quantile
 from trainserve.evaluation.metrics import (
     ClassificationMetrics,
     RegressionMetrics,
     latency_percentiles,
     log_probabilities,
 )
-from trainserve.evaluation.paired_stats import (
-    FLIPS,
-    RESAMPLES,
-    bootstrap_interval,
-    mcnemar_exact,
-    mean,
-    root_mean,
-    sign_flip_test,
-)
 from trainserve.evaluation.plan import Plan
-from trainserve.evaluation.power import POWER, discordant_share, mdd_mean, mdd_paired_proportions
 from trainserve.evaluation.records import BatchAnswer, Tally
 from trainserve.evaluation.slicing import slice_lines, slice_table, worse_line
 from trainserve.evidence.decision import significantly_worse
+from trainserve.stats.distributions import two_sided_z, z_quantile
+from trainserve.stats.means import RESAMPLES, bootstrap_interval, mean, mean_interval, root_mean
+from trainserve.stats.power import POWER, discordant_share, mdd_mean, mdd_paired_proportions
+from trainserve.stats.proportions import paired_proportion_interval
+from trainserve.stats.significance import FLIPS, mcnemar_exact, sign_flip_test
 
 MCNEMAR, SIGN_FLIP = "McNemar's exact test", "paired sign-flip test on squared errors"
 PROPORTIONS = frozenset({"accuracy", "top_k_accuracy"})  # right or wrong per example

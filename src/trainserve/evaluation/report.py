@@ -12,12 +12,12 @@ import numpy as np
 
 from trainserve import __version__
 from trainserve.evaluation.config import ClientOptions
-from trainserve.evaluation.intervals import single_version_intervals
 from trainserve.evaluation.metrics import latency_histogram, latency_percentiles, precision_recall_curve
 from trainserve.evaluation.records import EvalResult, FinishedRun
 from trainserve.evidence import decision
 from trainserve.evidence.document import SCHEMA_ID, dumps, strict_json
 from trainserve.files import write_file_atomic
+from trainserve.stats.proportions import single_version_intervals
 
 
 def report_header(schema: str, config: ClientOptions, version: int) -> dict:

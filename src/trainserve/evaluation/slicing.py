@@ -18,11 +18,11 @@ import numpy as np
 
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.data import ArrayData, EvalData, NpzData
-from trainserve.evaluation.intervals import paired_proportion_interval
-from trainserve.evaluation.multiplicity import METHODS, adjust
-from trainserve.evaluation.paired_stats import mcnemar_exact, sign_flip_test
-from trainserve.evaluation.power import discordant_share, mdd_paired_proportions
 from trainserve.layout import SPLIT_INPUTS
+from trainserve.stats.multiplicity import METHODS, adjust
+from trainserve.stats.power import discordant_share, mdd_paired_proportions
+from trainserve.stats.proportions import paired_proportion_interval
+from trainserve.stats.significance import mcnemar_exact, sign_flip_test
 
 CLASS = "class"
 SLICE_FLIPS = 2000  # per slice: enough for p-values around 0.05 / slices to be told apart

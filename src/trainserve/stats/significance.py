@@ -1,5 +1,5 @@
-"""Statistics of two versions judged on the same examples, in numpy and the standard library only (the eval
-image has no scipy).
+"""Tests of two versions judged on the same examples, in numpy and the standard library only (the eval image has
+no scipy; the tests check each against scipy).
 
 - McNemar's exact test: of the examples exactly one version gets right (the discordant pairs), how likely is a
   split at least this uneven if each were equally likely to be the one? A two-sided exact binomial test with
@@ -8,19 +8,16 @@ image has no scipy).
   difference" each example's difference is as likely to have either sign, so the observed mean is compared with
   the means of randomly sign-flipped copies. Exact in its assumptions (symmetry, not normality: squared errors
   are heavy-tailed, where a t-test's normal approximation is least trustworthy), seeded, Monte Carlo.
-- A paired bootstrap interval for a metric's difference: resample examples (the same ones for both versions),
-  recompute the metric of each version, take the 2.5th and 97.5th percentiles of the differences.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 
 EXACT_LIMIT = 5000  # discordant pairs up to which the binomial tail is summed in exact integers
-RESAMPLES, FLIPS, CHUNK = 2000, 10000, 250
+FLIPS, CHUNK = 10000, 250
 
 
 def mcnemar_exact(b: int, c: int) -> float:
@@ -55,36 +52,3 @@ def sign_flip_test(differences: np.ndarray, flips: int = FLIPS, seed: int = 0) -
         means = np.abs(signs @ d) / d.size
         extreme += int(np.sum(means >= observed * (1 - 1e-12)))  # ties (to rounding) count as extreme
     return (1 + extreme) / (1 + flips)
-
-
-def mean(values: np.ndarray) -> np.ndarray:
-    """Per resample (rows): the mean over examples."""
-    return values.mean(axis=-1)
-
-
-def root_mean(values: np.ndarray) -> np.ndarray:
-    """Per resample: the square root of the mean (RMSE from squared errors)."""
-    return np.sqrt(values.mean(axis=-1))
-
-
-def bootstrap_interval(
-    a: np.ndarray,
-    b: np.ndarray,
-    statistic: Callable[[np.ndarray], np.ndarray] = mean,
-    resamples: int = RESAMPLES,
-    seed: int = 0,
-    level: float = 0.95,
-) -> tuple[float, float]:
-    """Percentile interval of statistic(a) - statistic(b) over paired resamples of the examples (rows of a and b
-    are the same examples)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if not a.size:
-        return (0.0, 0.0)
-    rng = np.random.default_rng(seed)
-    differences = []
-    for start in range(0, resamples, CHUNK):
-        rows = rng.integers(0, len(a), (min(CHUNK, resamples - start), len(a)))
-        differences.append(statistic(a[rows]) - statistic(b[rows]))
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(np.concatenate(differences), [tail, 100 - tail])
-    return float(low), float(high)
