@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 
 from trainserve.evaluation.comparison import paired_metric  # noqa: E402
 from trainserve.evaluation.noninferiority import Margin, margin_gate  # noqa: E402
-from trainserve.evaluation.preflight import smallest_decidable_margin  # noqa: E402
+from trainserve.evaluation.preflight import decidable_margin  # noqa: E402
 from trainserve.sources.builtin import digits  # noqa: E402
 
 PLANTED_DROP = 0.05
@@ -92,7 +92,7 @@ def main() -> None:
     share = float(np.median(discordance))
     print(
         f"discordance of a retrain: median {share:.4f} (min {min(discordance):.4f}, max {max(discordance):.4f}); "
-        f"smallest margin decidable with 80% power at the median: {smallest_decidable_margin(n, share):.4f}"
+        f"smallest margin decidable with 80% power at the median: {decidable_margin(n, share):.4f}"
     )
     print(f"{'margin':>8} {'retrains pass':>14} {'planted -5 pts pass':>20}")
     for drop in margins:

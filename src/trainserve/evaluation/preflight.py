@@ -3,29 +3,29 @@ power, and the default margin applied when --max-drop names none.
 
 A non-inferiority gate passes when the lower end of the two-sided 95 % interval of the accuracy change (a one-sided
 2.5 % bound) lies above -margin. For two versions that are truly equal and disagree on a share psi of the n
-examples (the discordance), that end falls about (z_0.975 + z_0.8) sqrt(psi / n) below 0 or less in 80 % of
-evals; it is never closer to 0 than the interval with no discordant pair at all (which still has a width). A
-margin below that is one the eval will mostly call "inconclusive", whatever the models do. The sizing rule read
-the other way: n = (z_0.975 + z_0.8)^2 psi / margin^2 examples decide a margin with 80 % power.
+examples (the discordance), that end lies within about (z_0.975 + z_0.8) sqrt(psi / n) of 0 in 80 % of evals,
+and never closer to 0 than the interval with no discordant pair at all (which still has a width). A margin below
+it is one the eval will mostly call "inconclusive", whatever the models do. The sizing rule read the other way:
+n = (z_0.975 + z_0.8)^2 psi / margin^2 examples decide a margin with 80 % power.
 
-Before any request the discordance is unknown: it is assumed (--assume-discordance, default 0.03: two trainings
-of the demo's CNN with different seeds disagree on 2-3 % of digits' held-out examples) and the observed one is
-reported after the run, with the margin it could decide.
+Before any request the discordance is unknown: it is assumed (--assume-discordance, default 0.03, above what
+retrains of the demo's CNN with other seeds show on digits' held-out examples: 0.6-2.2 %) and the observed one
+is reported after the run, with the margin it decides.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from fractions import Fraction
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.intervals import paired_proportion_interval, z_quantile
 from trainserve.evaluation.noninferiority import Margin
+from trainserve.stats.power import ALPHA, POWER, examples_to_decide, smallest_decidable_margin
+from trainserve.stats.proportions import paired_proportion_interval
 
 log = logging.getLogger(__name__)
 
-POWER, ONE_SIDED_ALPHA = 0.80, 0.025
-DEFAULT_DISCORDANCE = 0.03
 # The margin eval gates on when --max-drop names none (and make promote, compose and the k8s promote Job by
 # default): on the demo's 360 held-out examples a retrain with another seed passes it in 10 of 10 seeds and a
 # planted 5-point drop in 0 of 10 (bench/promote_defaults.py, docs/evidence.md). Regression has no such
@@ -36,20 +36,35 @@ DEFAULT_MARGINS = {
 }
 
 
-def smallest_decidable_margin(n: int, discordance: float, power: float = POWER) -> float:
+def decidable_margin(n: int, discordance: float, power: float = POWER) -> float:
     """The smallest accuracy margin n paired examples with this discordance decide (non-inferior) with `power`
-    when the versions are truly equal: the planning number, not a verdict."""
+    when the versions are truly equal. With the expected number of discordant pairs D = n * discordance, each
+    falls to either version with probability 1/2: the gate's own interval (trainserve.stats.proportions) at the
+    split of D that `power` of evals reach or beat gives the margin, so the answer carries the interval's width
+    at few discordant pairs (with none it is the interval of 0 of n, never 0). Beyond _EXACT_PAIRS discordant
+    pairs the normal planning number (trainserve.stats.power) is within about 1 % of it."""
     if n <= 0:
         return math.inf
-    planned = (z_quantile(1 - ONE_SIDED_ALPHA) + z_quantile(power)) * math.sqrt(max(discordance, 0.0) / n)
-    floor = -paired_proportion_interval(0, 0, n, 1 - 2 * ONE_SIDED_ALPHA)[0]
-    return max(planned, floor)
+    pairs = round(n * max(discordance, 0.0))
+    if pairs > _EXACT_PAIRS:
+        return smallest_decidable_margin(n, discordance, power=power) or math.inf
+    wins = _wins_reached(pairs, power)
+    return -paired_proportion_interval(wins, pairs - wins, n, 1 - 2 * ALPHA)[0]
 
 
-def examples_for_margin(margin: float, discordance: float, power: float = POWER) -> int:
-    """How many examples decide `margin` with `power` at this discordance (the sizing rule, normal part)."""
-    z = z_quantile(1 - ONE_SIDED_ALPHA) + z_quantile(power)
-    return math.ceil(z * z * discordance / (margin * margin))
+_EXACT_PAIRS = 2000
+
+
+def _wins_reached(pairs: int, power: float) -> int:
+    """The most candidate-only examples among `pairs` discordant ones that at least `power` of equal-version evals
+    reach (Binomial(pairs, 1/2), in exact integers)."""
+    share = Fraction(power).limit_denominator(10**6)
+    total, reached = 2**pairs, 0
+    for wins in range(pairs, -1, -1):
+        reached += math.comb(pairs, wins)
+        if reached * share.denominator >= share.numerator * total:
+            return wins
+    return 0
 
 
 def margins_for(max_drop: tuple[Margin, ...] | None, kind: str) -> tuple[tuple[Margin, ...], bool]:
@@ -68,7 +83,7 @@ def preflight(
     accuracy = [m for m in margins if m.metric == "accuracy" and not m.relative]
     if not accuracy:
         return None
-    smallest = smallest_decidable_margin(n, discordance)
+    smallest = decidable_margin(n, discordance)
     how = "assumed (--assume-discordance)" if assumed else "observed"
     for margin in accuracy:
         if margin.drop >= smallest:
@@ -76,7 +91,7 @@ def preflight(
         said = (
             f"pre-flight: {n:,} examples at a discordance of {discordance:.3g} ({how}) decide an accuracy margin of "
             f"{smallest:.4f} or more with 80% power; --max-drop {margin.describe()} is below it, so expect "
-            f"'inconclusive' (about {examples_for_margin(margin.drop, discordance):,} examples would decide "
+            f"'inconclusive' (about {examples_to_decide(margin.drop, discordance):,} examples would decide "
             f"{margin.drop:g})"
         )
         if require_power:
@@ -87,7 +102,7 @@ def preflight(
         "discordance": discordance,
         "discordance_source": "assumed" if assumed else "observed",
         "power": POWER,
-        "one_sided_alpha": ONE_SIDED_ALPHA,
+        "one_sided_alpha": ALPHA,
         "smallest_margin": smallest,
     }
 
@@ -105,8 +120,8 @@ def observed_power(planned: dict, comparison: dict) -> dict:
             "discordance": share,
             "discordance_source": "observed",
             "power": POWER,
-            "one_sided_alpha": ONE_SIDED_ALPHA,
-            "smallest_margin": smallest_decidable_margin(n, share),
+            "one_sided_alpha": ALPHA,
+            "smallest_margin": decidable_margin(n, share),
         }
     return said
 
