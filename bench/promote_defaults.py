@@ -94,6 +94,9 @@ def main() -> None:
         f"discordance of a retrain: median {share:.4f} (min {min(discordance):.4f}, max {max(discordance):.4f}); "
         f"smallest margin decidable with 80% power at the median: {decidable_margin(n, share):.4f}"
     )
+    lowest = min(gate(p, stable, truth, 0.0)["value"] for p in retrains)
+    highest = max(gate(p, stable, truth, 0.0)["value"] for p in drops)
+    print(f"lower end of the change's interval: retrains from {lowest:+.4f}, planted drops up to {highest:+.4f}")
     print(f"{'margin':>8} {'retrains pass':>14} {'planted -5 pts pass':>20}")
     for drop in margins:
         passed = sum(gate(p, stable, truth, drop)["passed"] for p in retrains)

@@ -75,7 +75,7 @@ def test_compare_with_without_max_drop_gates_on_the_default_margin():
     assert margins_for(None, "classification") == ((DEFAULT_MARGINS["classification"],), True)
     assert margins_for(None, "regression") == ((DEFAULT_MARGINS["regression"],), True)
     assert margins_for((), "classification") == ((), False)
-    assert DEFAULT_MARGINS["classification"].describe() == "accuracy=0.03"
+    assert DEFAULT_MARGINS["classification"].describe() == "accuracy=0.04"
 
 
 def _comparison(candidate_only: int, baseline_only: int, n: int) -> dict:

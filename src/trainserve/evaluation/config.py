@@ -153,7 +153,7 @@ class EvalConfig(ClientOptions):
         "METRIC=DROP[%%][,...]: with --compare-with, the non-inferiority gate: pass only when the 95%% interval "
         "shows METRIC fell by less than DROP (absolute, or %% of the baseline's value; the interval's lower end "
         "is a one-sided 2.5%% bound); too few examples to tell is 'inconclusive', which does not pass (default: "
-        "accuracy=0.03, or mse=5%% for regression; none: no margin, only 'not significantly worse', which "
+        "accuracy=0.04, or mse=5%% for regression; none: no margin, only 'not significantly worse', which "
         "promote refuses)",
         parse=parse_max_drop,
     )

@@ -27,11 +27,11 @@ from trainserve.stats.proportions import paired_proportion_interval
 log = logging.getLogger(__name__)
 
 # The margin eval gates on when --max-drop names none (and make promote, compose and the k8s promote Job by
-# default): on the demo's 360 held-out examples a retrain with another seed passes it in 10 of 10 seeds and a
-# planted 5-point drop in 0 of 10 (bench/promote_defaults.py, docs/evidence.md). Regression has no such
-# measurement: 5 % of stable's MSE, a stated convention.
+# default): on the demo's 360 held-out examples a retrain with another seed passes it in 10 of 10 seeds (10, 15
+# or 20 epochs) and a planted 5-point drop in 0 of 10 (bench/promote_defaults.py, docs/evidence.md). Regression
+# has no such measurement: 5 % of stable's MSE, a stated convention.
 DEFAULT_MARGINS = {
-    "classification": Margin("accuracy", 0.03, default=True),
+    "classification": Margin("accuracy", 0.04, default=True),
     "regression": Margin("mse", 5.0, relative=True, default=True),
 }
 
