@@ -129,33 +129,40 @@ def test_minimum_detectable_difference_is_detected_80_percent_of_the_time():
 
 @pytest.mark.parametrize(("gain", "margin", "sd"), [(-0.004, 0.01, 0.3), (-0.016, 0.01, 0.3), (0.002, 0.01, 0.2)])
 def test_would_decide_names_the_direction_and_has_80_percent_power(gain, margin, sd):
-    # The old number put the interval's end on the margin when the observed change held: a coin flip.
+    # The old number put the interval's end on the margin if the observed change held: a coin flip (50 %).
     decide = power.would_decide(gain, margin, sd)
     assert decide.direction == ("non-inferior" if gain > -margin else "inferior")
-    rng = np.random.default_rng(11)
-    samples = rng.normal(gain, sd, (4000, decide.examples))
-    half = stats.norm.ppf(0.975) * samples.std(axis=1, ddof=1) / math.sqrt(decide.examples)
-    verdicts = [judge(m - h, m + h, margin) for m, h in zip(samples.mean(axis=1), half)]
-    assert np.mean([v == decide.direction for v in verdicts]) == pytest.approx(0.80, abs=0.025)
+
+    def deciding(n: int) -> float:  # the chance the 95 % interval's end clears -margin that way, by scipy
+        return stats.norm.cdf(abs(gain + margin) * math.sqrt(n) / sd - stats.norm.ppf(0.975))
+
+    assert deciding(decide.examples) >= 0.80 > deciding(decide.examples - 1)
+    rng = np.random.default_rng(11)  # and by simulation of the observed mean at that n
+    means = rng.normal(gain, sd / math.sqrt(decide.examples), 20000)
+    half = stats.norm.ppf(0.975) * sd / math.sqrt(decide.examples)
+    verdicts = [judge(m - half, m + half, margin) for m in means]
+    assert np.mean([v == decide.direction for v in verdicts]) == pytest.approx(0.80, abs=0.01)
     assert power.would_decide(-margin, margin, sd) is None
 
 
-@pytest.mark.parametrize(("margin", "share"), [(0.01, 0.02), (0.02, 0.05), (0.03, 0.15)])
-def test_planning_a_paired_accuracy_margin_gives_80_percent_power_to_equal_models(margin, share):
+@pytest.mark.parametrize(("margin", "share"), [(0.01, 0.02), (0.02, 0.05), (0.05, 0.10)])
+def test_planning_a_paired_accuracy_margin(margin, share):
     n = power.examples_to_decide(margin, share)
     z = stats.norm.ppf(0.975) + stats.norm.ppf(0.80)
     assert n == math.ceil(z**2 * share / margin**2)
     assert power.smallest_decidable_margin(n, share) == pytest.approx(z * math.sqrt(share / n))
     assert power.smallest_decidable_margin(n, share) <= margin < power.smallest_decidable_margin(n - 1, share)
-    # Equal models at n: the gate (paired score interval, non-inferior when its lower end is above -margin)
-    # passes about 80 % of the time; a touch more, as the exact widening makes it conservative only at the ends.
-    rng = np.random.default_rng(3)
-    counts = rng.multinomial(n, [share / 2, share / 2, 1 - share], 2000)
-    passed = np.mean(
-        [judge(*proportions.paired_proportion_interval(b, c, n), margin) == "non-inferior" for b, c, _ in counts]
-    )
-    assert 0.74 <= passed <= 0.87
     assert power.examples_to_decide(0.01, 0.02, gain=-0.01) is None
+
+
+def test_a_planned_paired_accuracy_gate_passes_equal_models_80_percent_of_the_time():
+    margin, share = 0.05, 0.10
+    n = power.examples_to_decide(margin, share)  # 315
+    rng = np.random.default_rng(3)
+    counts = rng.multinomial(n, [share / 2, share / 2, 1 - share], 500)
+    intervals = [proportions.paired_proportion_interval(int(b), int(c), n) for b, c, _ in counts]
+    passed = np.mean([judge(low, high, margin) == "non-inferior" for low, high in intervals])
+    assert 0.74 <= passed <= 0.88  # 0.80 by the normal approximation; the exact widening costs a little
 
 
 @pytest.mark.parametrize(("n", "sd"), [(5, 1.0), (12, 0.4), (200, 2.0)])
@@ -196,3 +203,63 @@ def test_holm_keeps_the_family_wise_error_at_alpha_and_uncorrected_tests_do_not(
     assert holm_any <= 0.05 + 0.01 and np.mean(p.min(axis=1) < 0.05) > 0.35
     bh_any = np.mean([min(multiplicity.benjamini_hochberg(row)) < 0.05 for row in p])
     assert bh_any <= 0.05 + 0.01  # with every null true, the false discovery rate is the family-wise one
+
+
+def test_adjusted_intervals_keep_the_family_wise_and_false_coverage_rates():
+    """Ten slices, each a normal mean with known spread: Bonferroni's level (beside Holm) misses any true value at
+    most alpha of the time; the false-coverage-rate level beside Benjamini-Hochberg keeps the share of selected
+    slices whose interval misses at most alpha; unadjusted 95 % intervals miss somewhere 40 % of the time."""
+    rng = np.random.default_rng(21)
+    truth = np.r_[np.zeros(7), 3.5, 3.5, 4.0]  # three real effects, in standard errors
+    estimates = truth + rng.normal(size=(3000, 10))
+    p = 2 * stats.norm.sf(np.abs(estimates))
+    any_missed, unadjusted_missed, false_coverage = [], [], []
+    for row, p_row in zip(estimates, p):
+        level = multiplicity.adjusted_level(multiplicity.holm(p_row), 0.05, "holm")
+        assert level == pytest.approx(1 - 0.05 / 10)
+        missed = np.abs(row - truth) > stats.norm.ppf(1 - (1 - level) / 2)
+        any_missed.append(missed.any())
+        unadjusted_missed.append((np.abs(row - truth) > stats.norm.ppf(0.975)).any())
+        bh = np.asarray(multiplicity.benjamini_hochberg(p_row))
+        selected = bh < 0.05
+        level = multiplicity.adjusted_level(bh.tolist(), 0.05, "bh")
+        assert level == pytest.approx(1 - max(selected.sum(), 1) * 0.05 / 10)
+        missed = np.abs(row - truth) > stats.norm.ppf(1 - (1 - level) / 2)
+        false_coverage.append((missed & selected).sum() / max(selected.sum(), 1))
+    assert np.mean(any_missed) <= 0.05 + 0.008 and np.mean(unadjusted_missed) > 0.35
+    assert np.mean(false_coverage) <= 0.05 + 0.008
+    assert multiplicity.adjusted_level([0.2], 0.05, "holm") == pytest.approx(0.95)
+
+
+def test_the_detectable_difference_of_a_mean_has_80_percent_power_by_students_t():
+    """At n = 5 the normal's quantiles understate it by a third: the t-test's power there would be about 55 %."""
+    for n, sd in ((5, 1.0), (12, 0.3), (400, 2.0)):
+        mdd = power.mdd_mean(n, sd)
+        achieved = stats.nct.sf(stats.t.ppf(0.975, n - 1), n - 1, mdd * math.sqrt(n) / sd)
+        assert achieved == pytest.approx(0.80, abs=0.02), n
+
+
+def test_bootstrap_t_is_students_t_for_normal_values():
+    d = np.random.default_rng(7).normal(0.2, 1.5, 400)
+    low, high = means.bootstrap_t_interval(d, 0.95, seed=1)
+    want = stats.ttest_1samp(d, 0).confidence_interval(0.95)
+    assert low == pytest.approx(want.low, abs=0.04 * (want.high - want.low))
+    assert high == pytest.approx(want.high, abs=0.04 * (want.high - want.low))
+    assert means.bootstrap_t_interval(np.ones(5)) == (1.0, 1.0)
+    assert means.bootstrap_t_interval(np.ones(1)) == (-math.inf, math.inf)
+    assert means.bootstrap_t_interval(d, seed=3) == means.bootstrap_t_interval(d, seed=3)  # seeded
+
+
+def test_bootstrap_t_keeps_a_regression_candidate_at_the_margin_near_its_one_sided_level():
+    """Squared errors with heavy tails: the candidate's errors are the baseline's plus a Laplace error, so its MSE
+    is worse by exactly E[L^2] = 2, the margin. Passing it (the interval's upper end below 2) is the error a
+    one-sided 2.5 % gate bounds: Student's t lets it through about 6-7 % of the time at n = 200, the bootstrap-t
+    about 3.5 % (it follows the skew; it does not remove all of it at this n)."""
+    rng = np.random.default_rng(1)
+    n, runs, margin = 200, 1000, 2.0
+    base = rng.normal(0, 1, (runs, n))
+    d = (base + rng.laplace(0, 1, (runs, n))) ** 2 - base**2
+    students = d.mean(axis=1) + stats.t.ppf(0.975, n - 1) * d.std(axis=1, ddof=1) / math.sqrt(n)
+    bootstrap_t = np.array([means.bootstrap_t_interval(row, 0.95, 500, seed=i)[1] for i, row in enumerate(d)])
+    assert np.mean(students < margin) > 0.055
+    assert 0.01 < np.mean(bootstrap_t < margin) < 0.045

@@ -12,7 +12,7 @@ from typing import Literal
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.gates import ChangeGate, Gate, parse_change_gates, parse_gates
 from trainserve.evaluation.noninferiority import Margin, parse_margins
-from trainserve.evaluation.slicing import parse_slice
+from trainserve.evaluation.slicing import parse_slice, parse_slice_margin
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.options import key_values, option, parse_bool, positive_int
@@ -168,7 +168,11 @@ class EvalConfig(ClientOptions):
         "with --compare-with: refuse (exit 2, before any request) when an accuracy --max-drop is below the "
         "smallest margin the examples decide with 80%% power",
     )
-    alpha: float = option(0.05, "significance level of the comparison's test")
+    alpha: float = option(
+        0.05,
+        "two-sided level of the comparison's test and its 1 - ALPHA intervals; a gate judged on an interval's "
+        "end (--max-drop, --max-drop-per-slice) is one-sided at ALPHA / 2 (2.5 %% at 0.05)",
+    )
     require_vs_baseline: tuple[ChangeGate, ...] = option(
         (),
         "METRIC>=CHANGE or METRIC<=CHANGE[%%][,...]: change thresholds vs --compare-with, on the point estimates "
@@ -188,6 +192,13 @@ class EvalConfig(ClientOptions):
     )
     gate_slices: bool = option(
         False, "with --compare-with: exit 1 when any slice is significantly worse (after the correction)"
+    )
+    max_drop_per_slice: Margin | None = option(
+        None,
+        "METRIC=DROP[%%]: with --compare-with, a non-inferiority gate on every slice (accuracy, or mse for "
+        "regression), judged on each slice's multiplicity-adjusted interval: a slice too small to tell is "
+        "'inconclusive', which does not pass",
+        parse=parse_slice_margin,
     )
     seed: int = option(0, "seed of the comparison's bootstrap and sign-flip resampling")
     compare_local: Path | None = option(None, "also run this SavedModel version dir in-process on CPU")
@@ -211,10 +222,10 @@ class EvalConfig(ClientOptions):
     def check_comparison(self) -> None:
         # --allow-no-baseline and --max-drop alone are harmless: compose sets them, COMPARE_WITH= not.
         if self.compare_with is None:
-            if self.require_vs_baseline or self.slice or self.gate_slices:
+            if self.require_vs_baseline or self.slice or self.gate_slices or self.max_drop_per_slice:
                 raise TrainserveError(
-                    "--require-vs-baseline/--slice/--gate-slices without --compare-with: expected the version or "
-                    "label to compare with"
+                    "--require-vs-baseline/--slice/--gate-slices/--max-drop-per-slice without --compare-with: "
+                    "expected the version or label to compare with"
                 )
             return
         if self.shard is not None or self.compare_local is not None or self.limit is not None:

@@ -84,11 +84,14 @@ def _comparison_gates(comparison: dict | None, config) -> list[dict]:
         return []
     from trainserve.evaluation.gates import change_gates, not_worse_gate
     from trainserve.evaluation.noninferiority import margin_gate
-    from trainserve.evaluation.slicing import slice_gate
+    from trainserve.evaluation.slicing import slice_gate, slice_margin_gate
 
     margins = [margin_gate(m, comparison) for m in config.max_drop or ()]
     significance = [not_worse_gate(comparison, config.alpha)] if config.not_worse and not margins else []
-    slices = [slice_gate(comparison["slices"], comparison["baseline"]["version"])] if config.gate_slices else []
+    version = comparison["baseline"]["version"]
+    slices = [slice_gate(comparison["slices"], version)] if config.gate_slices else []
+    if config.max_drop_per_slice is not None:
+        slices.append(slice_margin_gate(comparison["slices"], version))
     return margins + significance + slices + change_gates(config.require_vs_baseline, comparison)
 
 
@@ -191,6 +194,8 @@ def _gate_words(gate: dict) -> str:
     if gate.get("kind") == "slice":
         worse = ", ".join(gate["slices"]) or "none"
         return f"no slice significantly worse than v{gate['baseline_version']} ({gate['correction']}): worse on {worse}"
+    if gate.get("kind") == "slice-non-inferiority":
+        return gate["said"]
     if gate.get("kind") == "non-inferiority":
         from trainserve.evaluation.noninferiority import describe_margin_gate
 

@@ -32,7 +32,7 @@ from trainserve.evaluation.preflight import margins_for, observed_power, preflig
 from trainserve.evaluation.proof import baseline_evidence, evidence_section
 from trainserve.evaluation.records import BatchAnswer, EvalResult, FinishedRun, LocalComparison, RunTotals, Tally
 from trainserve.evaluation.report import build_report
-from trainserve.evaluation.slicing import slice_keys
+from trainserve.evaluation.slicing import slice_keys, slice_margin_problem
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,7 @@ def _slices_of(config: EvalConfig, plan: Plan, data: EvalData) -> list[tuple[str
     """--max-drop's metrics and --slice's columns checked before any Predict; each example's slice per --slice
     (None: the default slicing)."""
     reason = check_margins(config.max_drop, plan.task.kind) if config.compare_with else None
+    reason = reason or (slice_margin_problem(config.max_drop_per_slice, plan.task, bool(config.slice)))
     if reason:
         raise TrainserveError(reason)
     if not config.slice:
@@ -130,7 +131,15 @@ def _comparison(config: EvalConfig, paired: PairedRun | None, version: int | Non
     values = (paired.per_example(0), paired.per_example(1))
     tallies, versions = paired.tallies, paired.versions
     return summarize(
-        config.compare_with, versions, tallies, values, config.alpha, config.seed, slices, config.slice_correction
+        config.compare_with,
+        versions,
+        tallies,
+        values,
+        config.alpha,
+        config.seed,
+        slices,
+        config.slice_correction,
+        config.max_drop_per_slice,
     )
 
 

@@ -4,10 +4,12 @@ no scipy; the tests check each against scipy).
 - McNemar's exact test: of the examples exactly one version gets right (the discordant pairs), how likely is a
   split at least this uneven if each were equally likely to be the one? A two-sided exact binomial test with
   p = 1/2 on b + c trials; the examples both get right or both get wrong say nothing about which is better.
-- A paired sign-flip (randomization) test for per-example differences (regression errors): under "no
-  difference" each example's difference is as likely to have either sign, so the observed mean is compared with
-  the means of randomly sign-flipped copies. Exact in its assumptions (symmetry, not normality: squared errors
-  are heavy-tailed, where a t-test's normal approximation is least trustworthy), seeded, Monte Carlo.
+- A paired sign-flip (randomization) test for per-example differences (regression errors). Its null hypothesis
+  is that each example's difference is symmetric about 0 (as likely to be +d as -d), so the observed mean is
+  compared with the means of randomly sign-flipped copies. That is more than "the mean difference is 0": a
+  difference that is 0 on average but skewed (small gains on most examples, a few large losses) can be rejected,
+  so a small p-value says the two versions' errors differ, and the sign of the mean says which way on average.
+  Exact under its null (no normality needed: squared errors are heavy-tailed), seeded, Monte Carlo.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ def mcnemar_exact(b: int, c: int) -> float:
 
 
 def sign_flip_test(differences: np.ndarray, flips: int = FLIPS, seed: int = 0) -> float:
-    """Two-sided p-value that the mean of paired `differences` is 0: the share of random sign flips whose mean is
-    at least as far from 0 as the observed one, counting the observed arrangement itself ((1 + k) / (1 + flips))."""
+    """Two-sided p-value of the null that each paired difference is symmetric about 0: the share of random sign
+    flips whose mean is at least as far from 0 as the observed one, counting the observed arrangement itself
+    ((1 + k) / (1 + flips))."""
     d = np.asarray(differences, np.float64)
     if not d.size or not np.any(d):
         return 1.0
