@@ -80,7 +80,7 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
         client.close()
     refuse_nonfinite(plan, (totals,) if paired is None else (totals, baseline_totals))
     comparison = _comparison(config, paired, totals.version, resolved, slices)
-    against = baseline_evidence(config, baseline, record, resolved.first_rollout) if resolved else None
+    against = baseline_evidence(config, baseline, record, resolved.first_rollout, data) if resolved else None
     evidence = evidence_section(config, data_check, record, totals.tally.examples, against)
     finished = FinishedRun(config, data, plan, totals, start_rss, _peak_rss_mb(), data_check, comparison, evidence)
     report = build_report(finished)
