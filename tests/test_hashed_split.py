@@ -134,3 +134,28 @@ def test_digests_ending_in_zero_bytes_are_hashed_whole():
 def test_a_split_that_leaves_a_side_empty_is_refused():
     with pytest.raises(TrainserveError, match="puts all 1 examples on one side"):
         split_by_digest(csv_row_digests(HEADER, [["1", "2", "0"]], None), HashedSplit("s", 0.2), "data file t.csv")
+
+
+def test_a_larger_fraction_holds_out_rows_the_baseline_trained_on_counted_exactly(tmp_path):
+    """The candidate held out 35 % (same salt), the baseline 20 %: the rows counted are those only the candidate
+    held out, computed here from the documented rule."""
+    from trainserve.evaluation.config import EvalConfig
+    from trainserve.evaluation.data import open_eval_data
+    from trainserve.evaluation.proof import baseline_evidence
+
+    rows = [[str(i), str(i % 11), str(i % 2)] for i in range(400)]
+    wider = [r for r in rows if documented_side("s", 0.35, HEADER, r)]
+    only_wider = [r for r in wider if not documented_side("s", 0.2, HEADER, r)]
+    (tmp_path / "held.csv").write_text(csv_text(wider))
+    record = {"test_split": {"provenance": {"source": "t.csv", "split": HashedSplit("s", 0.2).to_json()}}}
+    (tmp_path / "m" / "versions").mkdir(parents=True)
+    (tmp_path / "m" / "versions" / "1.json").write_text(json.dumps(record))
+    config = EvalConfig(model="m", data_dir=tmp_path, compare_with="stable", label_column="label")
+    data = open_eval_data(str(tmp_path / "held.csv"), label_column="label")
+    section = baseline_evidence(config, 1, {}, None, data)
+    assert section["rows"] == "overlapping" and section["rows_checked"] == len(wider) > 100
+    assert section["rows_overlapping"] == len(only_wider) > 0.3 * len(wider)
+    narrow = [r for r in wider if documented_side("s", 0.2, HEADER, r)]
+    (tmp_path / "narrow.csv").write_text(csv_text(narrow))
+    section = baseline_evidence(config, 1, {}, None, open_eval_data(str(tmp_path / "narrow.csv"), label_column="label"))
+    assert (section["rows"], section["rows_checked"], section["rows_overlapping"]) == ("disjoint", len(narrow), 0)
