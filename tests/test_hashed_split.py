@@ -159,3 +159,35 @@ def test_a_larger_fraction_holds_out_rows_the_baseline_trained_on_counted_exactl
     (tmp_path / "narrow.csv").write_text(csv_text(narrow))
     section = baseline_evidence(config, 1, {}, None, open_eval_data(str(tmp_path / "narrow.csv"), label_column="label"))
     assert (section["rows"], section["rows_checked"], section["rows_overlapping"]) == ("disjoint", len(narrow), 0)
+
+
+@pytest.mark.parametrize(
+    ("theirs", "rows", "said"),
+    [
+        pytest.param(
+            {"source": "t.csv", "source_sha256": "a", "seed": 0, "test_fraction": 0.2},
+            "unknown",
+            "retrain it once",
+            id="trained-before-hashing-other-data",
+        ),
+        pytest.param(
+            {"source": "t.csv", "source_sha256": "b", "seed": 0, "test_fraction": 0.2},
+            "overlapping",
+            "another draw of the same data",
+            id="trained-before-hashing-same-file-other-seed",
+        ),
+    ],
+)
+def test_a_baseline_trained_before_hashed_splits_keeps_its_answer(tmp_path, theirs, rows, said):
+    """Old records (no scheme) are read as before: the rows cannot be placed, only the provenance compared."""
+    from trainserve.evaluation.config import EvalConfig
+    from trainserve.evaluation.data import open_eval_data
+    from trainserve.evaluation.proof import baseline_evidence
+
+    (tmp_path / "held.csv").write_text(csv_text([["1", "2", "0"], ["2", "3", "1"]]))
+    (tmp_path / "m" / "versions").mkdir(parents=True)
+    (tmp_path / "m" / "versions" / "1.json").write_text(json.dumps({"test_split": {"provenance": theirs}}))
+    mine = {"test_split": {"provenance": {"source": "t.csv", "source_sha256": "b", "seed": 4, "test_fraction": 0.2}}}
+    config = EvalConfig(model="m", data_dir=tmp_path, compare_with="stable", label_column="label")
+    section = baseline_evidence(config, 1, mine, None, open_eval_data(str(tmp_path / "held.csv"), label_column="label"))
+    assert section["rows"] == rows and said in section["said"] and "rows_checked" not in section
