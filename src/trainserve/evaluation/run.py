@@ -84,7 +84,7 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     comparison = _comparison(config, paired, totals.version, resolved, slices)
     if comparison is not None and planned is not None and paired is not None:
         comparison["preflight"] = observed_power(planned, comparison)
-    against = baseline_evidence(config, baseline, record, resolved.first_rollout) if resolved else None
+    against = baseline_evidence(config, baseline, record, resolved.first_rollout, data) if resolved else None
     evidence = evidence_section(config, data_check, record, totals.tally.examples, against)
     finished = FinishedRun(config, data, plan, totals, start_rss, _peak_rss_mb(), data_check, comparison, evidence)
     report = build_report(finished)
