@@ -2,10 +2,10 @@
 compose's promote profile and the Kubernetes promote Job (MAX_DROP), measured on the bundled demo.
 
 The demo's model (the default CNN on digits, the demo's epochs and learning rate) is trained once as `stable`
-(seed 0) and again with initialisation seeds 1..N on the same training rows and judged on the same held-out rows,
-as a hashed split keeps them whatever --seed is. Each retrain is one candidate; each retrain with a planted
-5-point drop (5 % of the held-out examples it gets right, drawn with its seed, answered with another class) is
-another. Every candidate is gated as eval gates it: the paired interval of the accuracy change
+(seed 0) and again with initialisation seeds 1..N on the same training rows and judged on the same held-out rows:
+`trainserve train`'s hashed split of digits, which --seed does not move. Each retrain is one candidate; each
+retrain with a planted 5-point drop (5 % of the held-out examples it gets right, drawn with its seed, answered
+with another class) is another. Every candidate is gated as eval gates it: the paired interval of the accuracy change
 (trainserve.evaluation.comparison.paired_metric) against each margin (noninferiority.margin_gate). Prints, per
 margin, how many retrains pass and how many planted drops pass, the observed discordance, and the pre-flight's
 smallest decidable margin. Target for the default: >= 8 of 10 retrains pass, 0 of 10 planted drops.
@@ -73,7 +73,10 @@ def main() -> None:
     parser.add_argument("--margins", default="0.01,0.015,0.02,0.025,0.03,0.04")
     args = parser.parse_args()
     margins = [float(m) for m in args.margins.split(",")]
-    dataset = digits(0)  # the held-out rows stay fixed: only the initialisation changes
+    from trainserve.training.config import TrainConfig
+
+    # The demo's own hashed split (its salt comes from the model name): the same rows for every seed.
+    dataset = digits(0, TrainConfig(model_name="digits").held_out_split)
     truth = dataset.y_test
     started = time.perf_counter()
     stable = train_predictions(0, args.epochs, dataset)

@@ -114,7 +114,7 @@ def test_one_epoch_version_is_worse_than_the_trained_one(side_by_side, tmp_path,
     assert (tmp_path / "eval.html").is_file()
 
 
-def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, tmp_path, capsys):
+def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, tmp_path, capsys, caplog):
     server, _, _ = side_by_side
     code, report = eval_cli(
         server,
@@ -141,6 +141,8 @@ def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, t
     assert (gate["kind"], gate["default_margin"], gate["basis"]) == ("non-inferiority", True, "bound")
     assert gate["margin"] == DEFAULT_MARGINS["classification"].drop
     assert report["passed"] is True and "[bound, default margin]: PASS" in capsys.readouterr().out
+    said = f"no --max-drop: gating on the default margin {DEFAULT_MARGINS['classification'].describe()}"
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith(said)], "one line says which"
 
 
 def test_the_margin_gate_fails_the_worse_version_and_passes_an_equal_one(side_by_side, tmp_path, capsys):
@@ -261,7 +263,7 @@ def test_slices_of_an_npz_key_gate_the_run_and_equal_versions_pass(side_by_side,
     validate_report(report)
     table = report["comparison"]["slices"]
     names = {r["name"] for r in table["rows"]}
-    assert {"region=even", "region=odd", "region=even,class=0"} <= names and len(names) == 2 + 10
+    assert {"region=even", "region=odd", "region=even,class=0", "class=0"} <= names and len(names) == 2 + 10 + 10
     assert table["worse"] and code == 1 and [g["kind"] for g in report["gates"]] == ["non-inferiority", "slice"]
     worst = table["rows"][0]
     assert worst["name"] in table["worse"] and worst["p_adjusted"] < 0.05 and worst["direction"] == "worse"

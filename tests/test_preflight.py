@@ -57,7 +57,7 @@ def test_a_margin_below_what_the_split_decides_is_one_line_and_refused_with_requ
     with caplog.at_level(logging.WARNING, logger="trainserve.evaluation.preflight"):
         planned = preflight(margins, 360, 0.03, True, require_power=False)
     (line,) = [r.getMessage() for r in caplog.records]
-    assert line.startswith("pre-flight: 360 examples at a discordance of 0.03 (assumed (--assume-discordance))")
+    assert line.startswith("pre-flight: 360 examples at a discordance of 0.03 (assumed, --assume-discordance)")
     assert f"decide an accuracy margin of {decidable_margin(360, 0.03):.4f} or more" in line
     assert "--max-drop accuracy=0.01 is below it" in line and "examples would decide 0.01" in line
     assert planned["smallest_margin"] == decidable_margin(360, 0.03) and planned["one_sided_alpha"] == 0.025

@@ -8,9 +8,9 @@ and never closer to 0 than the interval with no discordant pair at all (which st
 it is one the eval will mostly call "inconclusive", whatever the models do. The sizing rule read the other way:
 n = (z_0.975 + z_0.8)^2 psi / margin^2 examples decide a margin with 80 % power.
 
-Before any request the discordance is unknown: it is assumed (--assume-discordance, default 0.03, above what
-retrains of the demo's CNN with other seeds show on digits' held-out examples: 0.6-2.2 %) and the observed one
-is reported after the run, with the margin it decides.
+Before any request the discordance is unknown: it is assumed (--assume-discordance, default 0.03: about what
+retrains of the demo's CNN with other seeds show on digits' held-out examples after 10 epochs, more than after
+20) and the observed one is reported after the run, with the margin it decides.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from trainserve.stats.proportions import paired_proportion_interval
 log = logging.getLogger(__name__)
 
 # The margin eval gates on when --max-drop names none (and make promote, compose and the k8s promote Job by
-# default): on the demo's 360 held-out examples a retrain with another seed passes it in 10 of 10 seeds (10, 15
-# or 20 epochs) and a planted 5-point drop in 0 of 10 (bench/promote_defaults.py, docs/evidence.md). Regression
+# default): on the demo's 355 held-out examples a retrain with another seed passes it in 10 of 10 seeds (15 or 20
+# epochs) and a planted 5-point drop in 0 of 10 (bench/promote_defaults.py, docs/evidence.md). Regression
 # has no such measurement: 5 % of stable's MSE, a stated convention.
 DEFAULT_MARGINS = {
     "classification": Margin("accuracy", 0.04, default=True),
@@ -84,7 +84,7 @@ def preflight(
     if not accuracy:
         return None
     smallest = decidable_margin(n, discordance)
-    how = "assumed (--assume-discordance)" if assumed else "observed"
+    how = "assumed, --assume-discordance" if assumed else "observed"
     for margin in accuracy:
         if margin.drop >= smallest:
             continue
