@@ -49,9 +49,9 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
         # The version first: its own held-out split, and its record to check other data against.
         version = client.wait_until_available(target, config.wait)
         data, data_check, record = open_for_version(config, version)
-        config, planned = _plan_comparison(config, data)  # before any Predict: the margin and what n can show
         resolved = resolve_baseline(client, config, target, version) if config.compare_with else None
         baseline = resolved.version if resolved else None
+        config, planned = _plan_comparison(config, data, baseline)  # before any Predict: margin, what n can show
         signature = client.signature(target, version)
         data = with_class_ids(client, target, signature, data, config.input_map, config.retries, version)
         plan, data = plan_requests(signature, data, target, config.task, config.output, config.input_map)
@@ -94,11 +94,12 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     return EvalResult(report, report["passed"], latencies, totals.tally, paired.tallies[1] if paired else None)
 
 
-def _plan_comparison(config: EvalConfig, data: EvalData) -> tuple[EvalConfig, dict | None]:
+def _plan_comparison(config: EvalConfig, data: EvalData, baseline: int | None) -> tuple[EvalConfig, dict | None]:
     """The margins the comparison gates on (the default, said in one line, where --max-drop names none), and
     the pre-flight of what the data's examples can decide: a line when a margin is below it, a refusal with
-    --require-power. Judged before any Predict; config returned with the margins it will apply."""
-    if config.compare_with is None:
+    --require-power. Judged before any Predict; config returned with the margins it will apply. Nothing to plan
+    without a baseline (no comparison, or a first rollout)."""
+    if config.compare_with is None or baseline is None:
         return config, None
     kind = expected_kind(config.task, data)
     margins, default = margins_for(config.max_drop, kind)
@@ -114,7 +115,7 @@ def _plan_comparison(config: EvalConfig, data: EvalData) -> tuple[EvalConfig, di
 def _slices_of(config: EvalConfig, plan: Plan, data: EvalData) -> list[tuple[str, np.ndarray]] | None:
     """--max-drop's metrics and --slice's columns checked before any Predict; each example's slice per --slice
     (None: the default slicing)."""
-    reason = check_margins(config.max_drop, plan.task.kind) if config.compare_with else None
+    reason = check_margins(config.max_drop or (), plan.task.kind) if config.compare_with else None
     reason = reason or (slice_margin_problem(config.max_drop_per_slice, plan.task, bool(config.slice)))
     if reason:
         raise TrainserveError(reason)
