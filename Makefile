@@ -189,6 +189,7 @@ bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/compare_cost.py
 	$(BIN)/python bench/capture_cost.py
 	$(BIN)/python bench/soak_versions.py
+	$(BIN)/python bench/promote_defaults.py
 
 # One export per image, from the same lock: eval is the core install (no TensorFlow); the GPU image keeps its
 # base's TensorFlow (no tensorflow-cpu); serve.txt is serve-local with the CPU TensorFlow (the test stand-in).

@@ -436,8 +436,9 @@ class Gate:
 
 @pytest.fixture(scope="session")
 def two_trainings(trained_digits, tmp_path_factory):
-    """The session's digits model (seed 0, version 1) and a second training with --seed 3 (version 2) into the
-    same --data-dir, both served (`all {}`); yields the server, the root and the SHA-256 of version 1's split
+    """The session's digits model (seed 0, version 1) and a second training with --seed 3 and --split-salt
+    another (version 2: another held-out split, so each holds rows the other trained on) into the same
+    --data-dir, both served (`all {}`); yields the server, the root and the SHA-256 of version 1's split
     before the second training. Read-only: a test that changes its files copies them first."""
     import hashlib
     import shutil
@@ -452,7 +453,14 @@ def two_trainings(trained_digits, tmp_path_factory):
     first_split = json.loads((root / "data" / "digits" / "versions" / "1.json").read_text())["test_split"]
     before = hashlib.sha256((root / "data" / "digits" / first_split["file"]).read_bytes()).hexdigest()
     result = train(
-        TrainConfig(epochs=1, seed=3, export_base=root / "models", data_dir=root / "data", logs_dir=root / "logs")
+        TrainConfig(
+            epochs=1,
+            seed=3,
+            split_salt="another",
+            export_base=root / "models",
+            data_dir=root / "data",
+            logs_dir=root / "logs",
+        )
     )
     assert result.version == 2
     server = serve_every_version(root / "models.config", "digits", root / "models" / "digits", (1, 2))

@@ -8,6 +8,8 @@ import copy
 import json
 from pathlib import Path
 
+from trainserve.evaluation.gates import not_worse_gate
+from trainserve.evaluation.noninferiority import Margin, margin_gate
 from trainserve.evidence import decision
 from trainserve.evidence.document import SCHEMA_ID
 from trainserve.layout import version_files_sha256
@@ -80,8 +82,11 @@ def eval_report(version_dir: Path, model: str = "m", accuracy: float = 0.95, thr
     return decision.apply(report)
 
 
-def compared_with(report: dict, baseline: int | None, p_value: float = 0.4, difference: float = 0.0) -> dict:
-    """`report` as eval --compare-with writes it: against `baseline` (None: a first rollout), with its gate."""
+def compared_with(
+    report: dict, baseline: int | None, p_value: float = 0.4, difference: float = 0.0, gate: str = "non-inferiority"
+) -> dict:
+    """`report` as eval --compare-with writes it: against `baseline` (None: a first rollout), with its gate: the
+    default margin's non-inferiority gate, or (`gate="significance"`) only "not significantly worse"."""
     report = copy.deepcopy(report)
     version = report["version"]
     if baseline is None:
@@ -111,18 +116,10 @@ def compared_with(report: dict, baseline: int | None, p_value: float = 0.4, diff
         "verdict_line": f"v{version} vs v{baseline}: no significant difference (p={p_value})",
         "alpha": 0.05,
     }
-    report["gates"].append(
-        {
-            "kind": "significance",
-            "metric": "accuracy",
-            "op": "not worse",
-            "threshold": 0.05,
-            "value": p_value,
-            "baseline_version": baseline,
-            "passed": False,
-            "said": f"accuracy is significantly worse than version {baseline}",
-        }
-    )
+    if gate == "significance":
+        report["gates"].append(not_worse_gate(report["comparison"], 0.05))
+    else:
+        report["gates"].append(margin_gate(Margin("accuracy", 0.03), report["comparison"]))
     report["evidence"]["baseline"] = {
         "reference": "stable",
         "version": baseline,

@@ -12,6 +12,7 @@ real serve-local, every batch sent to both, and the paired verdict checked again
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from scipy import stats
 from conftest import digits_cnn, export_digits_cnn, install_version, predict_count, save_foreign_model
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
+from trainserve.evaluation.preflight import DEFAULT_MARGINS
 from trainserve.evaluation.report import describe_gate
 from trainserve.evidence.document import validate_report
 from trainserve.savedmodel import LoadedModel
@@ -84,7 +86,8 @@ def eval_cli(server, tmp_path, *args) -> tuple[int, dict | None]:
 
 def test_one_epoch_version_is_worse_than_the_trained_one(side_by_side, tmp_path, capsys):
     server, root, split = side_by_side
-    code, report = eval_cli(server, tmp_path, "--model", "digits", "--version", 2, "--compare-with", 1, "--data", split)
+    flags = ("--compare-with", 1, "--max-drop", "none")  # no margin: only "not significantly worse"
+    code, report = eval_cli(server, tmp_path, "--model", "digits", "--version", 2, *flags, "--data", split)
     out = capsys.readouterr()
     validate_report(report)
     c = report["comparison"]
@@ -111,7 +114,7 @@ def test_one_epoch_version_is_worse_than_the_trained_one(side_by_side, tmp_path,
     assert (tmp_path / "eval.html").is_file()
 
 
-def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, tmp_path, capsys):
+def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, tmp_path, capsys, caplog):
     server, _, _ = side_by_side
     code, report = eval_cli(
         server,
@@ -134,7 +137,12 @@ def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, t
     assert c["verdict"] == "no significant difference" and c["test"]["p_value"] >= 0.05
     assert min(c["metrics"]["accuracy"]["candidate"], c["metrics"]["accuracy"]["baseline"]) >= 0.98
     assert report["data"]["examples"] == SYN.size
-    assert [g["kind"] for g in report["gates"]] == ["significance"] and report["passed"] is True
+    (gate,) = report["gates"]  # no --max-drop: the default margin, said so
+    assert (gate["kind"], gate["default_margin"], gate["basis"]) == ("non-inferiority", True, "bound")
+    assert gate["margin"] == DEFAULT_MARGINS["classification"].drop
+    assert report["passed"] is True and "[bound, default margin]: PASS" in capsys.readouterr().out
+    said = f"no --max-drop: gating on the default margin {DEFAULT_MARGINS['classification'].describe()}"
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith(said)], "one line says which"
 
 
 def test_the_margin_gate_fails_the_worse_version_and_passes_an_equal_one(side_by_side, tmp_path, capsys):
@@ -186,6 +194,44 @@ def test_the_margin_gate_fails_the_worse_version_and_passes_an_equal_one(side_by
     assert report["intervals"]["accuracy"]["interval"][0] < report["metrics"]["accuracy"] <= 1
 
 
+class PredictsSoFar(logging.Handler):
+    """Records, as each pre-flight line is logged, how many Predict calls the server has answered by then."""
+
+    def __init__(self, server):
+        super().__init__()
+        self.server, self.lines = server, []
+
+    def emit(self, record):
+        self.lines.append((record.getMessage(), predict_count(self.server)))
+
+
+def test_the_preflight_speaks_before_any_predict_and_require_power_sends_nothing(side_by_side, tmp_path, capsys):
+    """A 0.5-point margin on digits' held-out split is below what its examples can decide: the line comes before
+    the first Predict (the server's own count, read as the line is logged); --require-power refuses, sending none."""
+    server, _, split = side_by_side
+    args = ("--model", "digits", "--version", 2, "--compare-with", 1, "--data", split, "--max-drop", "accuracy=0.005")
+    recorder, logger = PredictsSoFar(server), logging.getLogger("trainserve.evaluation.preflight")
+    logger.addHandler(recorder)
+    before = predict_count(server)
+    try:
+        code, report = eval_cli(server, tmp_path, *args)
+    finally:
+        logger.removeHandler(recorder)
+    ((line, predicts),) = recorder.lines
+    n = report["data"]["examples"]
+    assert line.startswith(f"pre-flight: {n} examples at a discordance of 0.03") and "accuracy=0.005 is below" in line
+    assert predicts == before < predict_count(server) and code == 1
+    section = report["comparison"]["preflight"]
+    discordant = report["comparison"]["test"]["discordant"]
+    assert section["observed"]["discordance"] == (discordant["candidate_only"] + discordant["baseline_only"]) / n
+    assert section["assumed"]["smallest_margin"] > 0.005 and "power           " in capsys.readouterr().out
+    before = predict_count(server)
+    code, report = eval_cli(server, tmp_path / "refused", *args, "--require-power")
+    assert (code, report, predict_count(server)) == (2, None, before)
+    (error,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert error.startswith("trainserve eval: error: pre-flight:") and "--require-power refuses" in error
+
+
 def test_slices_of_an_npz_key_gate_the_run_and_equal_versions_pass(side_by_side, tmp_path, capsys):
     """--slice region (an npz key beside x_test) with --gate-slices: the one-epoch version's worse slices are named
     with their corrected p-values and fail the run; two seeds of one training pass per class (the default)."""
@@ -217,8 +263,8 @@ def test_slices_of_an_npz_key_gate_the_run_and_equal_versions_pass(side_by_side,
     validate_report(report)
     table = report["comparison"]["slices"]
     names = {r["name"] for r in table["rows"]}
-    assert {"region=even", "region=odd", "region=even,class=0"} <= names and len(names) == 2 + 10
-    assert table["worse"] and code == 1 and [g["kind"] for g in report["gates"]] == ["slice"]
+    assert {"region=even", "region=odd", "region=even,class=0", "class=0"} <= names and len(names) == 2 + 10 + 10
+    assert table["worse"] and code == 1 and [g["kind"] for g in report["gates"]] == ["non-inferiority", "slice"]
     worst = table["rows"][0]
     assert worst["name"] in table["worse"] and worst["p_adjusted"] < 0.05 and worst["direction"] == "worse"
     assert f"significantly worse on {worst['name']} (n={worst['examples']}" in report["comparison"]["verdict_line"]
@@ -243,12 +289,14 @@ def test_slices_of_an_npz_key_gate_the_run_and_equal_versions_pass(side_by_side,
     table = report["comparison"]["slices"]
     assert (code, table["worse"], len(table["rows"])) == (0, [], 10), table
     assert report["gates"][-1]["kind"] == "slice" and report["gates"][-1]["passed"] is True
-    assert describe_gate(report["gates"][-1]) == "no slice significantly worse than v1 (holm): worse on none"
+    assert describe_gate(report["gates"][-1]) == (
+        "no slice significantly worse than v1 (holm): worse on none [absence of evidence: cannot promote alone]"
+    )
 
 
 def test_a_label_names_the_baseline_and_change_thresholds_gate(side_by_side, tmp_path):
     server, _, split = side_by_side
-    flags = ("--not-worse=false", "--require-vs-baseline", "accuracy>=-90%")  # report-only significance
+    flags = ("--max-drop", "none", "--not-worse=false", "--require-vs-baseline", "accuracy>=-90%")  # change only
     code, report = eval_cli(
         server, tmp_path, "--model", "digits", "--version", 2, "--compare-with", "stable", "--data", split, *flags
     )

@@ -141,7 +141,8 @@ def test_train_serve_eval_and_a_second_version_without_restart(docker_client, en
         )
         assert report["model"] == MODEL and report["version"] == 1
         assert report["metrics"]["accuracy"] >= 0.9 and report["passed"]
-        assert report["data"]["examples"] == 360, "eval read exactly the split training held out"
+        # 388: the digits that model "cats"'s salt holds out (trainserve.hashed_split; 355 for model "digits")
+        assert report["data"]["examples"] == 388, "eval read exactly the split training held out"
 
         # 5. A second training: version 2 is served by the same, never restarted, container.
         started = serve.attrs["State"]["StartedAt"]

@@ -101,7 +101,16 @@ def publish(template, base, version: int):
 
 def evaluate(server: ServeLocal, report, min_accuracy: float, config) -> int:
     """The promote Job's eval: the candidate on its own split, against stable where the config labels one."""
-    compared = ("--compare-with", "stable", "--allow-no-baseline", "--rollout-config", config, "--not-worse=false")
+    # Untrained versions: the rollout's mechanics are on trial, so the bound-based gate allows any drop.
+    compared = (
+        "--compare-with",
+        "stable",
+        "--allow-no-baseline",
+        "--rollout-config",
+        config,
+        "--max-drop",
+        "accuracy=1",
+    )
     data = ("--data-dir", config.parent.parent / "data")
     gated = (*data, *compared, "--min-accuracy", min_accuracy, "--report", report, "--wait", "60")
     proc = run_cli("eval", *target_flags(server, label="candidate"), *gated)

@@ -2,8 +2,9 @@
 `trainserve promote` (or `report merge`, then promote). Each case once moved `stable` to a version never shown
 to be as good as the one serving; each now ends in a one-line refusal with the config byte-identical.
 
-Versions: the session's digits model (seed 0, version 1) and a training with --seed 3 (version 2) into the same
-data directory (conftest.two_trainings): version 2's split holds rows version 1 trained on, and the reverse.
+Versions: the session's digits model (seed 0, version 1) and a training with --seed 3 --split-salt another
+(version 2) into the same data directory (conftest.two_trainings): version 2's split holds rows version 1
+trained on, and the reverse.
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ def rollout_config(path, base, candidate: int, stable: int | None = None):
     return path
 
 
+def split_rows(root, version: int) -> set[bytes]:
+    """A version's held-out rows (image bytes and label), read from the split file its training wrote."""
+    record = json.loads((root / "data" / "digits" / "versions" / f"{version}.json").read_text())["test_split"]
+    with np.load(root / "data" / "digits" / record["file"]) as npz:
+        return {x.tobytes() + bytes([y]) for x, y in zip(npz["x_test"], npz["y_test"])}
+
+
 def refused(config, report, capsys, *fragments) -> None:
     """promote exits 2 with one error line naming the first fragment, config untouched."""
     before = config.read_bytes()
@@ -71,12 +79,17 @@ def test_its_own_verified_split_promotes_and_other_files_under_that_number_do_no
 
 
 def test_a_baseline_that_trained_on_the_rows_is_a_biased_comparison_and_refused(two_trainings, tmp_path, capsys):
-    """Case 8: version 1 (seed 0) trained on most of version 2's split: compared there, it is flattered."""
+    """Case 8: version 1 trained on most of version 2's split (another salt): compared there, it is flattered.
+    The rows counted are exactly those of version 2's split that version 1's split does not hold."""
     server, root, _ = two_trainings
     report = tmp_path / "r.json"
     assert eval_cli(server, root, report, "--version", 2, "--compare-with", 1, "--not-worse=true") == 1
     body = json.loads(report.read_text())
-    assert body["evidence"]["baseline"]["rows"] == "overlapping" and body["passed"] is False
+    baseline = body["evidence"]["baseline"]
+    assert baseline["rows"] == "overlapping" and body["passed"] is False
+    held = {v: split_rows(root, v) for v in (1, 2)}
+    assert baseline["rows_overlapping"] == len(held[2] - held[1]) > 0.6 * len(held[2])
+    assert baseline["rows_checked"] == len(held[2]) == body["data"]["examples"]
     assert [g["passed"] for g in body["gates"] if g.get("kind")] == [False]
     config = rollout_config(tmp_path / "models.config", root / "models" / "digits", 2, stable=1)
     refused(config, report, capsys, "did not pass", "comparison is biased")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,12 @@ from test_k8s import all_containers, flag, render, volume_path
 from conftest import REPO
 from trainserve.cli import build_parser
 from trainserve.evaluation.config import EvalConfig
+from trainserve.evaluation.preflight import DEFAULT_MARGINS
 from trainserve.options import config_from_args
 
 pytestmark = pytest.mark.unit  # kubectl, docker-compose config and make -n run as subprocesses; nothing is started
 COMPOSE = Path(sys.executable).parent / "docker-compose"
+DEFAULT = DEFAULT_MARGINS["classification"].describe()  # what make promote, compose and the k8s Job gate on
 
 
 def eval_config(args: list[str], env: dict[str, str] | None = None) -> EvalConfig:
@@ -46,7 +49,7 @@ def test_the_promote_job_compares_with_stable_on_the_candidates_own_split():
         True,
     )
     assert config.min_accuracy and config.min_accuracy > 0
-    assert [m.describe() for m in config.max_drop] == ["accuracy=0.01"], "the default gate is non-inferiority"
+    assert config.max_drop == (replace(DEFAULT_MARGINS["classification"], default=False),), "eval's default margin"
     assert config.data == "held-out"
     claim, inside, _ = volume_path(spec, step, f"{flag(step, 'data-dir')}/digits/versions/3.json")
     assert (claim, inside) == ("data", "digits/versions/3.json"), "where training writes the version records"
@@ -75,10 +78,11 @@ def compose_config(**env: str) -> dict:
 @pytest.mark.parametrize(
     ("env", "compare_with", "min_accuracy", "max_drop"),
     [
-        pytest.param({}, "stable", 0.9, ["accuracy=0.01"], id="default-both-gates"),
-        pytest.param({"COMPARE_WITH": ""}, None, 0.9, ["accuracy=0.01"], id="comparison-off"),
-        pytest.param({"MIN_ACCURACY": ""}, "stable", None, ["accuracy=0.01"], id="min-accuracy-off"),
-        pytest.param({"MAX_DROP": ""}, "stable", 0.9, [], id="margin-off-significance-only"),
+        pytest.param({}, "stable", 0.9, [DEFAULT], id="default-both-gates"),
+        pytest.param({"COMPARE_WITH": ""}, None, 0.9, [DEFAULT], id="comparison-off"),
+        pytest.param({"MIN_ACCURACY": ""}, "stable", None, [DEFAULT], id="min-accuracy-off"),
+        pytest.param({"MAX_DROP": ""}, "stable", 0.9, None, id="empty-is-evals-default-margin"),
+        pytest.param({"MAX_DROP": "none"}, "stable", 0.9, [], id="none-is-significance-only"),
     ],
 )
 def test_compose_promote_eval_gates_by_default_and_each_gate_turns_off(env, compare_with, min_accuracy, max_drop):
@@ -86,7 +90,7 @@ def test_compose_promote_eval_gates_by_default_and_each_gate_turns_off(env, comp
     variables = {k: str(v) for k, v in service["environment"].items() if k.startswith("TRAINSERVE_")}
     config = eval_config([], variables)
     assert (config.compare_with, config.min_accuracy, config.label) == (compare_with, min_accuracy, "candidate")
-    assert [m.describe() for m in config.max_drop] == max_drop
+    assert (config.max_drop if config.max_drop is None else [m.describe() for m in config.max_drop]) == max_drop
     assert config.data == "held-out" and config.allow_no_baseline is True
     mounts = {m["target"]: m["source"] for m in service["volumes"]}
     assert mounts[str(config.data_dir)] == "data" and mounts[str(config.report.parent)] == "reports"

@@ -19,6 +19,7 @@ from image_files import CLASSES, write_image_folder
 
 from conftest import assert_one_line_error, run_cli, target_flags
 from trainserve.errors import TrainserveError
+from trainserve.hashed_split import HashedSplit, default_salt, file_digests
 
 MODEL = "pics"
 IMAGE_SIZE = "16,16"
@@ -76,9 +77,12 @@ def test_folder_trains_with_the_cnn_chosen_for_images_skipping_what_is_no_image(
     metadata = json.loads((image_model["version"] / "assets.extra" / "trainserve.json").read_text())
     assert metadata["image"] == {"height": 16, "width": 16, "channels": 3}
     assert metadata["label_names"] == list(CLASSES)
-    # The held-out split is kept as files, by class folder, for the eval client.
+    # The held-out split is kept as files, by class folder, for the eval client: the images whose bytes the
+    # model's salt places there (trainserve.hashed_split), each once.
     held_out = sorted(p.parent.name for p in image_model["test_dir"].rglob("*") if p.is_file())
-    assert set(held_out) == set(CLASSES) and len(held_out) == 18
+    images = [p for p in image_model["photos"].rglob("*.*") if p.suffix != ".txt" and p != image_model["truncated"]]
+    expected = HashedSplit(default_salt(MODEL), 0.2).held_out(file_digests(images))
+    assert set(held_out) == set(CLASSES) and len(held_out) == expected.sum() > 9
 
 
 @pytest.mark.integration

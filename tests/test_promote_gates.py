@@ -91,6 +91,18 @@ REFUSED = [
     pytest.param(
         lambda r, c: r.update(compared_with(report_of(c, 2), None)), "baseline", "found no baseline", id="no-base"
     ),
+    pytest.param(
+        lambda r, c: r.update(compared_with(report_of(c, 2), 1, gate="significance")),
+        "bound",
+        "has no bound-based gate (only accuracy not worse 0.05 vs version 1: each passes on absence of evidence)",
+        id="not-significantly-worse-only",
+    ),
+    pytest.param(
+        lambda r, c: r.update(gates=r["gates"][:1]),
+        "bound",
+        "has no bound-based gate (no gate on the comparison)",
+        id="comparison-ungated",
+    ),
     pytest.param(_republished, "files", "are not the ones it evaluated", id="republished"),
     pytest.param(_edited(**{"evidence.version.files_sha256": None}), "files", "names no SHA-256", id="no-files"),
     pytest.param(_edited(**{"evidence.kind": "unverified"}), "evidence", "its evidence is unverified", id="unverified"),
@@ -124,7 +136,7 @@ def test_a_good_report_promotes_and_the_history_digests_the_bytes_judged(site, c
     entry = read_history(history_path(site))[-1]
     assert entry["report_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert (entry["overridden"], entry["reason"], entry["passed"], entry["evidence"]) == ([], None, True, "own-split")
-    assert entry["gates"] == ["accuracy >= 0.9: passed", "accuracy not worse 0.05 vs version 1: passed"]
+    assert entry["gates"] == ["accuracy >= 0.9: passed", "accuracy max drop 0.03 vs version 1: passed"]
 
 
 @pytest.mark.parametrize(
@@ -164,7 +176,7 @@ def test_an_override_needs_a_reason_and_a_known_check(site, capsys):
     assert "expected --reason TEXT" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="2"):
         main(["promote", "--config", str(site), "--report", str(path), "--override", "all", "--reason", "x"])
-    assert "expected one or more of gates, baseline, files" in capsys.readouterr().err
+    assert "expected one or more of gates, bound, baseline, files" in capsys.readouterr().err
 
 
 def test_a_report_from_another_server_is_refused_when_promote_names_its_server(site):

@@ -3,6 +3,8 @@ controlled (Holm, or Benjamini-Hochberg when asked); a candidate equal everywher
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -119,3 +121,93 @@ def test_slices_of_a_csv_column_crossed_and_of_an_npz_key(tmp_path):
 def test_the_class_of_an_image_folder_or_any_labelled_data():
     data = ArrayData("d", {"x": Column("x", (), np.dtype(float))}, np.array([0, 1, 1]), 3, ["cat", "dog"])
     assert slice_keys(data, ("class",)).tolist() == ["class=cat", "class=dog", "class=dog"]
+
+
+def test_a_slice_column_keeps_the_classes_and_names_missing_values(tmp_path):
+    """--slice petal_size: the per-class slices stay (the docs say every comparison is also made per class), and
+    the empty cells are the slice `petal_size=(missing)`, not a blank `petal_size=`."""
+    csv = tmp_path / "t.csv"
+    csv.write_text("petal_size,x,y\nsmall,1,a\n,2,b\nbig,,a\nsmall,nan,b\n")
+    data = open_eval_data(str(csv), label_column="y")
+    keys = slice_keys(data, parse_slice("petal_size")).tolist()
+    assert keys == ["petal_size=small", "petal_size=(missing)", "petal_size=big", "petal_size=small"]
+    assert slice_keys(data, ("x",)).tolist() == ["x=1", "x=2", "x=(missing)", "x=(missing)"]
+    mine, theirs, truth = _minority_lost()
+    sizes = np.where(np.arange(1000) % 3 == 0, "petal_size=small", "petal_size=(missing)")
+    task = Task("classification", classes=2, label_names=("common", "rare"))
+    c = summarize("1", (2, 1), _tallies(task), _classification(mine, theirs, truth), 0.05, 0, [("petal_size", sizes)])
+    names = {r["name"] for r in c["slices"]["rows"]}
+    assert names == {"class=common", "class=rare", "petal_size=small", "petal_size=(missing)"}
+    assert "class=rare" in c["slices"]["worse"]  # the lost class is still found when slicing by another column
+
+
+def test_slice_intervals_are_adjusted_like_their_p_values():
+    """Five slices, one with 9 of 10 discordant pairs against the candidate: its unadjusted McNemar p is below 0.05 but
+    Holm's is not, so its interval must hold 0. Each slice's interval is the paired interval at 1 - alpha / m and
+    excludes 0 exactly when m times scipy's exact binomial p is below alpha."""
+    truth = np.repeat(np.arange(5), 200)
+    theirs = np.ones(1000, bool)
+    mine = theirs.copy()
+    mine[np.flatnonzero(truth == 0)[:9]] = False  # slice 0: 9 lost, 1 gained (p = 0.021, Holm 0.086)
+    mine[np.flatnonzero(truth == 0)[199]] = True
+    theirs[np.flatnonzero(truth == 0)[199]] = False
+    mine[np.flatnonzero(truth == 1)[:30]] = False  # slice 1: 30 lost
+    task = Task("classification", classes=5, label_names=tuple("abcde"))
+    c = summarize("1", (2, 1), _tallies(task), _classification(mine, theirs, truth), 0.05, 0)
+    table = c["slices"]
+    assert table["interval_level"] == pytest.approx(0.99)
+    for row in table["rows"]:
+        b, cc = row["discordant"]["candidate_only"], row["discordant"]["baseline_only"]
+        p = stats.binomtest(b, b + cc).pvalue if b + cc else 1.0
+        low, high = row["interval"]
+        assert (low > 0 or high < 0) == (5 * p < 0.05), row["name"]
+        assert (low > 0 or high < 0) <= (row["p_adjusted"] < 0.05)  # never an excluded 0 beside a Holm p >= alpha
+    a = next(r for r in table["rows"] if r["name"] == "class=a")
+    assert a["p_value"] < 0.05 < a["p_adjusted"] and a["interval"][0] < 0 < a["interval"][1]
+    assert table["worse"] == ["class=b"]
+
+
+def test_max_drop_per_slice_says_inconclusive_for_a_slice_too_small_to_tell():
+    """Equal versions on every slice: the large slices are non-inferior within 5 points, the 12-example slice
+    cannot show it and says inconclusive (not "same"), so the gate fails; promote re-derives it."""
+    import copy
+
+    from trainserve.evaluation.slicing import parse_slice_margin, slice_margin_gate, slice_margin_problem
+
+    rng = np.random.default_rng(8)
+    truth = np.r_[np.zeros(1500, np.int64), np.ones(1500, np.int64), np.full(12, 2)]
+    theirs = rng.random(truth.size) < 0.9
+    mine = theirs.copy()
+    margin = parse_slice_margin("accuracy=0.05")
+    task = Task("classification", classes=3, label_names=("a", "b", "tiny"))
+    values = _classification(mine, theirs, truth)
+    c = summarize("1", (2, 1), _tallies(task), values, 0.05, 0, slice_margin=margin)
+    verdicts = {r["name"]: (r["verdict"], r["direction"]) for r in c["slices"]["rows"]}
+    assert verdicts == {
+        "class=a": ("non-inferior", "same"),
+        "class=b": ("non-inferior", "same"),
+        "class=tiny": ("inconclusive", "same"),
+    }
+    gate = slice_margin_gate(c["slices"], 1)
+    assert gate["passed"] is False and gate["slices"] == ["class=tiny"] and "class=tiny inconclusive" in gate["said"]
+    report = {"comparison": c, "gates": [gate]}
+    assert decision.derive_gate(gate, report) is False
+    edited = copy.deepcopy(report)
+    edited["gates"][0].update(slices=[], value=0, passed=True)
+    assert decision.derive_gate(edited["gates"][0], edited) is None  # the table says otherwise: refused
+    widened = copy.deepcopy(report)
+    widened["gates"][0]["threshold"] = 0.5
+    assert decision.derive_gate(widened["gates"][0], widened) is None
+    without_tiny = summarize(
+        "1",
+        (2, 1),
+        _tallies(task),
+        _classification(mine[:3000], theirs[:3000], truth[:3000]),
+        0.05,
+        0,
+        slice_margin=margin,
+    )
+    assert decision.derive_gate(slice_margin_gate(without_tiny["slices"], 1), {"comparison": without_tiny}) is True
+    assert "expected accuracy=DROP" in slice_margin_problem(parse_slice_margin("mse=1"), task, True)
+    with pytest.raises(argparse.ArgumentTypeError, match="expected one METRIC=DROP"):
+        parse_slice_margin("loss=1")

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import target_flags
 from trainserve.cli import main
+from trainserve.hashed_split import HashedSplit
 from trainserve.layout import read_metadata, split_arrays
 from trainserve.sources import load_dataset
 from trainserve.splits import HeldOutSplit, fingerprint_arrays, fingerprint_npz, known_overlap, provenance
@@ -62,6 +63,18 @@ def test_fingerprint_is_the_same_from_the_arrays_and_from_the_file(tmp_path):
             {"source": "t.csv", "source_sha256": "a", "seed": 0, "test_fraction": 0.3},
             True,
             id="csv-other-fraction",
+        ),
+        pytest.param(
+            {"source": "digits", "seed": 0, "test_fraction": 0.2, "split": HashedSplit("s", 0.2).to_json()},
+            {"source": "digits", "seed": 3, "test_fraction": 0.2, "split": HashedSplit("s", 0.2).to_json()},
+            False,
+            id="hashed-other-seed",
+        ),
+        pytest.param(
+            {"source": "digits", "seed": 0, "test_fraction": 0.2, "split": HashedSplit("s", 0.2).to_json()},
+            {"source": "digits", "seed": 0, "test_fraction": 0.2, "split": HashedSplit("t", 0.2).to_json()},
+            True,
+            id="hashed-other-salt",
         ),
         pytest.param({"source": "f.npz", "seed": 0}, {"source": "f.npz", "seed": 1}, None, id="file-own-split"),
         pytest.param({"source": "digits", "seed": 0}, None, None, id="unknown-data"),
@@ -126,7 +139,7 @@ def test_each_version_is_evaluated_on_its_own_split(two_trainings, tmp_path, ver
 @pytest.mark.unit
 def test_another_versions_split_warns_and_rows_it_trained_on_refuse_every_gate(two_trainings, tmp_path, capsys):
     server, root, _ = two_trainings
-    newest = root / "data" / "digits" / "test.npz"  # version 2's split (seed 3): rows version 1 trained on
+    newest = root / "data" / "digits" / "test.npz"  # version 2's split (another salt): rows version 1 trained on
     code, report = run_eval(server, root, tmp_path, "--version", 1, "--data", newest)
     err = capsys.readouterr().err
     assert code == 1 and report["passed"] is False and report["data_matches_version"] is False

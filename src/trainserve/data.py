@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainserve.errors import TrainserveError
+from trainserve.hashed_split import HashedSplit, class_fractions
 from trainserve.task import Task
 
 IMAGES = "images"  # the input name of image data (the built-in sources, and a single uint8 [N, H, W(, C)] array)
@@ -54,6 +55,10 @@ class Dataset:
     image: ImageFormat | None = None  # image files: the one input holds their paths, decoded in the model
     content_digest: str | None = None  # image files: sha256 over their bytes (the paths say nothing of them)
     skipped: dict = field(default_factory=dict)  # image files: what the scan left out, for the run summary
+    # A split by keyed hash (trainserve.hashed_split): its scheme and per-class held-out shares, and each
+    # held-out example's content digest. None where the source has a fixed split (a file's x_test, Keras sets).
+    hashed_split: dict | None = None
+    test_digests: np.ndarray | None = None
 
     @property
     def x_train(self) -> np.ndarray:
@@ -95,6 +100,17 @@ class Dataset:
             digest.update(str((array.dtype.str, array.shape)).encode())
             digest.update(np.ascontiguousarray(array).tobytes())
         return digest.hexdigest()
+
+    def with_hashed_split(self, split: HashedSplit, labels: np.ndarray, test: np.ndarray, digests: np.ndarray):
+        """This data set, marked as split by `split`: `labels` and `digests` of every example, `test` the
+        held-out indexes. Records the scheme and each class's held-out share (the hash stratifies only roughly)."""
+        held = np.zeros(len(digests), bool)
+        held[test] = True
+        self.hashed_split = split.to_json()
+        if self.task.kind == "classification":
+            self.hashed_split["class_fractions"] = class_fractions(labels, held, self.label_names)
+        self.test_digests = digests[test]
+        return self
 
     def split_validation(
         self, fraction: float, seed: int

@@ -8,8 +8,10 @@ to the version (shared by training, which writes both, and evaluation, which rea
 The fingerprint is a SHA-256 over the split's arrays (name, dtype, shape, bytes; not the zip's timestamps), so
 the same rows give the same fingerprint whichever process wrote them, and an eval client can check that the
 data it was given is the data the version was held out from. Beside the arrays a split carries its
-`provenance` (source, seed, fractions): two splits drawn from one source with different seeds share rows, so a
-version's split evaluated on another version trained with another seed is known to overlap its training rows.
+`provenance` (source, seed, fraction and, since splits are hashed, the hash scheme: trainserve.hashed_split) and
+each held-out row's content digest (`row_digests`), so eval can count the rows of this split that any other
+version, whose record names its own salt and fraction, could have trained on. Versions trained before splits
+were hashed drew them with --seed: two such splits of one source with different seeds share rows.
 """
 
 from __future__ import annotations
@@ -24,21 +26,28 @@ import numpy as np
 
 from trainserve.errors import TrainserveError
 from trainserve.files import write_file_atomic
+from trainserve.hashed_split import DIGESTS, HashedSplit
 from trainserve.layout import split_arrays
 from trainserve.sources.image_folder import list_images
 
 PROVENANCE_KEY = "provenance"  # a 0-d JSON string in the split, outside the fingerprint
 SPLITS, VERSIONS, NEWEST = "splits", "versions", "test.npz"
 DIGITS_TEST_FRACTION = 0.2  # trainserve.data._digits' held-out share
-# Sources whose held-out rows are drawn from one pool with --seed: another seed holds out other rows, which the
-# first seed trained on. (A file's own x_test, keras' fixed splits and synthetic draws hold out the same rows, or
-# disjoint ones, whatever the seed.)
+# Sources whose held-out rows come from one pool: by keyed hash now (the salt and fraction decide them), drawn
+# with --seed by versions trained before. (A file's own x_test, keras' fixed splits and synthetic draws hold
+# out the same rows, or disjoint ones, whatever the seed.)
 SEEDED_SOURCES = ("digits", ".csv")
 _CHUNK = 1 << 20
 
 
-def provenance(source: str, seed: int, test_fraction: float) -> dict:
-    """Where a training's held-out rows came from, enough to know whether another split overlaps them."""
+def provenance(source: str, seed: int, test_fraction: float, hashed: dict | None = None) -> dict:
+    """Where a training's held-out rows came from, enough to know whether another split overlaps them;
+    `hashed`: the keyed-hash scheme that chose them (trainserve.hashed_split), None for a fixed split."""
+    origin = _origin(source, seed, test_fraction)
+    return {**origin, "test_fraction": test_fraction, "split": hashed} if hashed else origin
+
+
+def _origin(source: str, seed: int, test_fraction: float) -> dict:
     if source == "digits":
         return {"source": source, "seed": seed, "test_fraction": DIGITS_TEST_FRACTION}
     if source.endswith(".csv"):  # the rows depend on the file's content, the seed and the fraction
@@ -90,8 +99,15 @@ def known_overlap(version: dict | None, data: dict | None) -> bool | None:
     seeded = str(version["source"]).endswith(SEEDED_SOURCES) or any(version.get(k) for k in content)
     if not seeded or any(version.get(k) != data.get(k) for k in content):
         return None
-    same_draw = all(version.get(k) == data.get(k) for k in ("seed", "test_fraction"))
-    return not same_draw
+    return not _same_draw(version, data)
+
+
+def _same_draw(version: dict, data: dict) -> bool:
+    """Both hashed alike (seed aside: it no longer draws the split), or both drawn with one seed and fraction."""
+    schemes = HashedSplit.from_json(version.get("split")), HashedSplit.from_json(data.get("split"))
+    if schemes != (None, None):
+        return schemes[0] == schemes[1]
+    return all(version.get(k) == data.get(k) for k in ("seed", "test_fraction"))
 
 
 def _hash_member(digest, name: str, dtype: np.dtype, shape: tuple, chunks) -> None:
@@ -148,10 +164,13 @@ def split_record(split, shared: bool) -> dict:
 
 
 class HeldOutSplit:
-    """One training's held-out split, in memory: its arrays, fingerprint and provenance."""
+    """One training's held-out split, in memory: its arrays (with each row's digest, where hashed),
+    fingerprint and provenance."""
 
-    def __init__(self, inputs: dict, labels: np.ndarray, task, single: bool, origin: dict):
+    def __init__(self, inputs: dict, labels: np.ndarray, task, single: bool, origin: dict, digests=None):
         self.arrays = split_arrays(inputs, labels, task, single)
+        if digests is not None:  # a hashed split: each row's content digest, for eval's overlap count
+            self.arrays[DIGESTS] = np.asarray(digests)
         self.fingerprint = fingerprint_arrays(self.arrays)
         self.provenance = origin
         self.examples = len(labels)

@@ -3,13 +3,15 @@ interval at level 1 - alpha and the smallest difference the data could have show
 decides the verdict, and the verdict line a person reads first.
 
 Classification is decided by accuracy with McNemar's exact test; regression by MSE with a paired sign-flip
-test on the per-example squared errors (paired_stats.py says why those). "better" or "worse" only when the
+test on the per-example squared errors (trainserve.stats.significance says why those). "better" or "worse" only when the
 test's p-value is below --alpha; otherwise "no significant difference", whatever the point estimates say, and
 never "no difference": the detectable difference says how large a one could have gone unseen.
 
-Intervals (intervals.py): accuracies, which are right or wrong per example, by the paired score interval that
-agrees with McNemar's exact test; losses and errors, which are means, by Student's t; RMSE, the root of a mean,
-by the paired bootstrap (its resamples are recorded).
+Intervals (trainserve.stats): accuracies, which are right or wrong per example, by the paired score interval that
+agrees with McNemar's exact test; losses and errors, which are means of skewed, heavy-tailed values, by the
+studentized (bootstrap-t) interval, which keeps a non-inferiority gate's one-sided error near its 2.5 % where
+Student's t lets about 7 % through; RMSE, the root of a mean, by the paired percentile bootstrap (the resamples
+and seed are recorded).
 """
 
 from __future__ import annotations
@@ -19,33 +21,28 @@ import math
 import numpy as np
 
 from trainserve.evaluation.gates import HIGHER_IS_BETTER, PAIRED_METRICS
-from trainserve.evaluation.intervals import mean_interval, paired_proportion_interval, two_sided_z, z_quantile
 from trainserve.evaluation.metrics import (
     ClassificationMetrics,
     RegressionMetrics,
     latency_percentiles,
     log_probabilities,
 )
-from trainserve.evaluation.paired_stats import (
-    FLIPS,
-    RESAMPLES,
-    bootstrap_interval,
-    mcnemar_exact,
-    mean,
-    root_mean,
-    sign_flip_test,
-)
 from trainserve.evaluation.plan import Plan
-from trainserve.evaluation.power import POWER, discordant_share, mdd_mean, mdd_paired_proportions
 from trainserve.evaluation.records import BatchAnswer, Tally
 from trainserve.evaluation.slicing import slice_lines, slice_table, worse_line
 from trainserve.evidence.decision import significantly_worse
+from trainserve.stats.distributions import two_sided_z, z_quantile
+from trainserve.stats.means import RESAMPLES, bootstrap_interval, bootstrap_t_interval, mean, root_mean
+from trainserve.stats.power import POWER, discordant_share, mdd_mean, mdd_paired_proportions
+from trainserve.stats.proportions import paired_proportion_interval
+from trainserve.stats.significance import FLIPS, mcnemar_exact, sign_flip_test
 
-MCNEMAR, SIGN_FLIP = "McNemar's exact test", "paired sign-flip test on squared errors"
+MCNEMAR = "McNemar's exact test"
+SIGN_FLIP = "paired sign-flip test on squared errors (null: each example's difference is symmetric about 0)"
 PROPORTIONS = frozenset({"accuracy", "top_k_accuracy"})  # right or wrong per example
 INTERVAL_METHODS = {
     "proportions": "paired score interval (Tango), holding every difference McNemar's exact test does not reject",
-    "mean": "Student's t interval of the mean paired difference",
+    "mean": "bootstrap-t (studentized) interval of the mean paired difference",
     "bootstrap": "paired percentile bootstrap",
 }
 
@@ -79,9 +76,11 @@ def summarize(
     seed: int,
     slices: list[tuple[str, np.ndarray]] | None = None,
     correction: str = "holm",
+    slice_margin=None,
 ) -> dict:
     """The report's `comparison`: evaluated (candidate) vs baseline on the same examples; `slices` (name, each
-    example's slice) as --slice asks, else by class (classification) or by target (several targets)."""
+    example's slice) as --slice asks, and always by class (classification), or by target (several targets, not
+    sliced); `slice_margin` (--max-drop-per-slice) judges each slice's non-inferiority."""
     kind = tallies[0].plan.task.kind
     metrics = {
         name: paired_metric(name, values[0][name], values[1][name], alpha, seed) for name in PAIRED_METRICS[kind]
@@ -93,7 +92,7 @@ def summarize(
         test = {"name": SIGN_FLIP, "p_value": p, "flips": FLIPS}
     primary = PAIRED_METRICS[kind][0]
     verdict = _verdict(metrics[primary], test["p_value"], alpha)
-    table = _slices(tallies[0].plan.task, values, slices, alpha, correction, seed)
+    table = _slices(tallies[0].plan.task, values, slices, alpha, correction, seed, slice_margin)
     line = verdict_line(versions, verdict, primary, metrics[primary], test)
     return {
         "baseline": {"reference": ref, "version": versions[1]},
@@ -115,15 +114,14 @@ def summarize(
     }
 
 
-def _slices(task, values: tuple[dict, dict], slices, alpha: float, correction: str, seed: int) -> dict | None:
-    if slices is None and task.kind == "classification":
+def _slices(task, values: tuple[dict, dict], slices, alpha: float, correction: str, seed: int, margin) -> dict | None:
+    slices = list(slices or [])
+    if task.kind == "classification" and not any(by == "class" for by, _ in slices):
         names = np.asarray(task.label_names or [str(c) for c in range(task.classes)])
-        slices = [("class", np.char.add("class=", names[values[0]["truth"]]))]
-    elif slices is None and task.kind == "regression" and task.targets > 1:
-        slices = []  # per target
-    elif slices is None:
-        return None
-    return slice_table(task.kind, values, slices, alpha, correction, seed)
+        slices.insert(0, ("class", np.char.add("class=", names[values[0]["truth"]])))  # every comparison per class
+    elif not slices and not (task.kind == "regression" and task.targets > 1):
+        return None  # one target, not sliced: the overall comparison is the only one
+    return slice_table(task.kind, values, slices, alpha, correction, seed, margin)
 
 
 def no_baseline(ref: str, version: int, said: str) -> dict:
@@ -159,7 +157,7 @@ def paired_metric(name: str, a: np.ndarray, b: np.ndarray, alpha: float, seed: i
         sd, method = se * math.sqrt(n), "bootstrap"
         mdd = (two_sided_z(level) + z_quantile(POWER)) * se if n > 1 else None
     else:
-        low, high = mean_interval(a - b, level)
+        low, high = bootstrap_t_interval(a - b, level, seed=seed)
         sd = float(np.std(a - b, ddof=1)) if n > 1 else 0.0
         mdd, method = mdd_mean(n, sd, alpha), "mean"
     finite = math.isfinite(low) and math.isfinite(high)
@@ -260,4 +258,8 @@ def comparison_lines(c: dict) -> list[str]:
             f"  pairs           right only in {v}: {d['candidate_only']}, only in {b}: {d['baseline_only']}, "
             f"both: {d['both_right']}, neither: {d['both_wrong']}"
         )
+    if c.get("preflight"):
+        from trainserve.evaluation.preflight import preflight_line
+
+        lines.append(f"  power           {preflight_line(c['preflight'])}")
     return lines + (slice_lines(c["slices"]) if c.get("slices") else [])

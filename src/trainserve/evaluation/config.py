@@ -12,7 +12,7 @@ from typing import Literal
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.gates import ChangeGate, Gate, parse_change_gates, parse_gates
 from trainserve.evaluation.noninferiority import Margin, parse_margins
-from trainserve.evaluation.slicing import parse_slice
+from trainserve.evaluation.slicing import parse_slice, parse_slice_margin
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.options import key_values, option, parse_bool, positive_int
@@ -37,6 +37,13 @@ def parse_input_map(text: str) -> dict[str, str]:
 def optional_text(text: str) -> str | None:
     """An empty value (`TRAINSERVE_COMPARE_WITH=`) is none: how a Makefile or compose turns an option off."""
     return text.strip() or None
+
+
+def parse_max_drop(text: str) -> tuple[Margin, ...] | None:
+    """`accuracy=0.01,loss=5%` -> margins; empty -> None (the default margin); `none` -> () (no margin)."""
+    if not text.strip():
+        return None
+    return () if text.strip().lower() == "none" else parse_margins(text)
 
 
 def optional_float(text: str) -> float | None:
@@ -137,17 +144,35 @@ class EvalConfig(ClientOptions):
     )
     not_worse: bool = option(
         True,
-        "with --compare-with and no --max-drop: exit 1 when significantly worse (false: report only)",
+        "with --compare-with --max-drop none: exit 1 when significantly worse (absence of evidence: promote "
+        "refuses a comparison gated only so; false: report only)",
         parse=parse_bool,
     )
-    max_drop: tuple[Margin, ...] = option(
-        (),
-        "METRIC=DROP[%%][,...]: with --compare-with, the non-inferiority gate (instead of not significantly "
-        "worse): pass only when the interval shows METRIC fell by less than DROP (absolute, or %% of the "
-        "baseline's value); too few examples to tell is 'inconclusive', which does not pass",
-        parse=parse_margins,
+    max_drop: tuple[Margin, ...] | None = option(
+        None,
+        "METRIC=DROP[%%][,...]: with --compare-with, the non-inferiority gate: pass only when the 95%% interval "
+        "shows METRIC fell by less than DROP (absolute, or %% of the baseline's value; the interval's lower end "
+        "is a one-sided 2.5%% bound); too few examples to tell is 'inconclusive', which does not pass (default: "
+        "accuracy=0.04, or mse=5%% for regression; none: no margin, only 'not significantly worse', which "
+        "promote refuses)",
+        parse=parse_max_drop,
     )
-    alpha: float = option(0.05, "significance level of the comparison's test")
+    assume_discordance: float = option(
+        0.03,
+        "with --max-drop on accuracy: the share of examples the two versions are assumed to disagree on, for "
+        "the pre-flight's smallest decidable margin (the observed share is reported after the run)",
+        parse=float,
+    )
+    require_power: bool = option(
+        False,
+        "with --compare-with: refuse (exit 2, before any request) when an accuracy --max-drop is below the "
+        "smallest margin the examples decide with 80%% power",
+    )
+    alpha: float = option(
+        0.05,
+        "two-sided level of the comparison's test and its 1 - ALPHA intervals; a gate judged on an interval's "
+        "end (--max-drop, --max-drop-per-slice) is one-sided at ALPHA / 2 (2.5 %% at 0.05)",
+    )
     require_vs_baseline: tuple[ChangeGate, ...] = option(
         (),
         "METRIC>=CHANGE or METRIC<=CHANGE[%%][,...]: change thresholds vs --compare-with, on the point estimates "
@@ -167,6 +192,13 @@ class EvalConfig(ClientOptions):
     )
     gate_slices: bool = option(
         False, "with --compare-with: exit 1 when any slice is significantly worse (after the correction)"
+    )
+    max_drop_per_slice: Margin | None = option(
+        None,
+        "METRIC=DROP[%%]: with --compare-with, a non-inferiority gate on every slice (accuracy, or mse for "
+        "regression), judged on each slice's multiplicity-adjusted interval: a slice too small to tell is "
+        "'inconclusive', which does not pass",
+        parse=parse_slice_margin,
     )
     seed: int = option(0, "seed of the comparison's bootstrap and sign-flip resampling")
     compare_local: Path | None = option(None, "also run this SavedModel version dir in-process on CPU")
@@ -190,10 +222,10 @@ class EvalConfig(ClientOptions):
     def check_comparison(self) -> None:
         # --allow-no-baseline and --max-drop alone are harmless: compose sets them, COMPARE_WITH= not.
         if self.compare_with is None:
-            if self.require_vs_baseline or self.slice or self.gate_slices:
+            if self.require_vs_baseline or self.slice or self.gate_slices or self.max_drop_per_slice:
                 raise TrainserveError(
-                    "--require-vs-baseline/--slice/--gate-slices without --compare-with: expected the version or "
-                    "label to compare with"
+                    "--require-vs-baseline/--slice/--gate-slices/--max-drop-per-slice without --compare-with: "
+                    "expected the version or label to compare with"
                 )
             return
         if self.shard is not None or self.compare_local is not None or self.limit is not None:
@@ -208,6 +240,8 @@ class EvalConfig(ClientOptions):
             )
         if self.rollout_config is not None and not self.rollout_config.is_file():
             raise TrainserveError(f"--rollout-config {self.rollout_config}: no such file (expected models.config)")
+        if not 0 < self.assume_discordance <= 1:
+            raise TrainserveError(f"--assume-discordance {self.assume_discordance:g}: expected a share in (0, 1]")
         if not 0 < self.alpha < 1:
             raise TrainserveError(f"--alpha {self.alpha:g}: expected a significance level between 0 and 1")
 

@@ -13,7 +13,7 @@ served signature (evaluation/plan.py).
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,11 +22,13 @@ import numpy as np
 
 from trainserve.data import IMAGES, single_input_name
 from trainserve.errors import TrainserveError
+from trainserve.hashed_split import DIGESTS, HashedSplit, array_row_digests, csv_row_digests, file_digests
 from trainserve.layout import SPLIT_INPUTS, SPLIT_LABEL_NAMES, SPLIT_LABELS, split_task
 from trainserve.sources import load_dataset
 from trainserve.sources.csv_table import label_column_values, read_csv_text
 from trainserve.sources.image_folder import IMAGE_BYTES, list_images, read_files
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples
+from trainserve.splits import read_provenance
 from trainserve.task import Task
 
 Batch = tuple[dict[str, np.ndarray], np.ndarray]
@@ -54,6 +56,14 @@ class EvalData:
     count: int
     label_names: list[str] = field(default_factory=list)
     task: Task | None = None  # what the shared split says the model predicts (None: decided from the labels)
+    # Each example's content digest (trainserve.hashed_split) over a key column (None: the whole example), or
+    # None where it cannot be known: how eval places these rows in another version's hashed split.
+    digest_rows: Callable[[str | None], np.ndarray | None] | None = field(default=None, repr=False)
+
+    def row_digests(self, key: str | None) -> np.ndarray | None:
+        """The digests of the `count` examples evaluated, or None where they cannot be known."""
+        digests = self.digest_rows(key) if self.digest_rows else None
+        return None if digests is None else digests[: self.count]
 
     def batches(self, batch_size: int) -> Iterator[Batch]:
         raise NotImplementedError
@@ -114,7 +124,9 @@ def _open_image_folder(root: Path, limit: int | None) -> ImageFolderData:
     labels = np.array([names[label] for _, label in files], dtype=str)[:count]
     paths = np.array([str(path) for path, _ in files], dtype=str)[:count]
     column = Column(IMAGE_BYTES, (), np.dtype(object))
-    return ImageFolderData(root.name or str(root), {IMAGE_BYTES: column}, labels, count, paths=paths)
+    data = ImageFolderData(root.name or str(root), {IMAGE_BYTES: column}, labels, count, paths=paths)
+    data.digest_rows = lambda key: file_digests(paths[:count]) if key is None else None
+    return data
 
 
 @dataclass
@@ -135,9 +147,10 @@ def open_eval_data(
     synthetic: SyntheticSpec | None = None,
     label_column: str | None = None,
     seed: int = 0,
+    split: HashedSplit | None = None,
 ) -> EvalData:
-    """`digits` (the split training draws with `seed`), `synthetic`, `FILE.npz` (x_test or x_test/<input>,
-    y_test), `FILE.csv` (--label-column) or a `DIR/` of image files per class."""
+    """`digits` (the split training holds out by `split`, or with `seed`), `synthetic`, `FILE.npz` (x_test or
+    x_test/<input>, y_test), `FILE.csv` (--label-column) or a `DIR/` of image files per class."""
     if source == "synthetic":
         spec = synthetic or SyntheticSpec()
         count = min(spec.size, limit or spec.size)
@@ -147,8 +160,10 @@ def open_eval_data(
         task = Task("classification", classes=spec.classes, label_names=tuple(names))
         return SyntheticData("synthetic", {IMAGES: column}, labels, count, names, task, spec=spec)
     if source == "digits":
-        ds = load_dataset("digits", seed=seed)
-        return _in_memory("digits", ds.test, ds.y_test, limit, ds.label_names, ds.task)
+        ds = load_dataset("digits", seed=seed, split=split)
+        data = _in_memory("digits", ds.test, ds.y_test, limit, ds.label_names, ds.task)
+        data.digest_rows = lambda key: array_row_digests(ds.test, ds.y_test) if key is None else None
+        return data
     if source.endswith(".csv"):
         return _open_csv(Path(source), label_column, limit)
     if Path(source).is_dir():
@@ -163,7 +178,9 @@ def _open_csv(path: Path, label_column: str | None, limit: int | None) -> ArrayD
     labels, names = label_column_values(text.pop(label_column).tolist(), label_column, False, path)
     if names:
         labels = np.array(names, dtype=str)[labels]
-    return _in_memory(path.stem, text, labels, limit)
+    data = _in_memory(path.stem, text, labels, limit)
+    data.digest_rows = lambda key: csv_row_digests(header, body, key) if key is None or key in header else None
+    return data
 
 
 def encode_labels(data: EvalData, model_names: list[str], model: str) -> EvalData:
@@ -228,8 +245,21 @@ def _open_npz(path: Path, limit: int | None) -> EvalData:
     if fortran:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: np.ascontiguousarray(npz[m[:-4]]) for k, m in members.items()}
-        return ArrayData(path.stem, columns, labels[:count], count, names, task, arrays=arrays)
-    return NpzData(path.stem, columns, labels[:count], count, names, task, path=path, members=members)
+        data = ArrayData(path.stem, columns, labels[:count], count, names, task, arrays=arrays)
+    else:
+        data = NpzData(path.stem, columns, labels[:count], count, names, task, path=path, members=members)
+    data.digest_rows = _stored_digests(path, len(labels))
+    return data
+
+
+def _stored_digests(path: Path, count: int):
+    """A split file's own row digests (written by training, under the key its provenance names), if any."""
+    with np.load(path, allow_pickle=False) as npz:
+        if DIGESTS not in npz.files or npz[DIGESTS].shape != (count,):
+            return None
+        digests = npz[DIGESTS]
+    stored_key = ((read_provenance(path) or {}).get("split") or {}).get("key")
+    return lambda key: digests if key == stored_key else None
 
 
 def _input_members(path: Path, npy: set[str], expected: str) -> dict[str, str]:

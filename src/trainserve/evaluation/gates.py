@@ -7,7 +7,8 @@ better for accuracy, lower for loss, MSE, RMSE and MAE, and the threshold bounds
 `accuracy<=...` change threshold would reward a worse model), so a wrong one is refused, not obeyed.
 Change thresholds judge point estimates, as TFMA's do (the report says so, with the interval beside them);
 noninferiority.py's --max-drop is the form judged on the interval's end. The significance gate asks whether the
-data shows a difference at all: absence of evidence passes it, so a rollout's gate is better --max-drop.
+data shows a difference at all: absence of evidence passes it. Both kinds here pass on absence of evidence (the
+report says so, `basis`), so promote refuses a comparison gated by them alone: a rollout's gate is --max-drop.
 Value gates (`--require`, `--min-accuracy`) judge the candidate's own metrics.
 """
 
@@ -18,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from trainserve.evidence.decision import change_of, holds
+from trainserve.evidence.decision import ABSENCE, BOUND, basis_of, change_of, holds
 
 HIGHER_IS_BETTER = frozenset({"accuracy", "top_k_accuracy", "r2", "roc_auc", "average_precision"})
 LOWER_IS_BETTER = frozenset({"loss", "mse", "rmse", "mae"})
@@ -115,6 +116,17 @@ def parse_change_gates(text: str) -> tuple[ChangeGate, ...]:
             )
         gates.append(ChangeGate(metric, op, float(match[3]), bool(match[4])))  # type: ignore[arg-type]
     return tuple(gates)
+
+
+def basis_note(gate: dict) -> str:
+    """What a comparison gate's pass rests on, as its line ends: ` [bound]`, or ` [absence of evidence: cannot
+    promote alone]` (promote needs a bound-based gate); nothing for a value gate."""
+    basis = basis_of(gate)
+    if basis == BOUND:
+        return " [bound" + (", default margin]" if gate.get("default_margin") else "]")
+    if basis == ABSENCE:
+        return " [absence of evidence: cannot promote alone]"
+    return ""
 
 
 def not_worse_gate(comparison: dict, alpha: float) -> dict:

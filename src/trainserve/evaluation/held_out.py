@@ -3,8 +3,9 @@
 The version is resolved first (through the server: a label or "newest" names a number only there), then its
 record is read from the data directory (`<data-dir>/<model>/versions/<version>.json`, written by training):
 `--data held-out` (the default wherever a record is found) opens the split the record names, refused if its
-content no longer matches its content address; `--data digits` draws the split with the seed the version
-trained with; any other data is fingerprinted and compared. The check says which evidence the data is:
+content no longer matches its content address; `--data digits` holds out what the version's record says (its
+hash scheme; or its seed, for a version trained before splits were hashed); any other data is fingerprinted
+and compared. The check says which evidence the data is:
 `own-split` (verified against the record), `overlapping` (rows the version trained on: the same source with
 another seed, or the very CSV file or image folder it trained on; every gate then fails) or `unverified`
 (no record, or data that cannot be matched to it), which promote refuses without an explicit override.
@@ -20,9 +21,9 @@ from trainserve.errors import TrainserveError
 from trainserve.evaluation.config import EvalConfig
 from trainserve.evaluation.data import EvalData, open_eval_data
 from trainserve.evidence.decision import OVERLAPPING, OWN_SPLIT, UNVERIFIED
+from trainserve.hashed_split import HashedSplit
 from trainserve.splits import (
     DIGITS_TEST_FRACTION,
-    fingerprint_arrays,
     fingerprint_folder,
     fingerprint_npz,
     is_training_source,
@@ -76,10 +77,10 @@ def open_for_version(config: EvalConfig, version: int) -> tuple[EvalData, DataCh
     if source == HELD_OUT:
         data, check = _open_held_out(config, version, split, where)
     elif source == "digits":
-        seed = _digits_seed(split.get("provenance"), where)
-        data = _open("digits", config, seed)
-        digits = provenance("digits", seed, DIGITS_TEST_FRACTION)
-        check = _check(split, _digits_fingerprint(seed), digits, where)
+        seed, hashed = _digits_draw(split.get("provenance"), where)
+        data = _open("digits", config, seed, hashed)
+        digits = provenance("digits", seed, DIGITS_TEST_FRACTION, hashed.to_json() if hashed else None)
+        check = _check(split, _digits_fingerprint(seed, hashed), digits, where)
     elif split and (source.endswith(".npz") or Path(source).is_dir()):
         data = _open(source, config)
         check = _check(split, *_fingerprint_split(Path(source)), where, Path(source))
@@ -117,33 +118,34 @@ def _fingerprint_split(path: Path) -> tuple[str, dict | None]:
     return fingerprint_npz(path), read_provenance(path)
 
 
-def _open(source: str, config: EvalConfig, seed: int = 0) -> EvalData:
-    return open_eval_data(source, config.limit, config.synthetic, config.label_column, seed)
+def _open(source: str, config: EvalConfig, seed: int = 0, hashed: HashedSplit | None = None) -> EvalData:
+    return open_eval_data(source, config.limit, config.synthetic, config.label_column, seed, hashed)
 
 
-def _digits_seed(recorded: dict | None, where: str) -> int:
-    """The seed the version's digits split was drawn with; refused when it trained on other data."""
+def _digits_draw(recorded: dict | None, where: str) -> tuple[int, HashedSplit | None]:
+    """How the version's digits split was chosen: its hash scheme (or, before splits were hashed, its seed);
+    refused when it trained on other data."""
     if recorded is None:
         log.warning(
             "no record of %s's held-out split: evaluating the seed-0 digits split, which may hold rows it trained "
             "on; the report says `unverified` and promote refuses it (expected --data-dir)",
             where,
         )
-        return 0
+        return 0, None
     if recorded.get("source") != "digits":
         raise TrainserveError(
             f"--data digits: {where} was trained on {recorded.get('source')!r}, not digits: expected --data held-out "
             "(its own split) or its data file"
         )
-    return int(recorded["seed"])
+    return int(recorded["seed"]), HashedSplit.from_json(recorded.get("split"))
 
 
-def _digits_fingerprint(seed: int) -> str:
-    from trainserve.layout import split_arrays
+def _digits_fingerprint(seed: int, hashed: HashedSplit | None) -> str:
     from trainserve.sources import load_dataset
+    from trainserve.splits import HeldOutSplit
 
-    ds = load_dataset("digits", seed=seed)
-    return fingerprint_arrays(split_arrays(ds.test, ds.y_test, ds.task, ds.single))
+    ds = load_dataset("digits", seed=seed, split=hashed)
+    return HeldOutSplit(ds.test, ds.y_test, ds.task, ds.single, {}, ds.test_digests).fingerprint
 
 
 def _check(

@@ -16,7 +16,6 @@ import numpy as np
 
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.gates import Gate
-from trainserve.evaluation.intervals import single_version_intervals
 from trainserve.evaluation.metrics import (
     SCORE_BINS,
     RegressionMetrics,
@@ -26,6 +25,7 @@ from trainserve.evaluation.metrics import (
 )
 from trainserve.evidence import decision
 from trainserve.evidence.decision import OWN_SPLIT
+from trainserve.stats.proportions import single_version_intervals
 from trainserve.task import Task
 
 # What must be equal across the shards of one evaluation: the same version, on the same data, checked alike.

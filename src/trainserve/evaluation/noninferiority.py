@@ -7,8 +7,10 @@ change in the better direction (the "gain"), at level 1 - alpha:
 
 - its lower end above -margin: **non-inferior**, the gate passes;
 - its upper end below -margin: **inferior**, it fails;
-- otherwise **inconclusive**: the data cannot tell, and the gate does not pass; the report says how many examples
-  would decide it if the observed difference held.
+- otherwise **inconclusive**: the data cannot tell, and the gate does not pass; the report says which way more
+  examples would decide it if the observed difference held, and how many give 80 % power to show it.
+
+The interval is two-sided at 1 - alpha, so each gate is one-sided at alpha / 2: 2.5 % at the default 95 %.
 
 This is the bound-based form of a change threshold (`accuracy>=-0.01` judged on the interval's end, not on the
 point estimate as TFMA's change thresholds and --require-vs-baseline are).
@@ -21,8 +23,8 @@ import re
 from dataclasses import dataclass
 
 from trainserve.evaluation.gates import HIGHER_IS_BETTER, LOWER_IS_BETTER, PAIRED_METRICS
-from trainserve.evaluation.power import examples_to_decide
 from trainserve.evidence.decision import gain_interval, non_inferiority
+from trainserve.stats.power import would_decide
 
 VERDICTS = ("non-inferior", "inconclusive", "inferior")
 _MARGIN = re.compile(r"^\s*([a-z_0-9]+)\s*=\s*([0-9.eE+]+)\s*(%?)\s*$")
@@ -35,6 +37,7 @@ class Margin:
     metric: str
     drop: float
     relative: bool = False
+    default: bool = False  # applied because --max-drop named none (the report says so)
 
     def describe(self) -> str:
         return f"{self.metric}={self.drop:g}{'%' if self.relative else ''}"
@@ -83,9 +86,10 @@ def margin_gate(margin: Margin, comparison: dict) -> dict:
     gain_low, gain_high = gain_interval(m)
     verdict = judge(gain_low, gain_high, absolute)
     gain = m["difference"] if m["higher_is_better"] else -m["difference"]
-    needed = None
-    if verdict == "inconclusive":
-        needed = examples_to_decide(gain, absolute, m.get("sd", 0.0), comparison.get("level", 0.95))
+    decide = None
+    if verdict == "inconclusive":  # one-sided alpha: half of what the two-sided interval leaves out
+        decide = would_decide(gain, absolute, m.get("sd", 0.0), (1 - comparison.get("level", 0.95)) / 2)
+    needed = decide.examples if decide else None
     unit = "%" if margin.relative else ""
     return {
         "kind": "non-inferiority",
@@ -98,14 +102,16 @@ def margin_gate(margin: Margin, comparison: dict) -> dict:
         "interval": [low, high],
         "verdict": verdict,
         "examples_needed": needed,
+        "would_decide": decide.direction if decide else None,
         "mdd": m.get("mdd"),
         "candidate_value": m["candidate"],
         "baseline_value": m["baseline"],
         "baseline_version": version,
         "passed": verdict == "non-inferior",
+        "default_margin": margin.default,
         "said": f"{margin.metric} is {verdict} to version {version} with a margin of {margin.drop:g}{unit} "
         f"(change {m['difference']:+.4f}, interval [{_num(low)}, {_num(high)}], allowed drop {absolute:.4g})"
-        + (f"; about {needed:,} examples would decide" if needed else ""),
+        + (f"; {_would_decide(decide)}" if decide else ""),
     }
 
 
@@ -123,5 +129,12 @@ def describe_margin_gate(gate: dict) -> str:
         f" = {gate['margin']:.4g}: bound of the change {bound}; detectable with 80% power {mdd}"
     )
     if gate.get("examples_needed"):
-        said += f"; about {gate['examples_needed']:,} examples would decide"
+        direction = gate.get("would_decide") or "it"
+        said += f"; about {gate['examples_needed']:,} examples would decide {direction} (80% power)"
     return said + ")"
+
+
+def _would_decide(decide) -> str:
+    return (
+        f"about {decide.examples:,} examples would decide {decide.direction} with 80% power if the observed change held"
+    )

@@ -159,6 +159,14 @@ def _feed(column: Column, signature: Signature, name: str, where: str) -> Feed:
     )
 
 
+def expected_kind(task: TaskChoice, data: EvalData) -> str:
+    """The task the plan will settle on, told before any request: class names (a CSV's text labels) are
+    classification too."""
+    if task == "auto" and data.task is None and data.labels.dtype.kind == "U":
+        return "classification"
+    return _task_kind(task, data)
+
+
 def _task_kind(task: TaskChoice, data: EvalData) -> str:
     if task != "auto":
         return task

@@ -12,12 +12,12 @@ import numpy as np
 
 from trainserve import __version__
 from trainserve.evaluation.config import ClientOptions
-from trainserve.evaluation.intervals import single_version_intervals
 from trainserve.evaluation.metrics import latency_histogram, latency_percentiles, precision_recall_curve
 from trainserve.evaluation.records import EvalResult, FinishedRun
 from trainserve.evidence import decision
 from trainserve.evidence.document import SCHEMA_ID, dumps, strict_json
 from trainserve.files import write_file_atomic
+from trainserve.stats.proportions import single_version_intervals
 
 
 def report_header(schema: str, config: ClientOptions, version: int) -> dict:
@@ -84,11 +84,14 @@ def _comparison_gates(comparison: dict | None, config) -> list[dict]:
         return []
     from trainserve.evaluation.gates import change_gates, not_worse_gate
     from trainserve.evaluation.noninferiority import margin_gate
-    from trainserve.evaluation.slicing import slice_gate
+    from trainserve.evaluation.slicing import slice_gate, slice_margin_gate
 
-    margins = [margin_gate(m, comparison) for m in config.max_drop]
+    margins = [margin_gate(m, comparison) for m in config.max_drop or ()]
     significance = [not_worse_gate(comparison, config.alpha)] if config.not_worse and not margins else []
-    slices = [slice_gate(comparison["slices"], comparison["baseline"]["version"])] if config.gate_slices else []
+    version = comparison["baseline"]["version"]
+    slices = [slice_gate(comparison["slices"], version)] if config.gate_slices else []
+    if config.max_drop_per_slice is not None:
+        slices.append(slice_margin_gate(comparison["slices"], version))
     return margins + significance + slices + change_gates(config.require_vs_baseline, comparison)
 
 
@@ -176,7 +179,14 @@ def summary_table(report: dict) -> str:
 
 
 def describe_gate(gate: dict) -> str:
-    """One gate as a line says it: value gates `accuracy 0.95 >= 0.9`, comparison gates in their own words."""
+    """One gate as a line says it: value gates `accuracy 0.95 >= 0.9`, comparison gates in their own words and
+    what their pass rests on (a bound, or absence of evidence)."""
+    from trainserve.evaluation.gates import basis_note
+
+    return _gate_words(gate) + basis_note(gate)
+
+
+def _gate_words(gate: dict) -> str:
     value = "n/a" if gate["value"] is None else f"{gate['value']:.4f}"
     if gate.get("kind") == "significance":
         p, alpha = gate["value"], gate["threshold"]
@@ -184,6 +194,8 @@ def describe_gate(gate: dict) -> str:
     if gate.get("kind") == "slice":
         worse = ", ".join(gate["slices"]) or "none"
         return f"no slice significantly worse than v{gate['baseline_version']} ({gate['correction']}): worse on {worse}"
+    if gate.get("kind") == "slice-non-inferiority":
+        return gate["said"]
     if gate.get("kind") == "non-inferiority":
         from trainserve.evaluation.noninferiority import describe_margin_gate
 

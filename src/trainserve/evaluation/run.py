@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +27,12 @@ from trainserve.evaluation.data import Batch, EvalData
 from trainserve.evaluation.held_out import open_for_version
 from trainserve.evaluation.metrics import predicted_classes, task_metrics
 from trainserve.evaluation.noninferiority import check_margins
-from trainserve.evaluation.plan import Plan, plan_requests, with_class_ids
+from trainserve.evaluation.plan import Plan, expected_kind, plan_requests, with_class_ids
+from trainserve.evaluation.preflight import margins_for, observed_power, preflight
 from trainserve.evaluation.proof import baseline_evidence, evidence_section
 from trainserve.evaluation.records import BatchAnswer, EvalResult, FinishedRun, LocalComparison, RunTotals, Tally
 from trainserve.evaluation.report import build_report
-from trainserve.evaluation.slicing import slice_keys
+from trainserve.evaluation.slicing import slice_keys, slice_margin_problem
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
         data, data_check, record = open_for_version(config, version)
         resolved = resolve_baseline(client, config, target, version) if config.compare_with else None
         baseline = resolved.version if resolved else None
+        config, planned = _plan_comparison(config, data, baseline)  # before any Predict: margin, what n can show
         signature = client.signature(target, version)
         data = with_class_ids(client, target, signature, data, config.input_map, config.retries, version)
         plan, data = plan_requests(signature, data, target, config.task, config.output, config.input_map)
@@ -80,7 +82,9 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
         client.close()
     refuse_nonfinite(plan, (totals,) if paired is None else (totals, baseline_totals))
     comparison = _comparison(config, paired, totals.version, resolved, slices)
-    against = baseline_evidence(config, baseline, record, resolved.first_rollout) if resolved else None
+    if comparison is not None and planned is not None and paired is not None:
+        comparison["preflight"] = observed_power(planned, comparison)
+    against = baseline_evidence(config, baseline, record, resolved.first_rollout, data) if resolved else None
     evidence = evidence_section(config, data_check, record, totals.tally.examples, against)
     finished = FinishedRun(config, data, plan, totals, start_rss, _peak_rss_mb(), data_check, comparison, evidence)
     report = build_report(finished)
@@ -90,10 +94,29 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     return EvalResult(report, report["passed"], latencies, totals.tally, paired.tallies[1] if paired else None)
 
 
+def _plan_comparison(config: EvalConfig, data: EvalData, baseline: int | None) -> tuple[EvalConfig, dict | None]:
+    """The margins the comparison gates on (the default, said in one line, where --max-drop names none), and
+    the pre-flight of what the data's examples can decide: a line when a margin is below it, a refusal with
+    --require-power. Judged before any Predict; config returned with the margins it will apply. Nothing to plan
+    without a baseline (no comparison, or a first rollout)."""
+    if config.compare_with is None or baseline is None:
+        return config, None
+    kind = expected_kind(config.task, data)
+    margins, default = margins_for(config.max_drop, kind)
+    if default:
+        log.info(
+            "no --max-drop: gating on the default margin %s (non-inferiority; --max-drop none: no margin)",
+            margins[0].describe(),
+        )
+    planned = preflight(margins, data.count, config.assume_discordance, True, config.require_power)
+    return replace(config, max_drop=margins), planned
+
+
 def _slices_of(config: EvalConfig, plan: Plan, data: EvalData) -> list[tuple[str, np.ndarray]] | None:
     """--max-drop's metrics and --slice's columns checked before any Predict; each example's slice per --slice
     (None: the default slicing)."""
-    reason = check_margins(config.max_drop, plan.task.kind) if config.compare_with else None
+    reason = check_margins(config.max_drop or (), plan.task.kind) if config.compare_with else None
+    reason = reason or (slice_margin_problem(config.max_drop_per_slice, plan.task, bool(config.slice)))
     if reason:
         raise TrainserveError(reason)
     if not config.slice:
@@ -109,7 +132,15 @@ def _comparison(config: EvalConfig, paired: PairedRun | None, version: int | Non
     values = (paired.per_example(0), paired.per_example(1))
     tallies, versions = paired.tallies, paired.versions
     return summarize(
-        config.compare_with, versions, tallies, values, config.alpha, config.seed, slices, config.slice_correction
+        config.compare_with,
+        versions,
+        tallies,
+        values,
+        config.alpha,
+        config.seed,
+        slices,
+        config.slice_correction,
+        config.max_drop_per_slice,
     )
 
 

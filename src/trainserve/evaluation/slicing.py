@@ -1,12 +1,19 @@
 """A regression in one part hides in the average: the comparison again on each slice of the examples.
 
 A slice is the examples sharing a value of a column: a CSV column, an npz key (`region` or `x_test/region`), the
-class (`class`: an image folder's class folder, any classification's true label), crossed with `a,b`. Without
---slice a classification comparison is sliced by class and a multi-target regression by target. Every slice
-gets the overall test on its own examples (McNemar's exact test; the sign-flip test on squared errors), and the
-p-values of the whole family are adjusted together (Holm by default, Benjamini-Hochberg when asked:
-multiplicity.py), so that many slices do not make a finding out of chance. Small slices stay in the table with
-their counts; a slice too small to show anything says so through its detectable difference.
+class (`class`: an image folder's class folder, any classification's true label), crossed with `a,b`; an empty
+or missing value is its own slice, `column=(missing)`. A classification comparison is always sliced by class too
+(--slice adds slices, it does not take the classes away), a multi-target regression by target when not sliced.
+Every slice gets the overall test on its own examples (McNemar's exact test; the sign-flip test on squared
+errors), and the p-values of the whole family are adjusted together (Holm by default, Benjamini-Hochberg when
+asked: trainserve.stats.multiplicity), so that many slices do not make a finding out of chance.
+
+The intervals are adjusted with them, so that no interval excludes 0 beside an adjusted p-value that is not
+significant: under Holm each slice's interval is at level 1 - alpha / m (Bonferroni, m slices: it excludes 0
+only where Holm rejects too; Holm may reject a few more), under Benjamini-Hochberg at 1 - R alpha / m, R the
+slices it rejects (Benjamini and Yekutieli's false-coverage-rate intervals). With --max-drop-per-slice each
+slice is judged non-inferior, inferior or inconclusive on that interval: a slice too small to show anything is
+inconclusive, never "same".
 """
 
 from __future__ import annotations
@@ -18,14 +25,20 @@ import numpy as np
 
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.data import ArrayData, EvalData, NpzData
-from trainserve.evaluation.intervals import paired_proportion_interval
-from trainserve.evaluation.multiplicity import METHODS, adjust
-from trainserve.evaluation.paired_stats import mcnemar_exact, sign_flip_test
-from trainserve.evaluation.power import discordant_share, mdd_paired_proportions
+from trainserve.evaluation.noninferiority import Margin, parse_margins
+from trainserve.evidence.decision import gain_interval, non_inferiority
 from trainserve.layout import SPLIT_INPUTS
+from trainserve.stats.means import bootstrap_t_interval
+from trainserve.stats.multiplicity import METHODS, adjust, adjusted_level
+from trainserve.stats.power import discordant_share, mdd_paired_proportions
+from trainserve.stats.proportions import paired_proportion_interval
+from trainserve.stats.significance import mcnemar_exact, sign_flip_test
 
 CLASS = "class"
+MISSING = "(missing)"
 SLICE_FLIPS = 2000  # per slice: enough for p-values around 0.05 / slices to be told apart
+SLICE_MARGIN_GATE = "slice-non-inferiority"
+SLICED_METRICS = ("accuracy", "mse")  # a slice's primary metric: classification, regression
 
 
 def parse_slice(text: str) -> tuple[str, ...]:
@@ -36,13 +49,43 @@ def parse_slice(text: str) -> tuple[str, ...]:
     return columns
 
 
+def parse_slice_margin(text: str) -> Margin:
+    """`accuracy=0.05` or `mse=10%`: the one margin every slice's primary metric is judged against."""
+    margins = parse_margins(text)
+    if len(margins) != 1 or margins[0].metric not in SLICED_METRICS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected one METRIC=DROP[%] on a slice's metric ({' or '.join(SLICED_METRICS)}), "
+            "e.g. accuracy=0.05"
+        )
+    return margins[0]
+
+
+def slice_margin_problem(margin: Margin | None, task, sliced: bool) -> str | None:
+    """A one-line reason when --max-drop-per-slice cannot be judged on this task's slices."""
+    if margin is None:
+        return None
+    metric = "accuracy" if task.kind == "classification" else "mse"
+    if margin.metric != metric:
+        return f"--max-drop-per-slice {margin.describe()}: {task.kind} slices compare {metric}: expected {metric}=DROP"
+    if task.kind == "regression" and task.targets == 1 and not sliced:
+        return f"--max-drop-per-slice {margin.describe()}: a one-target regression has no slices: expected --slice"
+    return None
+
+
 def slice_keys(data: EvalData, spec: tuple[str, ...]) -> np.ndarray:
     """Each example's slice under `spec`, as text: `region=north` or `region=north,device=ios`."""
-    parts = [np.char.add(f"{column}=", _column(data, column).astype(str)) for column in spec]
+    parts = [np.char.add(f"{column}=", _named_values(_column(data, column))) for column in spec]
     keys = parts[0]
     for part in parts[1:]:
         keys = np.char.add(np.char.add(keys, ","), part)
     return keys
+
+
+def _named_values(values: np.ndarray) -> np.ndarray:
+    """Each value as text, an empty cell, None or NaN named `(missing)` (not a blank slice name)."""
+    text = values.astype(str)
+    missing = np.isin(np.char.strip(text), ["", "nan", "NaN", "None"])
+    return np.where(missing, MISSING, text)
 
 
 def _column(data: EvalData, column: str) -> np.ndarray:
@@ -77,51 +120,92 @@ def _npz_column(data: NpzData, column: str) -> np.ndarray | None:
 
 
 def slice_table(
-    kind: str, values: tuple[dict, dict], keys: list[tuple[str, np.ndarray]], alpha: float, correction: str, seed: int
+    kind: str,
+    values: tuple[dict, dict],
+    keys: list[tuple[str, np.ndarray]],
+    alpha: float,
+    correction: str,
+    seed: int,
+    margin: Margin | None = None,
 ) -> dict:
-    """Per slice: counts, both versions' primary metric, its difference and interval, the slice's own test and
-    its p-value adjusted over every slice; rows sorted by evidence (adjusted p, smallest first)."""
-    rows = []
+    """Per slice: counts, both versions' primary metric, its difference and its interval at the family's adjusted
+    level, the slice's own test and its p-value adjusted over every slice; with `margin` (a
+    noninferiority.Margin on the primary metric) each slice's non-inferiority verdict. Rows sorted by evidence
+    (adjusted p, smallest first)."""
+    rows, chosen = [], []
     for by, per_example in keys:
         for name in sorted(set(per_example.tolist())):
-            chosen = per_example == name
-            rows.append({"by": by, "name": name, **_one_slice(kind, values, chosen, alpha, seed)})
+            chosen.append(_pairs_of(kind, values, per_example == name))
+            rows.append({"by": by, "name": name, **_one_slice(kind, chosen[-1], alpha, seed)})
     if kind == "regression" and not keys:
-        rows = _per_target(values, alpha, seed)
-    for row, p in zip(rows, adjust([r["p_value"] for r in rows], correction)):
+        chosen = _per_target(values)
+        rows = [
+            {"by": "target", "name": f"target={t}", **_one_slice(kind, pair, alpha, seed)}
+            for t, pair in enumerate(chosen)
+        ]
+    adjusted = adjust([r["p_value"] for r in rows], correction)
+    level = adjusted_level(adjusted, alpha, correction)
+    for row, pair, p in zip(rows, chosen, adjusted):
         row["p_adjusted"] = p
         row["significant"] = p < alpha
+        row["interval"] = _interval(kind, pair, row["examples"], level, seed)
+        if margin is not None:
+            row["verdict"] = slice_verdict(row, margin.absolute(row["baseline"] or 0.0), kind == "classification")
     rows.sort(key=lambda r: (r["p_adjusted"], r["p_value"], r["name"]))
-    return {
+    table = {
         "metric": "accuracy" if kind == "classification" else "mse",
+        "higher_is_better": kind == "classification",
         "correction": correction,
         "correction_name": METHODS[correction],
         "alpha": alpha,
+        "interval_level": level,
         "rows": rows,
         "worse": [r["name"] for r in rows if r["significant"] and r["direction"] == "worse"],
     }
+    if margin is not None:
+        table["margin"] = {"threshold": margin.drop, "relative": margin.relative}
+    return table
 
 
-def _one_slice(kind: str, values: tuple[dict, dict], chosen: np.ndarray, alpha: float, seed: int) -> dict:
-    n = int(np.sum(chosen))
+def slice_verdict(row: dict, margin: float, higher_is_better: bool) -> str:
+    """A slice's non-inferiority verdict from its (adjusted) interval: the rule promote re-derives it by."""
+    low, high = gain_interval({"interval": row["interval"], "higher_is_better": higher_is_better})
+    return non_inferiority(low, high, margin)
+
+
+def _pairs_of(kind: str, values: tuple[dict, dict], chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The slice's per-example primary metric for both versions: right or wrong, or squared errors."""
+    metric = "accuracy" if kind == "classification" else "mse"
+    return values[0][metric][chosen], values[1][metric][chosen]
+
+
+def _one_slice(kind: str, pair: tuple[np.ndarray, np.ndarray], alpha: float, seed: int) -> dict:
+    mine, theirs = pair
+    n = len(mine)
     if kind == "classification":
-        mine, theirs = (v["accuracy"][chosen].astype(bool) for v in values)
+        mine, theirs = mine.astype(bool), theirs.astype(bool)
         b, c = int(np.sum(mine & ~theirs)), int(np.sum(~mine & theirs))
-        return _row(n, mine.mean(), theirs.mean(), True, mcnemar_exact(b, c), alpha, (b, c))
-    mine, theirs = values[0]["mse"][chosen], values[1]["mse"][chosen]
+        return _row(n, mine.mean() if n else 0.0, theirs.mean() if n else 0.0, True, mcnemar_exact(b, c), alpha, (b, c))
     p = sign_flip_test(mine - theirs, flips=SLICE_FLIPS, seed=seed)
-    return _row(n, mine.mean(), theirs.mean(), False, p, alpha)
+    return _row(n, mine.mean() if n else 0.0, theirs.mean() if n else 0.0, False, p, alpha)
 
 
-def _per_target(values: tuple[dict, dict], alpha: float, seed: int) -> list[dict]:
+def _per_target(values: tuple[dict, dict]) -> list[tuple[np.ndarray, np.ndarray]]:
     """A multi-target regression's default slices: each target's squared errors, paired."""
     mine, theirs = values[0]["squared_per_target"], values[1]["squared_per_target"]
-    rows = []
-    for t in range(mine.shape[1]):
-        p = sign_flip_test(mine[:, t] - theirs[:, t], flips=SLICE_FLIPS, seed=seed)
-        row = _row(len(mine), mine[:, t].mean(), theirs[:, t].mean(), False, p, alpha)
-        rows.append({"by": "target", "name": f"target={t}", **row})
-    return rows
+    return [(mine[:, t], theirs[:, t]) for t in range(mine.shape[1])]
+
+
+def _interval(kind: str, pair: tuple[np.ndarray, np.ndarray], n: int, level: float, seed: int) -> list:
+    """The slice's difference at the family's level: the paired score interval, or the bootstrap-t of the mean
+    difference of squared errors; [None, None] when the slice is too small for any."""
+    mine, theirs = pair
+    if kind == "classification":
+        mine, theirs = mine.astype(bool), theirs.astype(bool)
+        b, c = int(np.sum(mine & ~theirs)), int(np.sum(~mine & theirs))
+        return list(paired_proportion_interval(b, c, n, level)) if n else [None, None]
+    low, high = bootstrap_t_interval(mine - theirs, level, seed=seed)
+    return [low, high] if np.isfinite(low) and np.isfinite(high) else [None, None]
 
 
 def _row(n, candidate, baseline, higher_is_better, p, alpha, discordant=None) -> dict:
@@ -138,8 +222,7 @@ def _row(n, candidate, baseline, higher_is_better, p, alpha, discordant=None) ->
     if discordant is not None:
         b, c = discordant
         row["discordant"] = {"candidate_only": b, "baseline_only": c}
-        row["interval"] = list(paired_proportion_interval(b, c, n, 1 - alpha)) if n else [None, None]
-        row["mdd"] = mdd_paired_proportions(n, discordant_share(b + c, n), alpha)
+        row["mdd"] = mdd_paired_proportions(n, discordant_share(b + c, n), alpha) if n else None
     return row
 
 
@@ -173,22 +256,57 @@ def slice_gate(table: dict, baseline_version: int) -> dict:
     }
 
 
+def slice_margin_gate(table: dict, baseline_version: int) -> dict:
+    """--max-drop-per-slice: passes only when every slice is non-inferior on its adjusted interval; a slice that
+    is inconclusive (too few examples to tell) fails it as an inferior one does, and is named as such."""
+    margin = table["margin"]
+    unit = "%" if margin["relative"] else ""
+    failing = [r for r in table["rows"] if r["verdict"] != "non-inferior"]
+    named = [f"{r['name']} {r['verdict']} (n={r['examples']})" for r in failing]
+    return {
+        "kind": SLICE_MARGIN_GATE,
+        "metric": table["metric"],
+        "op": "max drop",
+        "threshold": margin["threshold"],
+        "relative": margin["relative"],
+        "value": len(failing),
+        "slices": [r["name"] for r in failing],
+        "correction": table["correction"],
+        "baseline_version": baseline_version,
+        "passed": not failing,
+        "said": f"{table['metric']} non-inferior to version {baseline_version} with a margin of "
+        f"{margin['threshold']:g}{unit} on {len(table['rows']) - len(failing)} of {len(table['rows'])} slice(s) "
+        f"(intervals at {100 * table['interval_level']:.4g}%, {table['correction']}-adjusted)"
+        + (f"; not on {', '.join(named)}" if named else ""),
+    }
+
+
 SHOWN = 5  # slice rows in the summary; the report and report.html hold them all
 
 
 def slice_lines(table: dict) -> list[str]:
     """The summary's slice lines: the first rows by evidence, and how many more the report holds."""
     rows = table["rows"]
+    level = table.get("interval_level")
     lines = [
         f"  slices          {len(rows)} by evidence, p adjusted by {table['correction_name']}"
-        f"; significantly worse: {', '.join(table['worse']) or 'none'}"
+        + (f", intervals at {100 * level:.4g}% to match" if level is not None else "")
+        + f"; significantly worse: {', '.join(table['worse']) or 'none'}"
     ]
     for r in rows[:SHOWN]:
         values = "" if r.get("candidate") is None else f"{r['candidate']:.4f} vs {r['baseline']:.4f}  "
+        interval = _interval_text(r.get("interval"))
         lines.append(
-            f"    {r['name'][:28]:<28} n={r['examples']:<6} {values}p={r['p_value']:.3g}  "
-            f"adjusted {r['p_adjusted']:.3g}  {r['direction']}"
+            f"    {r['name'][:28]:<28} n={r['examples']:<6} {values}{interval}p={r['p_value']:.3g}  "
+            f"adjusted {r['p_adjusted']:.3g}  {r.get('verdict') or r['direction']}"
         )
     if len(rows) > SHOWN:
         lines.append(f"    ... {len(rows) - SHOWN} more in the report")
     return lines
+
+
+def _interval_text(interval: list | None) -> str:
+    if not interval:
+        return ""
+    low, high = interval
+    return "[n/a]  " if low is None else f"[{low:+.4f}, {high:+.4f}]  "

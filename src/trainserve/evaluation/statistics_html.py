@@ -51,7 +51,9 @@ def what_it_could_see(report: dict) -> str:
     header = ["metric", "difference", f"{level} interval", "detectable with 80% power", "examples", "interval method"]
     note = (
         "<p>Evidence: a difference smaller than the detectable one may exist unseen; "
-        '"no significant difference" is not "no difference".</p>'
+        '"no significant difference" is not "no difference". A gate judged on an interval\'s end (--max-drop) is '
+        f"one-sided at {100 * (1 - comparison.get('level', 0.95)) / 2:g}% (the lower end of a two-sided {level} "
+        "interval).</p>"
     )
     return f"<h2>What this evaluation could see</h2>{_rows(header, rows, 'evidence')}{note}"
 
@@ -60,7 +62,7 @@ def slice_table_rows(table: dict) -> list[list[str]]:
     """The slice table's rows, in the table's order (by evidence: adjusted p, smallest first)."""
     rows = []
     for r in table["rows"]:
-        said = "significantly worse" if r["name"] in table["worse"] else r["direction"]
+        said = "significantly worse" if r["name"] in table["worse"] else r.get("verdict") or r["direction"]
         rows.append(
             [
                 r["name"],
@@ -78,11 +80,20 @@ def slice_table_rows(table: dict) -> list[list[str]]:
 
 
 def slice_section(table: dict) -> str:
-    header = ["slice", "examples", "candidate", "baseline", "difference", "interval", "p", "adjusted p", "finding"]
-    marked = [r["name"] in table["worse"] for r in table["rows"]]
+    level = table.get("interval_level")
+    interval = "interval" if level is None else f"{100 * level:.4g}% interval"
+    header = ["slice", "examples", "candidate", "baseline", "difference", interval, "p", "adjusted p", "finding"]
+    marked = [r["name"] in table["worse"] or r.get("verdict", "non-inferior") != "non-inferior" for r in table["rows"]]
+    adjusted = "" if level is None else f"; intervals at {100 * level:.4g}% to match ({_interval_rule(table)})"
     caption = (
         f"<p>{escape(table['metric'])} per slice, sorted by evidence; p-values adjusted over all "
-        f"{len(table['rows'])} slices by {escape(table['correction_name'])}, alpha {table['alpha']:g}. Small slices "
-        "stay, with their counts.</p>"
+        f"{len(table['rows'])} slices by {escape(table['correction_name'])}, alpha {table['alpha']:g}"
+        f"{escape(adjusted)}. Small slices stay, with their counts.</p>"
     )
     return f"<h2>Slices</h2>{caption}{_rows(header, slice_table_rows(table), 'slices', marked)}"
+
+
+def _interval_rule(table: dict) -> str:
+    if table["correction"] == "bh":
+        return "false coverage rate: 1 - R alpha / m, R the slices rejected"
+    return "Bonferroni: 1 - alpha / m, never excluding 0 where Holm does not reject"

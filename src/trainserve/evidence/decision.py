@@ -16,7 +16,41 @@ _OPS = {">=": operator.ge, "<=": operator.le}
 # neither known; evidence.baseline.rows: whether the baseline trained on the rows of the comparison.
 OWN_SPLIT, UNVERIFIED, OVERLAPPING = "own-split", "unverified", "overlapping"
 DISJOINT, UNKNOWN = "disjoint", "unknown"
-COMPARISON_KINDS = ("change", "significance", "non-inferiority", "slice")
+COMPARISON_KINDS = ("change", "significance", "non-inferiority", "slice", "slice-non-inferiority")
+# What a comparison gate's pass rests on. A bound: the interval's end lies inside a margin, so passing is evidence
+# that the candidate is at most that much worse. Absence of evidence: no significant drop ("not significantly
+# worse", no slice significantly worse) or a point estimate over a change threshold, which a small or noisy eval
+# passes whatever the models do. Only a bound can promote (rollout.checks' `bound`); a per-slice margin
+# (--max-drop-per-slice) is a bound on every slice.
+BOUND, ABSENCE = "bound", "absence of evidence"
+BOUND_KINDS = frozenset({"non-inferiority", "slice-non-inferiority"})
+
+
+def basis_of(gate: dict) -> str | None:
+    """`bound` or `absence of evidence` for a comparison gate, from its kind (None: a value gate)."""
+    kind = gate.get("kind")
+    if kind is None:
+        return None
+    return BOUND if kind in BOUND_KINDS else ABSENCE
+
+
+def missing_bound(report: dict) -> str | None:
+    """Why a report's comparison cannot promote for want of a bound-based gate (None: it has one, or it compared
+    with no version): the words name the gates it did apply."""
+    comparison = report.get("comparison") or {}
+    version = (comparison.get("baseline") or {}).get("version")
+    if version is None or not report.get("gates"):
+        return None  # no gate at all is the `gates` check's refusal
+    against = [g for g in report["gates"] if g.get("kind") is not None]
+    if any(basis_of(g) == BOUND for g in against):
+        return None
+    applied = "no gate on the comparison"
+    if against:
+        applied = f"only {'; '.join(gate_words(g) for g in against)}: each passes on absence of evidence"
+    return (
+        f"its comparison with version {version} has no bound-based gate ({applied}): expected eval "
+        "--compare-with with --max-drop METRIC=DROP (non-inferiority, the interval's end inside the margin)"
+    )
 
 
 def holds(op: str, value: float, threshold: float) -> bool:
@@ -91,6 +125,27 @@ def _slices_not_worse(gate: dict, comparison: dict) -> bool | None:
     return not worse
 
 
+def _slices_non_inferior(gate: dict, comparison: dict) -> bool | None:
+    """A per-slice non-inferiority gate: each slice judged again from its recorded interval and the gate's own
+    margin (a relative one in % of that slice's baseline value); the slices named as failing must be those."""
+    table = comparison.get("slices") or {}
+    recorded = table.get("margin") or {}
+    if (recorded.get("threshold"), recorded.get("relative")) != (gate.get("threshold"), gate.get("relative")):
+        return None
+    failing = []
+    for row in table.get("rows", []):
+        margin = margin_of(gate, {"baseline": row.get("baseline") or 0.0})
+        direction = {"interval": row.get("interval") or [None, None], "higher_is_better": table.get("higher_is_better")}
+        verdict = non_inferiority(*gain_interval(direction), margin)
+        if row.get("verdict") != verdict:
+            return None
+        if verdict != "non-inferior":
+            failing.append(row["name"])
+    if not table.get("rows") or failing != gate.get("slices") or gate.get("value") != len(failing):
+        return None
+    return not failing
+
+
 @dataclass(frozen=True)
 class Decision:
     """Each gate's re-derived result (None: no rule derives it) and why the report does not pass, if it does not."""
@@ -124,9 +179,12 @@ def decide(report: dict) -> Decision:
 
 
 def apply(report: dict) -> dict:
-    """`report` with each gate's `passed` and the report's `passed` set to what its numbers support."""
+    """`report` with each gate's `passed` and the report's `passed` set to what its numbers support, and each
+    comparison gate's `basis` (bound, or absence of evidence) to what its kind is."""
     for gate in report["gates"]:
         gate["passed"] = bool(derive_gate(gate, report))
+        if basis_of(gate) is not None:
+            gate["basis"] = basis_of(gate)
     report["passed"] = decide(report).passed
     return report
 
@@ -149,6 +207,8 @@ def derive_gate(gate: dict, report: dict) -> bool | None:
         return _non_inferior(gate, metrics.get(gate["metric"]))
     if kind == "slice":
         return _slices_not_worse(gate, comparison)
+    if kind == "slice-non-inferiority":
+        return _slices_non_inferior(gate, comparison)
     if kind == "change":
         metric = metrics.get(gate["metric"])
         if metric is None:

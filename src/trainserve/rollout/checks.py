@@ -2,6 +2,8 @@
 report's evidence and the files on disk, never from the report's say-so.
 
     gates     the gates and the data check, judged again from the report's numbers (trainserve.evidence.decision)
+    bound     a comparison has at least one bound-based gate (non-inferiority, --max-drop): "not significantly
+              worse" and change thresholds pass on absence of evidence, so they alone cannot promote
     baseline  the comparison was against the config's current `stable` (none only while no `stable` exists)
     files     the version's files on disk are the files the report evaluated (their SHA-256, from its record)
     evidence  the data was the version's own held-out split, verified, and the baseline never trained on it
@@ -20,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainserve.evidence.decision import DISJOINT, OWN_SPLIT, decide
+from trainserve.evidence.decision import DISJOINT, OWN_SPLIT, decide, missing_bound
 from trainserve.evidence.document import ReadReport
 from trainserve.evidence.flips import replay_failures
 from trainserve.layout import version_files_sha256
@@ -41,6 +43,7 @@ def refusals(
     report = read.report
     found = [
         *_gates(report),
+        *_bound(report),
         *_baseline(report, current),
         *_files(report, Path(base_path) / str(report["version"])),
         *_evidence(report),
@@ -62,6 +65,11 @@ def _gates(report: dict) -> list[tuple[str, str]]:
         return []
     more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
     return [("gates", f"version {report['version']} did not pass: {failures[0]}{more}")]
+
+
+def _bound(report: dict) -> list[tuple[str, str]]:
+    said = missing_bound(report)
+    return [("bound", said)] if said else []
 
 
 def _baseline(report: dict, current: Rollout) -> list[tuple[str, str]]:

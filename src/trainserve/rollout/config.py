@@ -17,7 +17,7 @@ CONFIG_HELP = "the ModelServerConfig text proto serving polls (--model_config_fi
 SERVER_HELP = "gRPC HOST:PORT of the server: wait until it serves the change (default: do not wait)"
 WAIT_HELP = "seconds to wait for the server to apply the change (its config poll, a model load)"
 # What promote checks of a report, each refusal overridable by name (trainserve.rollout.checks says what each is).
-CHECKS = ("gates", "baseline", "files", "evidence", "partial", "server", "replay")
+CHECKS = ("gates", "bound", "baseline", "files", "evidence", "partial", "server", "replay")
 
 
 def parse_checks(text: str) -> tuple[str, ...]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainserve.data import Dataset, build_dataset
+from trainserve.data import IMAGES, Dataset, build_dataset
 from trainserve.errors import TrainserveError
+from trainserve.hashed_split import HashedSplit, array_row_digests, split_by_digest
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples
 
 KERAS_DATASETS = ("mnist", "fashion_mnist", "cifar10")
@@ -14,18 +15,26 @@ CIFAR10_LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog"
 FASHION_LABELS = ["t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot"]
 
 
-def digits(seed: int) -> Dataset:
+def digits(seed: int, split: HashedSplit | None = None) -> Dataset:
+    """scikit-learn's 1,797 digits (no fixed split upstream): held out by `split`'s keyed hash of each image
+    and label, or (None: a version trained before hashed splits) a stratified 20 % drawn with `seed`."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     bundled = load_digits()
     # 8x8 images with values 0..16: scale to the uint8 range real image data uses.
-    images = np.round(bundled.images * (255.0 / 16.0)).astype(np.uint8)
+    images = np.round(bundled.images * (255.0 / 16.0)).astype(np.uint8)[..., np.newaxis]
     labels = bundled.target.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        images, labels, test_size=0.2, random_state=seed, stratify=labels
-    )
-    return build_dataset("digits", x_train, y_train, x_test, y_test, [str(i) for i in range(10)])
+    names = [str(i) for i in range(10)]
+    if split is None:
+        x_train, x_test, y_train, y_test = train_test_split(
+            images, labels, test_size=0.2, random_state=seed, stratify=labels
+        )
+        return build_dataset("digits", x_train, y_train, x_test, y_test, names)
+    digests = array_row_digests({IMAGES: images}, labels)  # as the split's arrays hold them: eval digests alike
+    train, test = split_by_digest(digests, split, "digits")
+    dataset = build_dataset("digits", images[train], labels[train], images[test], labels[test], names)
+    return dataset.with_hashed_split(split, labels, test, digests)
 
 
 def synthetic(spec: SyntheticSpec, seed: int) -> Dataset:

@@ -19,6 +19,7 @@ import numpy as np
 
 from trainserve.data import Dataset, build_dataset, check_input_name
 from trainserve.errors import TrainserveError
+from trainserve.hashed_split import HashedSplit, csv_row_digests, split_by_digest
 
 INTEGER = re.compile(r"^[+-]?\d+$")
 
@@ -63,9 +64,10 @@ def read_csv_text(path: Path, label_column: str | None) -> tuple[list[str], list
     return header, [[cell.strip() for cell in row] for row in body]
 
 
-def read_csv(path: Path, label_column: str | None, categorical: tuple[str, ...] = ()) -> CsvTable:
-    """The CSV's inputs typed by content (`categorical` columns as text) and its labels."""
-    header, body = read_csv_text(path, label_column)
+def read_csv(path: Path, label_column: str | None, categorical: tuple[str, ...] = (), text=None) -> CsvTable:
+    """The CSV's inputs typed by content (`categorical` columns as text) and its labels (`text`: the file's
+    (header, rows) where already read)."""
+    header, body = text or read_csv_text(path, label_column)
     unknown = sorted(set(categorical) - set(header))
     if unknown:
         raise TrainserveError(
@@ -136,12 +138,30 @@ def label_column_values(values: list[str], name: str, categorical: bool, path: P
     return np.array([index[v] for v in values], np.int64), names
 
 
-def load_csv(path: Path, label_column: str | None, test_fraction: float, seed: int, categorical=()) -> Dataset:
-    """A CSV's columns as a tabular data set; a `test_fraction` of the rows, drawn with `seed`, held out."""
-    table = read_csv(path, label_column, tuple(categorical))
-    train, test = held_out_rows(len(table.labels), test_fraction, seed, path)
+def load_csv(
+    path: Path,
+    label_column: str | None,
+    test_fraction: float,
+    seed: int,
+    categorical=(),
+    split: HashedSplit | None = None,
+) -> Dataset:
+    """A CSV's columns as a tabular data set. Held out: the rows `split` puts there by a keyed hash of their
+    cells as read (or of its key column), or (None: a version trained before hashed splits) a `test_fraction`
+    of the rows drawn with `seed`."""
+    header, body = read_csv_text(path, label_column)
+    table = read_csv(path, label_column, tuple(categorical), (header, body))
+    if split is None:
+        train, test = held_out_rows(len(table.labels), test_fraction, seed, path)
+    else:
+        if split.key is not None and split.key not in header:
+            raise TrainserveError(
+                f"--split-key {split.key}: data file {path} has no such column: expected one of {', '.join(header)}"
+            )
+        digests = csv_row_digests(header, body, split.key)
+        train, test = split_by_digest(digests, split, f"data file {path}")
     pick = lambda rows: {k: v[rows] for k, v in table.inputs.items()}  # noqa: E731
-    return build_dataset(
+    dataset = build_dataset(
         path.stem,
         pick(train),
         table.labels[train],
@@ -151,3 +171,4 @@ def load_csv(path: Path, label_column: str | None, test_fraction: float, seed: i
         source=str(path),
         tabular=True,
     )
+    return dataset if split is None else dataset.with_hashed_split(split, table.labels, test, digests)

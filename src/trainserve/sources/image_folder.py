@@ -8,8 +8,9 @@
 Every image is decoded once while scanning (the same TensorFlow decoder training uses), so a truncated or
 non-image file stops the run before training, naming it, unless `--skip-bad-images`. The data set holds the
 files' paths, not pixels: training streams them through tf.data (training/images.py decodes them, and the
-exported model decodes served bytes with the same function). A `test_fraction` of each class, drawn with the
-seed, is held out; the held-out files are kept as files for the eval client (image_splits.py).
+exported model decodes served bytes with the same function). The held-out files are those a keyed hash of
+their bytes places there (trainserve.hashed_split: a file keeps its side when others are added, whatever the
+seed); they are kept as files for the eval client (image_splits.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 
 from trainserve.data import Dataset, ImageFormat, build_dataset
 from trainserve.errors import TrainserveError
+from trainserve.hashed_split import DIGEST_DTYPE, HashedSplit, split_by_digest
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ class FolderScan:
     labels: np.ndarray
     class_names: list[str]
     digest: str  # sha256 over every file's class and bytes, in order
+    file_digests: np.ndarray  # each kept file's own sha256 (S32): what a hashed split places it by
     other_files: int = 0  # files without an image extension
     bad: list[str] = field(default_factory=list)  # image files that do not decode (kept out with --skip-bad-images)
 
@@ -86,13 +89,15 @@ def scan_image_folder(root: Path, skip_bad: bool = False) -> FolderScan:
             f" image: expected {', '.join(IMAGE_EXTENSIONS)} files in every class folder"
         )
     digest = hashlib.sha256()
-    bad = []
+    bad, each = [], []
     for (path, label), problem in zip(files, _decode_all([p for p, _ in files], root)):
         if problem is not None:
             bad.append(str(path))
             continue
+        content = path.read_bytes()
         digest.update(f"{label}:{path.relative_to(root)}:".encode())
-        digest.update(path.read_bytes())
+        digest.update(content)
+        each.append(hashlib.sha256(content).digest())
     if bad and not skip_bad:
         more = f" (and {len(bad) - 1} other image file(s) that do not decode)" if len(bad) > 1 else ""
         raise TrainserveError(
@@ -107,7 +112,8 @@ def scan_image_folder(root: Path, skip_bad: bool = False) -> FolderScan:
         log.warning("%s: %d image file(s) that do not decode left out: %s", root, len(bad), ", ".join(bad))
     paths = np.array([str(p) for p, _ in kept], dtype=str)
     labels = np.array([label for _, label in kept], np.int64)
-    return FolderScan(paths, labels, names, digest.hexdigest(), other, bad)
+    digests = np.array(each, DIGEST_DTYPE).reshape(len(each))
+    return FolderScan(paths, labels, names, digest.hexdigest(), digests, other, bad)
 
 
 def _decode_all(paths: list[Path], root: Path) -> list[str | None]:
@@ -169,10 +175,30 @@ def held_out_per_class(labels: np.ndarray, fraction: float, seed: int, where: Pa
     return np.flatnonzero(~test_mask), np.flatnonzero(test_mask)
 
 
-def load_image_folder(root: Path, image: ImageFormat, test_fraction: float, seed: int, skip_bad: bool) -> Dataset:
-    """The folder as a data set of file paths (`image_bytes`), each class split by `test_fraction`."""
+def held_out_by_hash(scan: FolderScan, split: HashedSplit, root: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(training indexes, test indexes) by each file's keyed hash; refused when a class would have no image to
+    train on (a class with none held out is only logged: its share is in the record)."""
+    train, test = split_by_digest(scan.file_digests, split, str(root))
+    trained = np.bincount(scan.labels[train], minlength=len(scan.class_names))
+    missing = [name for name, count in zip(scan.class_names, trained) if count == 0]
+    if missing:
+        raise TrainserveError(
+            f"{root}: class {missing[0]!r} has all its images held out under --test-fraction {split.test_fraction}"
+            " (the split is by each file's hash): expected more images in it, or another --split-salt"
+        )
+    return train, test
+
+
+def load_image_folder(
+    root: Path, image: ImageFormat, test_fraction: float, seed: int, skip_bad: bool, split: HashedSplit | None = None
+) -> Dataset:
+    """The folder as a data set of file paths (`image_bytes`): held out by each file's keyed hash (`split`), or
+    (None: a version trained before hashed splits) a `test_fraction` of each class drawn with `seed`."""
     scan = scan_image_folder(root, skip_bad)
-    train, test = held_out_per_class(scan.labels, test_fraction, seed, root)
+    if split is None:
+        train, test = held_out_per_class(scan.labels, test_fraction, seed, root)
+    else:
+        train, test = held_out_by_hash(scan, split, root)
     dataset = build_dataset(
         root.name or str(root),
         {IMAGE_BYTES: scan.paths[train]},
@@ -185,7 +211,7 @@ def load_image_folder(root: Path, image: ImageFormat, test_fraction: float, seed
     )
     dataset.content_digest = scan.digest
     dataset.skipped = {"other_files": scan.other_files, "bad_images": scan.bad}
-    return dataset
+    return dataset if split is None else dataset.with_hashed_split(split, scan.labels, test, scan.file_digests)
 
 
 def read_files(paths: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ import numpy as np
 
 from trainserve.data import Dataset
 from trainserve.errors import TrainserveError
+from trainserve.hashed_split import describe_split
 from trainserve.image_splits import ImageHeldOutSplit
 from trainserve.layout import UNKNOWN_CATEGORIES, version_files_sha256, write_warmup_requests
 from trainserve.plots import plot_training_curves
@@ -94,7 +95,7 @@ def train(config: TrainConfig) -> TrainResult:
     plan = devices.plan
     backup_dir = backup_dir_for(config, plan)
     # Held out per version: content-addressed, so a later training never overwrites what this version is judged on.
-    split = _held_out_split(dataset, provenance(config.data, config.seed, config.test_fraction))
+    split = _held_out_split(dataset, provenance(config.data, config.seed, config.test_fraction, dataset.hashed_split))
     if config.data_dir is not None and plan.is_chief:
         log.info("held-out split written to %s", split.share(config.data_dir, config.model_name))
 
@@ -149,6 +150,7 @@ def _load_data(config: TrainConfig) -> Dataset:
         config.categorical,
         config.image_format,
         config.skip_bad_images,
+        config.held_out_split,
     )
     ensure_writable(config.export_base / config.model_name)  # fail now, not after training
     if len(dataset.y_train) == 0:
@@ -164,6 +166,8 @@ def _load_data(config: TrainConfig) -> Dataset:
         if task.kind == "classification"
         else f"regression, {task.targets} target(s)",
     )
+    if dataset.hashed_split:
+        log.info("%s", describe_split(dataset.hashed_split))
     return dataset
 
 
@@ -192,7 +196,7 @@ def _held_out_split(dataset: Dataset, origin: dict) -> HeldOutSplit | ImageHeldO
     """The test split as this version keeps it: arrays, or the image files themselves (eval sends their bytes)."""
     if dataset.image:
         return ImageHeldOutSplit(dataset.test[IMAGE_BYTES], dataset.y_test, list(dataset.label_names), origin)
-    return HeldOutSplit(dataset.test, dataset.y_test, dataset.task, dataset.single, origin)
+    return HeldOutSplit(dataset.test, dataset.y_test, dataset.task, dataset.single, origin, dataset.test_digests)
 
 
 def _build_model(config: TrainConfig, spec: DataSpec, devices: Devices) -> keras.Model:

@@ -1,5 +1,5 @@
-"""Confidence intervals, in the standard library and numpy only (the eval image has no scipy; the tests check
-each against scipy).
+"""Intervals of proportions (accuracies: right or wrong per example), in the standard library only (the eval
+image has no scipy; the tests check each against scipy).
 
 - A single version's proportion (accuracy): Wilson's score interval, never zero-width (at 0 of n or n of n it
   still has the width those n examples leave open).
@@ -8,29 +8,14 @@ each against scipy).
   to contain every difference McNemar's exact test, conditional on the discordant pairs, cannot reject. So the
   interval excludes 0 exactly when McNemar's exact test rejects at the same level: the interval and the test
   never disagree, and with no discordant pair the interval still has Tango's width, not [0, 0].
-- The mean of paired differences (loss, squared or absolute errors): Student's t interval.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from statistics import NormalDist
 
-import numpy as np
-
-_NORMAL = NormalDist()
-_TOLERANCE = 1e-12  # bisection stops here: far below any difference an eval reports
-
-
-def z_quantile(p: float) -> float:
-    """The standard normal's p-quantile."""
-    return _NORMAL.inv_cdf(p)
-
-
-def two_sided_z(level: float) -> float:
-    """z with a share (1 - level) / 2 above it: 1.96 for a 95 % interval."""
-    return z_quantile(1 - (1 - level) / 2)
+from trainserve.stats.distributions import betainc, root_of_decreasing, two_sided_z
 
 
 def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -66,21 +51,9 @@ def tango_interval(candidate_only: int, baseline_only: int, n: int, level: float
     if n <= 0:
         return (-1.0, 1.0)
     z, estimate = two_sided_z(level), (candidate_only - baseline_only) / n
-    low = _root(lambda d: tango_statistic(candidate_only, baseline_only, n, d) - z, -1.0, estimate)
-    high = _root(lambda d: tango_statistic(candidate_only, baseline_only, n, d) + z, estimate, 1.0)
+    low = root_of_decreasing(lambda d: tango_statistic(candidate_only, baseline_only, n, d) - z, -1.0, estimate)
+    high = root_of_decreasing(lambda d: tango_statistic(candidate_only, baseline_only, n, d) + z, estimate, 1.0)
     return low, high
-
-
-def _root(f, low: float, high: float) -> float:
-    """The crossing of a decreasing `f` in [low, high] (an end where it does not cross inside)."""
-    if f(low) <= 0:
-        return low
-    if f(high) >= 0:
-        return high
-    while high - low > _TOLERANCE:
-        middle = (low + high) / 2
-        low, high = (middle, high) if f(middle) > 0 else (low, middle)
-    return (low + high) / 2
 
 
 def clopper_pearson(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -89,8 +62,16 @@ def clopper_pearson(successes: int, n: int, level: float = 0.95) -> tuple[float,
         return (0.0, 1.0)
     tail = (1 - level) / 2
     # P(X >= k | p) = I_p(k, n - k + 1) grows with p; P(X <= k | p) = 1 - I_p(k + 1, n - k) falls with p.
-    low = 0.0 if successes == 0 else _root(lambda p: tail - betainc(successes, n - successes + 1, p), 0.0, 1.0)
-    high = 1.0 if successes == n else _root(lambda p: 1 - betainc(successes + 1, n - successes, p) - tail, 0.0, 1.0)
+    low = (
+        0.0
+        if successes == 0
+        else root_of_decreasing(lambda p: tail - betainc(successes, n - successes + 1, p), 0.0, 1.0)
+    )
+    high = (
+        1.0
+        if successes == n
+        else root_of_decreasing(lambda p: 1 - betainc(successes + 1, n - successes, p) - tail, 0.0, 1.0)
+    )
     return low, high
 
 
@@ -109,60 +90,6 @@ def paired_proportion_interval(
         share = discordant / n
         low, high = min(low, share * (2 * p_low - 1)), max(high, share * (2 * p_high - 1))
     return low, high
-
-
-def mean_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """Student's t interval of the mean of `values` (paired differences); everything when fewer than 2."""
-    v = np.asarray(values, np.float64)
-    if v.size < 2:
-        return (-math.inf, math.inf)
-    half = t_quantile(1 - (1 - level) / 2, v.size - 1) * float(v.std(ddof=1)) / math.sqrt(v.size)
-    return float(v.mean()) - half, float(v.mean()) + half
-
-
-def t_quantile(p: float, df: int) -> float:
-    """Student's t p-quantile with `df` degrees of freedom (the root of its distribution function)."""
-    if p == 0.5:
-        return 0.0
-    if p < 0.5:
-        return -t_quantile(1 - p, df)
-    high = 1.0
-    while t_cdf(high, df) < p:
-        high *= 2
-    return _root(lambda t: p - t_cdf(t, df), 0.0, high)
-
-
-def t_cdf(t: float, df: int) -> float:
-    """Student's t distribution function: 1 - I_{df / (df + t^2)}(df / 2, 1 / 2) / 2 for t >= 0."""
-    tail = 0.5 * betainc(df / 2, 0.5, df / (df + t * t))
-    return 1 - tail if t >= 0 else tail
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz's method)."""
-    if x <= 0:
-        return 0.0
-    if x >= 1:
-        return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x > (a + 1) / (a + b + 2):  # the fraction converges fast on this side only: use the symmetry
-        return 1 - betainc(b, a, 1 - x)
-    tiny, f, c, d = 1e-300, 1.0, 1.0, 0.0
-    for i in range(400):
-        m = i // 2
-        if i == 0:
-            numerator = 1.0
-        elif i % 2 == 0:
-            numerator = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        else:
-            numerator = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        d = 1 + numerator * d
-        d = 1 / (d if abs(d) > tiny else tiny)
-        c = 1 + numerator / (c if abs(c) > tiny else tiny)
-        f *= c * d
-        if abs(1 - c * d) < 1e-15:
-            break
-    return math.exp(log_front) * (f - 1) / a
 
 
 def single_version_intervals(metrics: dict, n: int, level: float = 0.95) -> dict:

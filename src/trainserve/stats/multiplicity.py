@@ -6,6 +6,8 @@
   (false discovery rate); more power with many slices, for independent or positively dependent tests.
 
 Each returns adjusted p-values in the input order: a slice is significant when its adjusted p is below alpha.
+`adjusted_level` gives the level of each slice's interval that goes with them, so an interval and its adjusted
+p-value never disagree about 0 the way an unadjusted interval beside an adjusted p does.
 """
 
 from __future__ import annotations
@@ -48,3 +50,15 @@ def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
 def adjust(p_values: Sequence[float], method: str) -> list[float]:
     """`holm` or `bh`."""
     return {"holm": holm, "bh": benjamini_hochberg}[method](p_values)
+
+
+def adjusted_level(adjusted: Sequence[float], alpha: float, method: str) -> float:
+    """The confidence level of each member's interval that matches the family's adjusted p-values: Bonferroni's
+    1 - alpha / m beside Holm (an interval excludes 0 only where Holm rejects), and beside Benjamini-Hochberg the
+    false-coverage-rate level 1 - R alpha / m of Benjamini and Yekutieli (2005), R the members it rejects (at
+    least 1). 1 - alpha for a family of one (or none)."""
+    m = len(adjusted)
+    if m <= 1:
+        return 1 - alpha
+    rejected = sum(p < alpha for p in adjusted) if method == "bh" else 1
+    return 1 - max(rejected, 1) * alpha / m

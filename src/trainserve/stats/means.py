@@ -1,0 +1,90 @@
+"""Intervals of means (losses, squared or absolute errors: a number per example), in numpy and the standard
+library only (the eval image has no scipy; the tests check each against scipy's and a seeded simulation).
+
+- Student's t interval of a mean: exact for normal values, the classic choice for losses.
+- The bootstrap-t (studentized bootstrap) interval of a mean: resample the examples, studentize each resample's
+  mean by its own standard error, and read the interval's ends from those t values instead of from Student's
+  table. Squared errors are heavy-tailed and skewed, where Student's interval puts too little of its error on
+  the long side: a candidate exactly at the margin passes a one-sided 2.5 % gate about 7 % of the time; the
+  bootstrap-t's ends follow the skew (second-order accurate) and keep it near 2.5 %.
+- A paired percentile bootstrap for a statistic that is no plain mean (RMSE, the root of one): resample the
+  examples (the same ones for both versions), recompute each version's statistic, take the percentiles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from trainserve.stats.distributions import t_quantile
+
+RESAMPLES, CHUNK = 2000, 250
+
+
+def mean_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Student's t interval of the mean of `values` (paired differences); everything when fewer than 2."""
+    v = np.asarray(values, np.float64)
+    if v.size < 2:
+        return (-math.inf, math.inf)
+    half = t_quantile(1 - (1 - level) / 2, v.size - 1) * float(v.std(ddof=1)) / math.sqrt(v.size)
+    return float(v.mean()) - half, float(v.mean()) + half
+
+
+def bootstrap_t_interval(
+    values: np.ndarray, level: float = 0.95, resamples: int = RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
+    """The studentized bootstrap interval of the mean of `values` (each tail (1 - level) / 2): mean - q_high * se
+    to mean - q_low * se, with q the quantiles of (resample mean - mean) / resample se. Everything when fewer than
+    2 values; a point when all are equal (no resample varies)."""
+    v = np.asarray(values, np.float64)
+    if v.size < 2:
+        return (-math.inf, math.inf)
+    centre, se = float(v.mean()), float(v.std(ddof=1)) / math.sqrt(v.size)
+    if se == 0:
+        return centre, centre
+    rng = np.random.default_rng(seed)
+    studentized = []
+    for start in range(0, resamples, CHUNK):
+        sample = v[rng.integers(0, v.size, (min(CHUNK, resamples - start), v.size))]
+        spread = sample.std(axis=1, ddof=1) / math.sqrt(v.size)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = (sample.mean(axis=1) - centre) / spread
+        studentized.append(t[spread > 0])  # a resample of one repeated value says nothing about the spread
+    tail = (1 - level) / 2 * 100
+    q_low, q_high = np.percentile(np.concatenate(studentized), [tail, 100 - tail])
+    return centre - float(q_high) * se, centre - float(q_low) * se
+
+
+def mean(values: np.ndarray) -> np.ndarray:
+    """Per resample (rows): the mean over examples."""
+    return values.mean(axis=-1)
+
+
+def root_mean(values: np.ndarray) -> np.ndarray:
+    """Per resample: the square root of the mean (RMSE from squared errors)."""
+    return np.sqrt(values.mean(axis=-1))
+
+
+def bootstrap_interval(
+    a: np.ndarray,
+    b: np.ndarray,
+    statistic: Callable[[np.ndarray], np.ndarray] = mean,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval of statistic(a) - statistic(b) over paired resamples of the examples (rows of a and b
+    are the same examples)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if not a.size:
+        return (0.0, 0.0)
+    rng = np.random.default_rng(seed)
+    differences = []
+    for start in range(0, resamples, CHUNK):
+        rows = rng.integers(0, len(a), (min(CHUNK, resamples - start), len(a)))
+        differences.append(statistic(a[rows]) - statistic(b[rows]))
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(np.concatenate(differences), [tail, 100 - tail])
+    return float(low), float(high)
