@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from trainserve.evidence.flips import wilson_upper
 from trainserve.replay.tally import ReplayTally, histogram_quantile, log_edges
+from trainserve.stats.proportions import wilson_upper
 
 pytestmark = pytest.mark.unit
 
