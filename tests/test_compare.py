@@ -257,6 +257,8 @@ def test_slices_of_an_npz_key_gate_the_run_and_equal_versions_pass(side_by_side,
         "--slice",
         "region,class",
         "--gate-slices",
+        "--max-drop-per-slice",
+        "accuracy=0.05",
         "--not-worse=false",
     )
     out = capsys.readouterr()
@@ -264,7 +266,9 @@ def test_slices_of_an_npz_key_gate_the_run_and_equal_versions_pass(side_by_side,
     table = report["comparison"]["slices"]
     names = {r["name"] for r in table["rows"]}
     assert {"region=even", "region=odd", "region=even,class=0", "class=0"} <= names and len(names) == 2 + 10 + 10
-    assert table["worse"] and code == 1 and [g["kind"] for g in report["gates"]] == ["non-inferiority", "slice"]
+    assert table["worse"] and code == 1
+    assert [g["kind"] for g in report["gates"]] == ["non-inferiority", "slice", "slice-non-inferiority"]
+    assert report["gates"][2]["passed"] is False and set(report["gates"][2]["slices"]) >= set(table["worse"])
     worst = table["rows"][0]
     assert worst["name"] in table["worse"] and worst["p_adjusted"] < 0.05 and worst["direction"] == "worse"
     assert f"significantly worse on {worst['name']} (n={worst['examples']}" in report["comparison"]["verdict_line"]

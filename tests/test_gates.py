@@ -4,6 +4,7 @@ change-threshold gates' TFMA meaning."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 
 import numpy as np
@@ -231,3 +232,22 @@ def test_promote_re_derives_a_margin_gate_from_the_recorded_interval():
     r = summarize("1", (2, 1), (_tally("regression"),) * 2, tuple(_regression_values(base * 1.4, base)), 0.05, 0)
     gate = margin_gate(Margin("mse", 5.0, relative=True), r)
     assert gate["verdict"] == "inferior" and decision.derive_gate(gate, {"comparison": r}) is False
+
+
+@pytest.mark.parametrize(("alpha", "two_sided", "one_sided"), [(0.05, "95%", "2.5%"), (0.1, "90%", "5%")])
+def test_the_levels_are_said_where_the_numbers_are_read(alpha, two_sided, one_sided):
+    """Eval's table and --help say the conventions: the test and intervals two-sided at alpha, a gate on an
+    interval's end one-sided at alpha / 2; replay's flip-rate bound one-sided at its alpha."""
+    from trainserve.evaluation.comparison import comparison_lines
+    from trainserve.evaluation.config import EvalConfig
+    from trainserve.replay.config import ReplayConfig
+
+    def field_help(cls, name: str) -> str:
+        return next(f.metadata["help"] for f in dataclasses.fields(cls) if f.name == name)
+
+    tallies = (_tally("classification"), _tally("classification"))
+    c = summarize("1", (2, 1), tallies, _classification_values(*_pairs(400, 5, 9)), alpha, 0)
+    said = "\n".join(comparison_lines(c))
+    assert f"two-sided at alpha {alpha:g} ({two_sided})" in said and f"one-sided at {one_sided}" in said
+    assert "one-sided at ALPHA / 2" in field_help(EvalConfig, "alpha")
+    assert "one-sided" in field_help(ReplayConfig, "alpha")

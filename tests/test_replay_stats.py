@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from trainserve.evidence.flips import error_gate, error_shares, wilson_upper
+from trainserve.evidence.flips import error_gate, error_shares
 from trainserve.replay.tally import ReplayTally, histogram_quantile, log_edges
+from trainserve.stats.proportions import wilson_upper
 
 pytestmark = pytest.mark.unit
 

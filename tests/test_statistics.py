@@ -263,3 +263,20 @@ def test_bootstrap_t_keeps_a_regression_candidate_at_the_margin_near_its_one_sid
     bootstrap_t = np.array([means.bootstrap_t_interval(row, 0.95, 500, seed=i)[1] for i, row in enumerate(d)])
     assert np.mean(students < margin) > 0.055
     assert 0.01 < np.mean(bootstrap_t < margin) < 0.045
+
+
+def test_the_statistics_import_no_stage_and_no_tensorflow():
+    """trainserve.stats is the one home of the statistics: evaluation, evidence, replay and drift import it, and it
+    imports nothing of theirs (nor TensorFlow, nor scipy: the eval image has neither)."""
+    import ast
+    from pathlib import Path
+
+    import trainserve.stats
+
+    allowed = ("__future__", "collections", "dataclasses", "functools", "math", "statistics", "typing", "numpy")
+    for path in Path(trainserve.stats.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                assert name.startswith("trainserve.stats") or name.split(".")[0] in allowed, (path.name, name)

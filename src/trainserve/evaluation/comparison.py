@@ -235,6 +235,15 @@ def _detectable(metric: dict) -> str:
     return f"smallest difference detectable with 80% power: {mdd:.4f}"
 
 
+def levels_line(alpha: float) -> str:
+    """The alpha conventions, where the numbers are read: the test and intervals are two-sided at alpha, a gate on
+    an interval's end is one-sided at alpha / 2."""
+    return (
+        f"  levels          test and intervals two-sided at alpha {alpha:g} ({100 * (1 - alpha):g}%); a gate on an "
+        f"interval's end (--max-drop) is one-sided at {100 * alpha / 2:g}%"
+    )
+
+
 def comparison_lines(c: dict) -> list[str]:
     """The summary's first lines: the verdict, then both versions side by side."""
     lines = [c["verdict_line"]]
@@ -249,6 +258,7 @@ def comparison_lines(c: dict) -> list[str]:
             f"  {name:<15} {m['candidate']:>10.4f} {m['baseline']:>10.4f} {m['difference']:>+11.4f}  "
             f"{_interval(m):<20} {mdd}"
         )
+    lines.append(levels_line(c.get("alpha", 0.05)))
     mine, theirs = c["latency_ms"]["candidate"], c["latency_ms"]["baseline"]
     for q in ("p50", "p99"):
         lines.append(f"  latency ms {q:<4} {mine[q]:>10.1f} {theirs[q]:>10.1f}")

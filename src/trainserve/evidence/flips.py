@@ -17,28 +17,16 @@ statistical claim.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
+
+from trainserve.stats.proportions import wilson_upper
 
 FLIP_GATE = "max_flip_rate"
 ERROR_GATE = "max_error_rate"
 SIDES = ("candidate", "baseline")
 SHARED_REFUSAL = "INVALID_ARGUMENT"  # both sides refusing a request this way: the request's fault, not a version's
-
-
-def wilson_upper(count: int, n: int, alpha: float) -> float:
-    """One-sided (1 - alpha) upper confidence bound of a proportion: the Wilson score bound, which keeps its
-    coverage near the nominal level for small counts, where the normal (Wald) bound collapses to 0 at 0 flips."""
-    if n == 0:
-        return 1.0
-    z = NormalDist().inv_cdf(1 - alpha)
-    p = count / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return min(1.0, centre + half)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,12 @@ import numpy as np
 from trainserve.stats.distributions import t_quantile
 
 RESAMPLES, CHUNK = 2000, 250
+_CHUNK_VALUES = 2_000_000  # resampled values held at once (16 MB of float64), whatever the number of examples
+
+
+def _rows_per_chunk(n: int) -> int:
+    """Resamples drawn together: CHUNK for small data, fewer for large, so memory stays bounded."""
+    return max(1, min(CHUNK, _CHUNK_VALUES // max(n, 1)))
 
 
 def mean_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
@@ -44,10 +50,10 @@ def bootstrap_t_interval(
     centre, se = float(v.mean()), float(v.std(ddof=1)) / math.sqrt(v.size)
     if se == 0:
         return centre, centre
-    rng = np.random.default_rng(seed)
+    rng, chunk = np.random.default_rng(seed), _rows_per_chunk(v.size)
     studentized = []
-    for start in range(0, resamples, CHUNK):
-        sample = v[rng.integers(0, v.size, (min(CHUNK, resamples - start), v.size))]
+    for start in range(0, resamples, chunk):
+        sample = v[rng.integers(0, v.size, (min(chunk, resamples - start), v.size))]
         spread = sample.std(axis=1, ddof=1) / math.sqrt(v.size)
         with np.errstate(divide="ignore", invalid="ignore"):
             t = (sample.mean(axis=1) - centre) / spread
@@ -80,10 +86,10 @@ def bootstrap_interval(
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if not a.size:
         return (0.0, 0.0)
-    rng = np.random.default_rng(seed)
+    rng, chunk = np.random.default_rng(seed), _rows_per_chunk(len(a))
     differences = []
-    for start in range(0, resamples, CHUNK):
-        rows = rng.integers(0, len(a), (min(CHUNK, resamples - start), len(a)))
+    for start in range(0, resamples, chunk):
+        rows = rng.integers(0, len(a), (min(chunk, resamples - start), len(a)))
         differences.append(statistic(a[rows]) - statistic(b[rows]))
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(np.concatenate(differences), [tail, 100 - tail])

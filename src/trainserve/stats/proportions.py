@@ -3,6 +3,8 @@ image has no scipy; the tests check each against scipy).
 
 - A single version's proportion (accuracy): Wilson's score interval, never zero-width (at 0 of n or n of n it
   still has the width those n examples leave open).
+- A rate that must stay low (replay's flip rate): Wilson's one-sided upper bound, at 1 - alpha (95 % by
+  default: one-sided 5 %).
 - Two versions' accuracies on the same examples: the difference of paired proportions. Tango's score interval
   (the set of differences the score test does not reject, the nuisance discordant share fitted under each), made
   to contain every difference McNemar's exact test, conditional on the discordant pairs, cannot reject. So the
@@ -15,7 +17,7 @@ from __future__ import annotations
 import functools
 import math
 
-from trainserve.stats.distributions import betainc, root_of_decreasing, two_sided_z
+from trainserve.stats.distributions import betainc, root_of_decreasing, two_sided_z, z_quantile
 
 
 def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -28,6 +30,18 @@ def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float,
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
     low = 0.0 if successes <= 0 else max(0.0, centre - half)
     return low, 1.0 if successes >= n else min(1.0, centre + half)
+
+
+def wilson_upper(count: int, n: int, alpha: float) -> float:
+    """One-sided (1 - alpha) upper confidence bound of a proportion: the Wilson score bound, which keeps its
+    coverage near the nominal level for small counts, where the normal (Wald) bound collapses to 0 at 0 flips."""
+    if n == 0:
+        return 1.0
+    z = z_quantile(1 - alpha)
+    p = count / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return min(1.0, centre + half)
 
 
 def tango_statistic(candidate_only: int, baseline_only: int, n: int, delta: float) -> float:
