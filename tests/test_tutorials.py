@@ -1,6 +1,6 @@
 """The tutorial pages work as written: each page's `bash` and `console` blocks run in order in one shell, in an
 empty directory laid out as the checkout a reader works in (examples/, .venv/), with free ports in place of 8500
-and 8501, and what a `console` block shows is what the commands print (numbers aside). A block that is not run
+and 8501, and what a `console` block shows is what the commands print (decimals aside). A block that is not run
 says why in the page's source (tests/tutorial_pages.py reads the markers)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from tutorial_pages import make_targets, missing_lines, outputs, read_blocks, run_script, runs_something, script
 
 from conftest import REPO, free_port
-from tutorial_pages import missing_lines, make_targets, outputs, read_blocks, run_script, script
 
 PAGES = sorted((REPO / "docs" / "tutorial").glob("*.md"))
-RUNNABLE = [page for page in PAGES if any(block.mark != "skip" and block.steps[0].command for block in read_blocks(page))]
+RUNNABLE = [page for page in PAGES if runs_something(page)]
 
 
 def ids(pages: list[Path]) -> list[str]:
@@ -76,7 +76,7 @@ def first_failure(page, blocks, steps, code, by_step, printed):
         if number not in by_step:
             return block, f"{where} never ran; the page's shell printed:\n{printed[-4000:]}"
         if missing := missing_lines(step.shown, by_step[number]):
-            return block, f"{where}: lines the page shows were not printed: {missing}\nprinted:\n{by_step[number][-4000:]}"
+            return block, f"{where}: shown, not printed: {missing}\nprinted:\n{by_step[number][-4000:]}"
         if number == len(by_step) - 1 and code != 0:
             return block, f"{where} failed (exit {code}):\n{by_step[number][-4000:]}"
     return None

@@ -9,6 +9,7 @@ and the lines up to the next command are what it prints."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -17,11 +18,13 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FENCE = re.compile(r"^(?:<!-- tutorial-test: (?P<mark>skip|pending) (?P<why>.+?) -->\n)?```(?P<lang>\S*)\n(?P<body>.*?)^```$", re.M | re.S)
+MARKER = r"^(?:<!-- tutorial-test: (?P<mark>skip|pending) (?P<why>.+?) -->\n)?"
+FENCE = re.compile(MARKER + r"^```(?P<lang>\S*)\n(?P<body>.*?)^```$", re.M | re.S)
 STEP_MARK = "@@tutorial-step"
-# Stable parts only: a number may differ (epochs shortened, timings, another machine's float round-off), the words
-# around it, how many numbers there are and the lines' order may not. `...` in a page elides anything (a hash).
-NUMBER = r"[-+]?(?:\d[\d,]*)?\.?\d+(?:e[-+]?\d+)?"
+# Stable parts only: a decimal may differ (timings, another machine's float round-off), as may a throughput; the
+# words, the integers (counts, versions) and the lines' order may not. `...` in a page elides anything.
+DECIMAL = r"[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?"
+THROUGHPUT = re.compile(r"(?<=examples/s)\s+[\d,]+")
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ |^\d\d:\d\d:\d\d,\d+ ")
 
 
@@ -97,8 +100,15 @@ def substitute(command: str, ports: dict[int, int]) -> str:
 def script(blocks: list[Block], ports: dict[int, int]) -> tuple[str, list[Step]]:
     """One bash script for the page: each step announced on stdout by its number, stopping at the first failure,
     and every job the page put in the background (a server) stopped with SIGTERM at the end."""
-    lines = ["exec 2>&1", "set -eo pipefail", "trap 'kill -TERM $(jobs -p) 2>/dev/null; wait' EXIT"]
-    steps = [step for block in blocks if block.mark != "skip" for step in block.steps if step.command]
+    stop_jobs = "status=$?; kill -TERM $(jobs -p) 2>/dev/null || true; wait || true; exit $status"
+    lines = ["exec 2>&1", "set -eo pipefail", f"trap '{stop_jobs}' EXIT"]
+    steps = [
+        dataclasses.replace(step, shown=[substitute(line, ports) for line in step.shown])  # it prints them too
+        for block in blocks
+        if block.mark != "skip"
+        for step in block.steps
+        if step.command
+    ]
     for number, step in enumerate(steps):
         lines += [f"printf '\\n{STEP_MARK} {number}@@\\n'", substitute(step.command, ports)]
     return "\n".join(lines) + "\n", steps
@@ -125,27 +135,32 @@ def outputs(text: str) -> dict[int, str]:
 
 
 def line_pattern(shown: str) -> re.Pattern:
-    """A shown line as a pattern over a printed line: numbers as any number, `...` as anything, runs of spaces
-    (a table's alignment) as any run, and a printed line's leading timestamp ignored."""
+    """A shown line as a pattern over a printed line: decimals as any decimal, `...` as anything, runs of spaces
+    (a table's alignment) as any run."""
     pieces = []
-    for piece in re.split(rf"(\.\.\.|{NUMBER}|\s+)", shown.strip()):
+    for piece in re.split(rf"(\.\.\.|{DECIMAL}|\s+)", shown):
         if piece == "...":
             pieces.append(".*")
         elif piece and piece.isspace():
             pieces.append(r"\s+")
-        elif piece and re.fullmatch(NUMBER, piece):
-            pieces.append(NUMBER)
+        elif piece and re.fullmatch(DECIMAL, piece):
+            pieces.append(DECIMAL)
         else:
             pieces.append(re.escape(piece))
     return re.compile("".join(pieces))
 
 
+def stable_part(line: str) -> str:
+    """A line without what differs from run to run by nature: its leading timestamp, a throughput."""
+    return THROUGHPUT.sub(" N", TIMESTAMP.sub("", line)).strip()
+
+
 def missing_lines(shown: list[str], printed: str) -> list[str]:
     """The shown lines not found, in order, among the printed ones (a page may leave printed lines out)."""
-    lines = [TIMESTAMP.sub("", line).strip() for line in printed.splitlines()]
+    lines = [stable_part(line) for line in printed.splitlines()]
     position, missing = 0, []
     for line in filter(str.strip, shown):
-        pattern = line_pattern(TIMESTAMP.sub("", line))
+        pattern = line_pattern(stable_part(line))
         found = next((i for i in range(position, len(lines)) if pattern.fullmatch(lines[i])), None)
         if found is None:
             missing.append(line)
@@ -154,7 +169,16 @@ def missing_lines(shown: list[str], printed: str) -> list[str]:
     return missing
 
 
+def shown_output(page: Path) -> list[str]:
+    """The lines a page shows with no command before them: the output of a command run elsewhere (`make demo`)."""
+    return [line for block in read_blocks(page) for step in block.steps if not step.command for line in step.shown]
+
+
+def runs_something(page: Path) -> bool:
+    return any(block.mark != "skip" and any(step.command for step in block.steps) for block in read_blocks(page))
+
+
 def make_targets(blocks: list[Block]) -> set[str]:
     """Every `make TARGET` a page's commands name."""
     commands = "\n".join(step.command for block in blocks for step in block.steps)
-    return {target for match in re.finditer(r"\bmake ((?:[a-z][\w-]*\s?)+)", commands) for target in match[1].split()}
+    return {target for match in re.finditer(r"\bmake ((?:[a-z][\w-]*[ \t]?)+)", commands) for target in match[1].split()}
