@@ -11,7 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from tutorial_pages import make_targets, missing_lines, outputs, read_blocks, run_script, runs_something, script
+from tutorial_pages import (
+    console_steps,
+    make_targets,
+    missing_lines,
+    outputs,
+    read_blocks,
+    run_script,
+    runs_something,
+    script,
+)
 
 from conftest import REPO, free_port
 
@@ -21,6 +30,33 @@ RUNNABLE = [page for page in PAGES if runs_something(page)]
 
 def ids(pages: list[Path]) -> list[str]:
     return [page.stem for page in pages]
+
+
+@pytest.mark.unit
+def test_a_console_command_goes_on_past_a_backslash_and_an_open_quote():
+    body = '$ train --a \\\n    --b\nline 1\n$ curl -d \'{"x": 1,\n  "y": 2}\'\n{}\n$ true\n'
+    steps = console_steps(0, body)
+    assert [(step.command, step.shown) for step in steps] == [
+        ("train --a \\\n    --b", ["line 1"]),
+        ('curl -d \'{"x": 1,\n  "y": 2}\'', ["{}"]),
+        ("true", []),
+    ]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("printed", "missing"),
+    [
+        ("2026-11-27 12:00:01,5 v1 accuracy 0.9011\nmore\n  examples/s   9,120  p50 3.1\nstable -> 1", []),
+        ("v1 accuracy 0.9011\nexamples/s 31 p50 3.1\nstable -> 2", ["stable -> 1"]),  # an integer is exact
+        ("examples/s 31 p50 3.1\nv1 accuracy 0.9011\nstable -> 1", ["examples/s 231 p50 12.0"]),  # in order
+        ("v2 accuracy 0.9011\nexamples/s 31 p50 3.1\nstable -> 1", ["v1 accuracy 0.95"]),
+    ],
+    ids=["decimals-timestamps-throughput-vary", "integer-differs", "order-differs", "word-differs"],
+)
+def test_a_shown_line_is_printed_with_only_its_decimals_free(printed, missing):
+    shown = ["v1 accuracy 0.95", "examples/s 231 p50 12.0", "stable -> 1"]
+    assert missing_lines(shown, printed) == missing
 
 
 @pytest.mark.unit

@@ -181,4 +181,5 @@ def runs_something(page: Path) -> bool:
 def make_targets(blocks: list[Block]) -> set[str]:
     """Every `make TARGET` a page's commands name."""
     commands = "\n".join(step.command for block in blocks for step in block.steps)
-    return {target for match in re.finditer(r"\bmake ((?:[a-z][\w-]*[ \t]?)+)", commands) for target in match[1].split()}
+    invocations = re.findall(r"\bmake ((?:[a-z][\w-]*[ \t]?)+)", commands)
+    return {target for targets in invocations for target in targets.split()}
