@@ -1,7 +1,7 @@
-"""The tutorial pages work as written: each page's `bash` and `console` blocks run in order in one shell, in an
-empty directory laid out as the checkout a reader works in (examples/, .venv/), with free ports in place of 8500
-and 8501, and what a `console` block shows is what the commands print (decimals aside). A block that is not run
-says why in the page's source (tests/tutorial_pages.py reads the markers)."""
+"""The tutorial pages work as written: each page's `bash`, `console` and `python` blocks run in order in one
+shell, in an empty directory laid out as the checkout a reader works in (examples/, .venv/), with free ports in
+place of 8500 and 8501, and what a `console` block shows is what the commands print (decimals aside). A block
+that is not run says why in the page's source (tests/tutorial_pages.py reads the markers)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_the_pages_are_found():
 @pytest.mark.parametrize("page", PAGES, ids=ids(PAGES))
 def test_a_block_not_run_says_why_and_every_make_target_exists(page):
     blocks = read_blocks(page)
-    assert blocks, f"{page.name}: no bash or console block"
+    assert blocks, f"{page.name}: no bash, console or python block"
     for block in blocks:
         where = f"{page.name}:{block.line}"
         assert block.mark is None or len(block.why.split()) >= 3, f"{where}: a marker names its reason"

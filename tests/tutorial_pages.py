@@ -1,5 +1,5 @@
-"""The tutorial pages as a reader follows them: their fenced `bash` and `console` blocks, in order, as one shell
-script per page, and the output a `console` block shows compared with what the commands printed.
+"""The tutorial pages as a reader follows them: their fenced `bash`, `console` and `python` blocks, in order, as
+one shell script per page, and the output a `console` block shows compared with what the commands printed.
 
 A block is run unless an HTML comment on the line above it says otherwise, visibly in the page's source:
 `<!-- tutorial-test: skip REASON -->` (not run: it needs Docker, or it is a synopsis with placeholders) or
@@ -48,14 +48,19 @@ class Block:
 
 
 def read_blocks(page: Path) -> list[Block]:
-    """The page's `bash` and `console` blocks (other languages are not commands), with their markers."""
+    """The page's `bash`, `console` and `python` blocks (the others are not commands), with their markers."""
     text = page.read_text()
     blocks = []
     for match in FENCE.finditer(text):
-        if match["lang"] not in ("bash", "console"):
+        if match["lang"] not in ("bash", "console", "python"):
             continue
         index, body = len(blocks), match["body"]
-        steps = console_steps(index, body) if match["lang"] == "console" else [Step(index, body)]
+        if match["lang"] == "console":
+            steps = console_steps(index, body)
+        elif match["lang"] == "python":  # a client a reader pastes into python, in the page's directory
+            steps = [Step(index, f"python - <<'TUTORIAL_PY'\n{body}TUTORIAL_PY")]
+        else:
+            steps = [Step(index, body)]
         line = text.count("\n", 0, match.start("lang")) + 1
         blocks.append(Block(index, match["lang"], line, match["mark"], match["why"] or "", steps))
     return blocks
