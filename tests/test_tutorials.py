@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from tutorial_pages import (
     script,
 )
 
-from conftest import REPO, free_port
+from conftest import REPO, free_port, require
 
 PAGES = sorted((REPO / "docs" / "tutorial").glob("*.md"))
 RUNNABLE = [page for page in PAGES if runs_something(page)]
@@ -84,6 +85,8 @@ def test_the_page_runs_as_written(page, tmp_path):
     blocks = read_blocks(page)
     grpc, rest = free_port(), free_port()
     text, steps = script(blocks, {8500: grpc, 8501: rest})
+    if re.search(r"\bcurl ", text):
+        require("curl", shutil.which("curl") is not None, "the page's commands call it (.ci/run installs it)")
     (tmp_path / "examples").symlink_to(REPO / "examples")  # the reader works in the checkout
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
     env = {
