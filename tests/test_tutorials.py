@@ -70,6 +70,8 @@ def test_the_pages_are_found():
 def test_a_block_not_run_says_why_and_every_make_target_exists(page):
     blocks = read_blocks(page)
     assert blocks, f"{page.name}: no bash, console or python block"
+    fences = re.findall(r"^\s*```(bash|console|python)$", page.read_text(), re.M)
+    assert len(fences) == len(blocks), f"{page.name}: a command block the test cannot read (indented?)"
     for block in blocks:
         where = f"{page.name}:{block.line}"
         assert block.mark is None or len(block.why.split()) >= 3, f"{where}: a marker names its reason"
