@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tutorial_pages import missing_lines, shown_output
 
 from conftest import REPO, free_port
 
@@ -40,3 +41,8 @@ def test_demo_trains_serves_and_evaluates_the_version_it_published(tmp_path):
     assert (evidence["kind"], evidence["partial"], report["data_check"]["matches"]) == ("own-split", False, True)
     assert {p.name for p in (demo / "reports").glob("*.png")} == {"confusion_matrix.png", "latency_histogram.png"}
     assert "waiting for digits to become AVAILABLE" in (demo / "serve-local.log").read_text(), "the server came first"
+    # What the tutorial page shows `make demo` printing, at the page's paths and ports.
+    printed = text.replace(f"{tmp_path}/", "").replace(f":{env['GRPC_PORT']}", ":8500")
+    printed = printed.replace(f":{env['REST_PORT']}", ":8501")
+    missing = missing_lines(shown_output(REPO / "docs" / "tutorial" / "demo.md"), printed)
+    assert not missing, f"docs/tutorial/demo.md shows lines the demo did not print: {missing}\n{printed[-3000:]}"
