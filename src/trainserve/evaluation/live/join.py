@@ -3,8 +3,8 @@
 label and version (whether that version answered it, and rightly: the pairs and the duplicates), whatever the
 capture's length.
 
-Per version, each captured example is exactly one of: `joined` (scored), `duplicate` (an example this version had
-answered before: the first answer is scored) or `unlabelled`. A label no version answered is `labelled but not
+Per version, each captured example (every row of every record) is exactly one of: `joined` (scored), `duplicate`
+(a labelled example this version had answered before: the first answer is scored) or `unlabelled`. A label no version answered is `labelled but not
 captured` (the request was not sampled, or its id is wrong). The same example answered by two versions (shadowed
 traffic, a retry that reached another version) is a pair: the gates compare on pairs where there are enough.
 """
@@ -189,10 +189,10 @@ def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest
         """Add the record's examples `rows` (a mask over its n rows) to `cell`."""
         take = rows[scored]
         cell.add(
-            int(np.sum(rows & ~duplicate)),
+            int(np.sum(rows)),
             hits[take],
             losses[take],
-            None if bins is None else bins[rows & ~duplicate],
+            None if bins is None else bins[rows],
             None if bins is None else bins[rows & scored],
             n_bins,
         )
