@@ -162,10 +162,10 @@ def run_live_eval_merge(args: argparse.Namespace) -> int:
 
 def _publish_live(report: dict, path: Path | None) -> int:
     from trainserve.evaluation.live.html import write_html
-    from trainserve.evaluation.live.report import label_warnings, live_table, write_report
+    from trainserve.evaluation.live.report import live_table, report_warnings, write_report
 
     print(live_table(report))
-    for line in label_warnings(report):
+    for line in report_warnings(report):
         print(f"trainserve live-eval: {line}", file=sys.stderr)
     if path is not None:
         print(f"report: {write_report(report, path)}")

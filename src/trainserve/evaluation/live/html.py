@@ -7,7 +7,7 @@ import datetime
 from pathlib import Path
 
 from trainserve import html_page
-from trainserve.evaluation.live.report import label_warnings
+from trainserve.evaluation.live.report import report_warnings
 from trainserve.files import write_file_atomic
 
 
@@ -25,7 +25,7 @@ def render_html(report: dict) -> str:
         said = "live accuracy (no gate set)"
     body = [html_page.verdict(report["passed"] if report["gates"] else None, said)]
     body.append(_join_table(report))
-    body += [f'<p class="labels">{html_page.escape(line)}</p>' for line in label_warnings(report)]
+    body += [f'<p class="labels">{html_page.escape(line)}</p>' for line in report_warnings(report)]
     if any(s["windows"] for s in report["versions"]):
         body.append(html_page.figure(lambda out: plot_over_time(report, out), "accuracy over time", "plot-over-time"))
     for section in report["versions"]:

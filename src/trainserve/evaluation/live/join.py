@@ -4,9 +4,10 @@ label and version (whether that version answered it, and rightly: the pairs and 
 capture's length.
 
 Per version, each captured example (every row of every record) is exactly one of: `joined` (scored), `duplicate`
-(a labelled example this version had answered before: the first answer is scored) or `unlabelled`. A label no version answered is `labelled but not
-captured` (the request was not sampled, or its id is wrong). The same example answered by two versions (shadowed
-traffic, a retry that reached another version) is a pair: the gates compare on pairs where there are enough.
+(a labelled example this version had answered before: the first answer is scored) or `unlabelled`. A label no
+version answered is `labelled but not captured` (the request was not sampled, or its id is wrong). The same example
+answered by two versions (shadowed traffic, a retry that reached another version) is a pair: the gates compare on
+pairs where there are enough.
 """
 
 from __future__ import annotations

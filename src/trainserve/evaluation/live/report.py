@@ -96,8 +96,8 @@ def build_report(config: LiveEvalConfig, captures: list[Path], joined) -> dict:
     }
 
 
-def label_warnings(report: dict) -> list[str]:
-    """One line per kind of labels-file row that was not scored, with its count."""
+def report_warnings(report: dict) -> list[str]:
+    """One line per kind of labels-file row that was not scored (with its count), and per flagged estimate."""
     labels, lines = report["labels"], []
     for kind, count in labels["bad_rows"].items():
         if count:
@@ -109,6 +109,10 @@ def label_warnings(report: dict) -> list[str]:
     missing = report["join"]["labelled_not_captured"]
     if missing:
         lines.append(f"{missing} label(s) match no captured answer (unknown id: not sampled, or another request's)")
+    for section in report["versions"]:
+        flagged = (section["calibration"] or {}).get("flagged")
+        if flagged:
+            lines.append(f"estimate flagged: {flagged}")
     return lines
 
 
@@ -129,7 +133,8 @@ def live_table(report: dict) -> str:
         f"live-eval {report['model']}: {j['joined']} answers joined to labels, {j['unlabelled']} unlabelled, "
         f"{j['duplicates']} duplicate answers, {j['labelled_not_captured']} labels without a captured answer "
         f"(join on {j['key']})",
-        f"  {'version':>7} {'joined':>8} {'unlabelled':>10} {'accuracy':>9} {'interval':>17} {'estimate':>16}",
+        f"  {'':>16} {'labelled':>8} {'unlabelled':>10} {'accuracy':>9} {'interval':>17} "
+        f"{'estimate, all':>16} {'on the labelled':>15}",
     ]
     for s in report["versions"]:
         lines.append(_row(f"v{s['version']}", s["overall"], s["joined"], s["unlabelled"]))
@@ -138,15 +143,20 @@ def live_table(report: dict) -> str:
                 lines.append(f"    ... {len(s['windows']) - TABLE_WINDOWS} earlier windows in the report")
             for w in s["windows"][-TABLE_WINDOWS:]:
                 start = datetime.datetime.fromtimestamp(w["start"], datetime.UTC).strftime("%Y-%m-%d %H:%M")
-                lines.append(_row(f"  {start}", w, w["examples"], w["captured"] - w["examples"]))
+                lines.append(_row(start, w, w["examples"], w["captured"] - w["examples"]))
     for gate in report["gates"]:
         lines.append(f"gate {'PASS' if gate['passed'] else 'FAIL'}: {gate['said']}")
     return "\n".join(lines)
 
 
 def _row(name: str, cell: dict, joined: int, unlabelled: int) -> str:
+    """One line: the realised accuracy, the estimate over every answer, and over the labelled ones (beside the
+    realised accuracy: the estimate's own error shows)."""
     accuracy = "" if cell["accuracy"] is None else f"{cell['accuracy']:.4f}"
     interval = "" if cell["interval"] is None else f"[{cell['interval'][0]:.3f}, {cell['interval'][1]:.3f}]"
-    est = cell["estimate"]
-    estimate = "" if est is None else f"{est['value']:.4f} ±{est['error']:.3f}"
-    return f"  {name:>7} {joined:>8} {unlabelled:>10} {accuracy:>9} {interval:>17} {estimate:>16}"
+    every, labelled = (_estimate(cell[k]) for k in ("estimate", "estimate_labelled"))
+    return f"  {name:>16} {joined:>8} {unlabelled:>10} {accuracy:>9} {interval:>17} {every:>16} {labelled:>15}"
+
+
+def _estimate(said: dict | None) -> str:
+    return "" if said is None else f"{said['value']:.4f} ±{said['error']:.3f}"
