@@ -18,7 +18,7 @@ _UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400}
 Inconclusive = Literal["pass", "fail"]
 
 
-def parse_window(text: str) -> int | None:
+def window_seconds(text: str) -> int | None:
     """`1h`, `1d`, `15m` -> seconds; `all` -> None (one window over everything read)."""
     if text.strip().lower() == "all":
         return None
@@ -28,20 +28,16 @@ def parse_window(text: str) -> int | None:
     return int(match[1]) * _UNIT_SECONDS[match[2]]
 
 
+def parse_window(text: str) -> str:
+    window_seconds(text)
+    return text.strip().lower()
+
+
 def parse_share(text: str) -> float:
     value = float(text)
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a share in [0, 1]")
     return value
-
-
-def describe_window(seconds: int | None) -> str:
-    if seconds is None:
-        return "all"
-    for unit in ("d", "h", "m"):
-        if seconds % _UNIT_SECONDS[unit] == 0:
-            return f"{seconds // _UNIT_SECONDS[unit]}{unit}"
-    return f"{seconds}s"
 
 
 @dataclass
@@ -60,7 +56,7 @@ class LiveEvalConfig:
     data_dir: Path | None = option(
         Path("data"), "where training wrote each version's record and held-out split (DIR/<model>/versions/)"
     )
-    window: int | None = option(86400, "report per time window of the answers: 15m, 1h, 1d or all", parse=parse_window)
+    window: str = option("1d", "report per time window of the answers: 15m, 1h, 1d or all", parse=parse_window)
     slice: tuple[str, ...] = option(
         (), "also report per value of this labels-file column or request input (one value per example)", repeat=True
     )
@@ -101,6 +97,11 @@ class LiveEvalConfig:
         parse=parse_shard,
     )
     report: Path | None = option(None, "write the JSON report here (and the HTML page beside it)")
+
+    @property
+    def window_s(self) -> int | None:
+        """The window in seconds; None for one window over everything."""
+        return window_seconds(self.window)
 
     def check(self) -> None:
         """Before reading anything: the labels file exists, the thresholds make sense, the report can be written."""

@@ -200,7 +200,8 @@ def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest
 
     every = np.ones(n, bool)
     count(side.overall, every)
-    window = 0 if config.window is None else record.timestamp_s // config.window * config.window
+    every_s = config.window_s
+    window = 0 if every_s is None else record.timestamp_s // every_s * every_s
     count(side.window(window), every)
     for column, codes in joined.labels.slice_codes.items():
         values = np.full(n, -1, np.int32)

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from trainserve import __version__
-from trainserve.evaluation.live.config import LiveEvalConfig, describe_window
+from trainserve.evaluation.live.config import LiveEvalConfig
 from trainserve.evaluation.live.gates import judge_gates
 from trainserve.files import write_file_atomic
 
@@ -23,8 +23,8 @@ def settings(config: LiveEvalConfig) -> dict:
         "key": config.key,
         "row_column": config.row_column,
         "label_column": config.label_column,
-        "window_s": config.window,
-        "window": describe_window(config.window),
+        "window_s": config.window_s,
+        "window": config.window,
         "slices": list(config.slice),
         "min_accuracy": config.min_accuracy,
         "max_drop": config.max_drop,
@@ -46,7 +46,7 @@ def config_of(report: dict, data_dir: Path | None = None) -> LiveEvalConfig:
         label_column=s["label_column"],
         model=report["model"],
         data_dir=data_dir if data_dir is not None else (Path(report["data_dir"]) if report["data_dir"] else None),
-        window=s["window_s"],
+        window=s["window"],
         slice=tuple(s["slices"]),
         min_accuracy=s["min_accuracy"],
         max_drop=s["max_drop"],
@@ -63,7 +63,7 @@ def build_report(config: LiveEvalConfig, captures: list[Path], joined) -> dict:
     """`joined`: a join.Joined, or a merge's sums with the same attributes."""
     label_names = list(joined.task.label_names) or [str(i) for i in range(joined.task.classes)]
     sections = {
-        v: side.to_json(label_names, config.window, config.level) | {"estimate_note": joined.estimate_notes.get(v)}
+        v: side.to_json(label_names, config.window_s, config.level) | {"estimate_note": joined.estimate_notes.get(v)}
         for v, side in sorted(joined.versions.items())
     }
     pairs = joined.pairs()
