@@ -10,13 +10,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from captures import capture_name, prediction_log, write_capture
 from trainserve.cli import main
 from trainserve.evaluation.intervals import wilson_interval
 from trainserve.evaluation.live.calibration import estimate, fit_calibration
 from trainserve.evaluation.live.gates import MIN_PAIRED, newcombe_interval
+from trainserve.evaluation.live.labels import example_key, read_labels
 from trainserve.evaluation.live.report import validate_report
+from trainserve.shards import Shard
 
 pytestmark = pytest.mark.unit
 CLASSES = 3
@@ -307,3 +311,53 @@ def test_the_estimates_stated_error_covers_the_realised_accuracy_as_often_as_it_
         said = estimate(calibration, np.bincount(bins, minlength=len(calibration.counts)), 0.95)
         covered += abs(np.mean(labels == 0) - said["value"]) <= said["error"]
     assert 0.92 <= covered / draws <= 0.99, covered / draws
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c", "d", "é", "x,y"]),
+            st.integers(0, 2),
+            st.sampled_from(["0", "1", "2", "9", "z", ""]),
+        ),
+        max_size=40,
+    ),
+    st.integers(1, 3),
+)
+def test_the_labels_table_keeps_each_example_once_as_a_dictionary_would(tmp_path_factory, rows, shards):
+    """Whatever the rows and however sharded: the kept labels are the examples whose rows all agree, each once; bad
+    rows, duplicate rows and conflicting examples counted as a plain dictionary counts them; the shards add up."""
+    import csv
+
+    path = tmp_path_factory.mktemp("labels") / "labels.csv"
+    with open(path, "w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(["request_id", "request_row", "label"])
+        writer.writerows(rows)
+    seen: dict = {}
+    bad = {"unparseable label": 0, "unknown class": 0}
+    for rid, row, label in rows:
+        if label in ("z", ""):
+            bad["unparseable label"] += 1
+        elif int(label) >= CLASSES:
+            bad["unknown class"] += 1
+        else:
+            seen.setdefault((rid, row), []).append(int(label))
+    agreed = {k: v[0] for k, v in seen.items() if len(set(v)) == 1}
+    tables = [
+        read_labels(path, "request_id", "request_row", "label", {}, CLASSES, shard=Shard(i, shards))
+        for i in range(shards)
+    ]
+    assert sum(len(t.keys) for t in tables) == len(agreed)
+    assert sum(t.conflicting for t in tables) == len(seen) - len(agreed)
+    assert sum(t.duplicates for t in tables) == sum(len(v) - 1 for v in seen.values())
+    for kind, count in bad.items():
+        assert sum(t.bad[kind] for t in tables) == count
+    accounted = sum(len(t.keys) + sum(t.bad.values()) + t.duplicates + t.conflicting for t in tables)
+    assert sum(t.rows for t in tables) == len(rows) == accounted  # every row of the file, once
+    for (rid, row), label in agreed.items():
+        found = [
+            t.labels[i] for t in tables if (i := int(t.find(np.array([example_key(rid, row)], np.uint64))[0])) >= 0
+        ]
+        assert found == [label]
