@@ -317,7 +317,7 @@ def test_the_estimates_stated_error_covers_the_realised_accuracy_as_often_as_it_
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["a", "b", "c", "d", "é", "x,y"]),
+            st.sampled_from(["a", "b", "c", "d", "é", "x,y", ""]),
             st.integers(0, 2),
             st.sampled_from(["0", "1", "2", "9", "z", ""]),
         ),
@@ -336,9 +336,11 @@ def test_the_labels_table_keeps_each_example_once_as_a_dictionary_would(tmp_path
         writer.writerow(["request_id", "request_row", "label"])
         writer.writerows(rows)
     seen: dict = {}
-    bad = {"unparseable label": 0, "unknown class": 0}
+    bad = {"missing id": 0, "unparseable label": 0, "unknown class": 0}
     for rid, row, label in rows:
-        if label in ("z", ""):
+        if not rid:
+            bad["missing id"] += 1
+        elif label in ("z", ""):
             bad["unparseable label"] += 1
         elif int(label) >= CLASSES:
             bad["unknown class"] += 1
