@@ -33,7 +33,8 @@ def answers(rng, n: int) -> np.ndarray:
 
 def write_traffic(directory: Path, versions=(1, 2), requests=60, rows=2, shadow=True, seed=0) -> dict:
     """`requests` batched requests of `rows` examples, each answered by every version (shadowed) or by one
-    (alternating); every 4th answered twice by its version (a retry). Returns {(version, id, row): predicted}."""
+        (alternating); every 4th answered twice by its version (a retry). Returns {(version, id, row): the probabilities
+    of the first answer}."""
     rng = np.random.default_rng(seed)
     records, predicted = [], {}
     for i in range(requests):
@@ -54,7 +55,7 @@ def write_traffic(directory: Path, versions=(1, 2), requests=60, rows=2, shadow=
                 )
                 if repeat == 0:  # the first answer is the one scored
                     for row in range(rows):
-                        predicted[(version, request_id, row)] = int(np.argmax(p[row]))
+                        predicted[(version, request_id, row)] = p[row]
     write_capture(directory / capture_name(0), records[: len(records) // 2])
     write_capture(directory / capture_name(1), records[len(records) // 2 :])
     return predicted
@@ -120,7 +121,9 @@ def test_per_version_accuracy_equals_the_count_from_labels_and_recorded_answers(
     validate_report(report)
     for section in report["versions"]:
         v = section["version"]
-        right = sum(predicted[(v, rid, row)] == label for (rid, row), label in truth.items())
+        right = sum(np.argmax(predicted[(v, rid, row)]) == label for (rid, row), label in truth.items())
+        loss = np.mean([-np.log(max(predicted[(v, *k)][label], 1e-7)) for k, label in truth.items()])
+        assert section["overall"]["loss"] == pytest.approx(loss, rel=1e-6)
         assert section["joined"] == len(truth)
         assert section["overall"]["correct"] == right
         assert section["overall"]["interval"] == pytest.approx(list(wilson_interval(right, len(truth))))
@@ -245,7 +248,7 @@ def test_max_drop_is_paired_on_shadowed_requests_and_unpaired_otherwise(tmp_path
 def test_min_accuracy_fails_with_exit_1_only_when_shown_below(tmp_path, capsys):
     # Labels that agree with no answer of version 2 at all: accuracy 0, shown below anything.
     predicted = write_traffic(tmp_path / "cap", requests=100)
-    rows = [(rid, row, (predicted[(2, rid, row)] + 1) % CLASSES, "web") for (v, rid, row) in predicted if v == 2]
+    rows = [(rid, row, (np.argmax(p) + 1) % CLASSES, "web") for (v, rid, row), p in predicted.items() if v == 2]
     write_labels(tmp_path / "labels.csv", rows)
     code, report, err = live_eval(
         tmp_path, "--labels", str(tmp_path / "labels.csv"), "--min-accuracy", "0.5", capsys=capsys

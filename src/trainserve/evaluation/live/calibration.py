@@ -77,19 +77,20 @@ class Calibration:
         )
 
 
-def confidences(probabilities: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(top probability, predicted class) of each row, from probabilities or logits as eval reads them."""
+def read_answers(probabilities: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(log class probabilities, top probability, predicted class) of each row, from probabilities or logits as
+    eval reads them (trainserve.evaluation.metrics)."""
     scores = probabilities.reshape(len(probabilities), -1)
     log_p = log_probabilities(scores, output_kind(scores, "probabilities"))
     predicted = log_p.argmax(axis=1)
-    return np.exp(log_p[np.arange(len(log_p)), predicted]), predicted
+    return log_p, np.exp(log_p[np.arange(len(log_p)), predicted]), predicted
 
 
 def fit_calibration(
     version: int, probabilities: np.ndarray, labels: np.ndarray, max_ece: float, bins: int = BINS
 ) -> Calibration:
     """The calibration map of `version` from its held-out answers and labels."""
-    confidence, predicted = confidences(probabilities)
+    _, confidence, predicted = read_answers(probabilities)
     correct = predicted == labels
     inner = np.unique(np.quantile(confidence, np.arange(1, bins) / bins, method="lower"))
     inner = inner[inner < confidence.max()]  # a top edge at the maximum would leave an empty last bin

@@ -21,11 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.live.calibration import Calibration, calibrate_version, confidences
+from trainserve.evaluation.live.calibration import Calibration, calibrate_version, read_answers
 from trainserve.evaluation.live.config import LiveEvalConfig
 from trainserve.evaluation.live.labels import LabelTable, SliceCodes, example_key, read_labels, request_hash
 from trainserve.evaluation.live.tally import VersionTally
-from trainserve.evaluation.metrics import PROBABILITY_FLOOR
 from trainserve.layout import PROBABILITIES
 from trainserve.splits import read_version_record
 from trainserve.task import Task
@@ -168,7 +167,7 @@ def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest
             f"request {record.request_id!r} (version {record.version}) answered {scores.shape[1]} probabilities: "
             f"expected {joined.task.classes} (the model's classes)"
         )
-    confidence, predicted = confidences(scores)
+    log_p, confidence, predicted = read_answers(scores)
     n = len(predicted)
     keys = np.fromiter((example_key(record.request_id, row) for row in range(n)), np.uint64, n)
     found = joined.labels.find(keys)
@@ -181,7 +180,7 @@ def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest
     answered[at] = hits
     side.duplicates += int(duplicate.sum())
     np.add.at(side.confusion, (truth, predicted[scored]), 1)
-    losses = -np.log(np.clip(scores[scored][np.arange(len(at)), truth].astype(np.float64), PROBABILITY_FLOOR, 1))
+    losses = -log_p[scored][np.arange(len(at)), truth]  # eval's cross-entropy (probabilities clipped as Keras does)
     cal = side.calibration
     bins = cal.bins_of(confidence) if cal is not None else None
     n_bins = len(cal.counts) if cal is not None else 0
