@@ -1,10 +1,14 @@
 """The label-free estimate on the trained digits model: calibrated on one half of its held-out split, it tracks the
 realised accuracy on traffic drawn like the other half (within its stated error) and drops with it on traffic
-shifted so that accuracy drops. One day of each in one capture: the daily windows show both."""
+shifted so that accuracy drops. One day of each in one capture: the daily windows show both. Then the same estimate
+from the report's calibrations, in a process that cannot import TensorFlow (the eval image)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +20,16 @@ from trainserve.cli import main
 pytestmark = pytest.mark.unit
 DAY = 86_400
 T0 = 1_790_000_000 // DAY * DAY
+HEAVY = ("tensorflow", "tensorflow_serving", "keras", "sklearn")
+# `trainserve ARGS` where the heavy packages cannot be imported (as in the eval image); prints those it imported.
+CORE_INSTALL = f"""
+import json, sys
+sys.modules.update(dict.fromkeys({HEAVY!r}))
+from trainserve.cli import main
+code = main(sys.argv[1:])
+print(json.dumps(sorted({{m.split(".")[0] for m, v in sys.modules.items() if v is not None}} & set({HEAVY!r}))))
+sys.exit(code)
+"""
 
 
 def test_the_estimate_tracks_realised_accuracy_and_drops_on_shifted_traffic(trained_digits, tmp_path, capsys):
@@ -90,3 +104,33 @@ def test_the_estimate_tracks_realised_accuracy_and_drops_on_shifted_traffic(trai
     assert said["shifted"][0] < realised - 0.05, f"the noise did not lower the accuracy: {said}"
     assert said["shifted"][1] < estimated - 0.05, f"the estimate did not drop with it: {said}"
     assert section["calibration"]["examples"] == len(held_out)
+
+    # The eval image has no TensorFlow: the same estimate from the report's calibration, in a process that cannot
+    # import it.
+    core = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CORE_INSTALL,
+            "live-eval",
+            str(tmp_path / "cap"),
+            "--labels",
+            str(tmp_path / "labels.csv"),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--calibrations",
+            str(tmp_path / "live.json"),
+            "--window",
+            "1d",
+            "--report",
+            str(tmp_path / "core.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert core.returncode == 0, core.stderr
+    assert json.loads(core.stdout.strip().splitlines()[-1]) == [], "live-eval imported TensorFlow or Keras"
+    reused = json.loads((tmp_path / "core.json").read_text())["versions"][0]
+    assert [w["estimate"] for w in reused["windows"]] == [w["estimate"] for w in section["windows"]]

@@ -17,6 +17,7 @@ says little by itself and the estimate rests on the calibration map alone.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -101,13 +102,7 @@ def fit_calibration(
     accuracy = np.divide(hits, counts, out=np.zeros(len(counts)), where=counts > 0)
     mean_conf = np.divide(conf_sum, counts, out=np.zeros(len(counts)), where=counts > 0)
     ece = float(np.sum(counts * np.abs(accuracy - mean_conf)) / max(len(labels), 1))
-    flagged = None
-    if ece > max_ece:
-        flagged = (
-            f"version {version}'s confidence is badly calibrated on its held-out split (ECE {ece:.3f} > "
-            f"--max-ece {max_ece:g}): the estimate rests on the calibration map alone"
-        )
-    return Calibration(
+    calibration = Calibration(
         version,
         tuple(float(e) for e in inner),
         tuple(float(a) for a in accuracy),
@@ -115,8 +110,20 @@ def fit_calibration(
         tuple(int(c) for c in counts),
         ece,
         float(correct.mean()) if len(correct) else 0.0,
-        flagged,
+        None,
     )
+    return flag_calibration(calibration, max_ece)
+
+
+def flag_calibration(calibration: Calibration, max_ece: float) -> Calibration:
+    """The calibration, flagged when the raw confidences' ECE on the held-out split exceeds `max_ece`."""
+    flagged = None
+    if calibration.ece > max_ece:
+        flagged = (
+            f"version {calibration.version}'s confidence is badly calibrated on its held-out split (ECE "
+            f"{calibration.ece:.3f} > --max-ece {max_ece:g}): the estimate rests on the calibration map alone"
+        )
+    return dataclasses.replace(calibration, flagged=flagged)
 
 
 def estimate(calibration: Calibration, bin_counts, level: float) -> dict | None:

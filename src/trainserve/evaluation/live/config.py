@@ -86,6 +86,11 @@ class LiveEvalConfig:
         "the model's base path (DIR/<version>/saved_model.pb): turns on the label-free estimate, calibrated on "
         "each version's held-out split (needs TensorFlow)",
     )
+    calibrations: Path | None = option(
+        None,
+        "reuse the calibrations of an earlier live-eval report (the estimate without TensorFlow: the eval image); "
+        "instead of --model-base-path",
+    )
     max_ece: float = option(
         0.05,
         "flag a version's estimate when its expected calibration error on the held-out split exceeds this",
@@ -113,6 +118,10 @@ class LiveEvalConfig:
             raise TrainserveError(f"--level {self.level}: expected a confidence level in (0, 1), e.g. 0.95")
         if self.baseline_version is not None and self.baseline_version == self.version:
             raise TrainserveError("--baseline-version: expected a version other than --version")
+        if self.model_base_path is not None and self.calibrations is not None:
+            raise TrainserveError("--model-base-path, --calibrations: expected one source of calibrations, not both")
+        if self.calibrations is not None and not self.calibrations.is_file():
+            raise TrainserveError(f"--calibrations {self.calibrations}: no such file: expected a live-eval report")
         if self.model_base_path is not None and not self.model_base_path.is_dir():
             raise TrainserveError(f"--model-base-path {self.model_base_path}: no such directory")
         if self.report is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.live.calibration import Calibration, calibrate_version, read_answers
+from trainserve.evaluation.live.calibration import Calibration, calibrate_version, flag_calibration, read_answers
 from trainserve.evaluation.live.config import LiveEvalConfig
 from trainserve.evaluation.live.labels import LabelTable, SliceCodes, example_key, read_labels, request_hash
 from trainserve.evaluation.live.tally import VersionTally
@@ -45,6 +45,7 @@ class Joined:
     answered: dict[int, np.ndarray] = field(default_factory=dict)  # version -> per label: -1, 0 wrong, 1 right
     input_slices: dict[str, SliceCodes] = field(default_factory=dict)
     estimate_notes: dict[int, str] = field(default_factory=dict)  # version -> why it has no estimate
+    reused: dict[int, dict] | None = None  # --calibrations: version -> calibration, read once
     read: ReadSummary = field(default_factory=ReadSummary)
 
     def labelled_not_captured(self) -> int:
@@ -147,8 +148,10 @@ def _side(joined: Joined, config: LiveEvalConfig, version: int) -> VersionTally:
 
 
 def _calibration(joined: Joined, config: LiveEvalConfig, version: int) -> Calibration | None:
+    if config.calibrations is not None:
+        return _reused_calibration(joined, config, version)
     if config.model_base_path is None:
-        joined.estimate_notes[version] = "no --model-base-path: no label-free estimate"
+        joined.estimate_notes[version] = "no --model-base-path or --calibrations: no label-free estimate"
         return None
     try:
         return calibrate_version(config.data_dir, config.model, version, config.model_base_path, config.max_ece)
@@ -156,6 +159,27 @@ def _calibration(joined: Joined, config: LiveEvalConfig, version: int) -> Calibr
         log.warning("version %d: no estimate: %s", version, exc)
         joined.estimate_notes[version] = str(exc)
         return None
+
+
+def _reused_calibration(joined: Joined, config: LiveEvalConfig, version: int) -> Calibration | None:
+    """The version's calibration from an earlier report, refitted for this run's --max-ece."""
+    from trainserve.evaluation.live.report import SCHEMA_PATH
+    from trainserve.evidence.document import read_document
+
+    if joined.reused is None:
+        joined.reused = {
+            s["version"]: s["calibration"]
+            for s in read_document(config.calibrations, "live-eval", SCHEMA_PATH).report["versions"]
+            if s["calibration"]
+        }
+    raw = joined.reused.get(version)
+    if raw is None:
+        joined.estimate_notes[version] = (
+            f"--calibrations {config.calibrations} holds no calibration of version {version}"
+        )
+        log.warning("version %d: no estimate: %s", version, joined.estimate_notes[version])
+        return None
+    return flag_calibration(Calibration.from_json(raw), config.max_ece)
 
 
 def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest) -> None:

@@ -34,6 +34,7 @@ def settings(config: LiveEvalConfig) -> dict:
         "level": config.level,
         "max_ece": config.max_ece,
         "model_base_path": None if config.model_base_path is None else str(config.model_base_path),
+        "calibrations": None if config.calibrations is None else str(config.calibrations),
     }
 
 
@@ -56,6 +57,7 @@ def config_of(report: dict, data_dir: Path | None = None) -> LiveEvalConfig:
         level=s["level"],
         max_ece=s["max_ece"],
         model_base_path=None if s["model_base_path"] is None else Path(s["model_base_path"]),
+        calibrations=None if s.get("calibrations") is None else Path(s["calibrations"]),
     )
 
 
