@@ -54,7 +54,16 @@ def _join_table(report: dict) -> str:
 
 def _section(section: dict, window: str) -> str:
     v = section["version"]
-    header = ["window (UTC)", "answers", "labelled", "accuracy", "interval", "estimate", "estimate's error", "loss"]
+    header = [
+        "window (UTC)",
+        "answers",
+        "labelled",
+        "accuracy",
+        "interval",
+        "estimate (every answer)",
+        "accuracy - estimate (labelled answers)",
+        "loss",
+    ]
     rows = [_row(_when(w["start"], window), w) for w in section["windows"]]
     rows.append(_row("all", section["overall"]))
     parts = [f"<h2>Version {v}</h2>"]
