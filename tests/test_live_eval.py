@@ -377,3 +377,19 @@ def test_a_regression_model_is_refused_in_one_line(tmp_path, capsys):
     code, report, err = live_eval(tmp_path, "--labels", str(tmp_path / "labels.csv"), capsys=capsys)
     errors = [line for line in err.splitlines() if "error:" in line]
     assert code == 2 and report is None and len(errors) == 1 and "classification answers" in errors[0], err
+
+
+def test_one_score_per_example_is_class_ones_probability(tmp_path, capsys):
+    """A binary model answering one sigmoid score: class 1 when it is above one half, as eval reads it."""
+    rng = np.random.default_rng(4)
+    scores = rng.random((40, 1)).astype(np.float32)
+    records = [
+        prediction_log("m", {"x": np.zeros((1, 1), np.float32)}, request_id=f"b{i}", outputs={"probabilities": s[None]})
+        for i, s in enumerate(scores)
+    ]
+    write_capture(tmp_path / "cap" / capture_name(0), records)
+    truth = rng.integers(0, 2, 40)
+    write_labels(tmp_path / "labels.csv", [(f"b{i}", 0, t, "web") for i, t in enumerate(truth)])
+    code, report, _ = live_eval(tmp_path, "--labels", str(tmp_path / "labels.csv"), capsys=capsys)
+    assert code == 0 and report["task"]["classes"] == 2
+    assert report["versions"][0]["overall"]["correct"] == int(np.sum((scores[:, 0] > 0.5) == truth))

@@ -73,7 +73,8 @@ class Joined:
 
 
 def model_task(data_dir: Path | None, model: str, width: int) -> Task:
-    """The task of the newest version recorded in `data_dir`; else `width` classes named by their index."""
+    """The task of the newest version recorded in `data_dir`; else `width` classes named by their index (two for
+    one score: class 1's probability, as eval reads it)."""
     versions = Path(data_dir or ".") / model / "versions"
     numbers = sorted((int(p.stem) for p in versions.glob("*.json") if p.stem.isdigit()), reverse=True)
     for number in numbers:
@@ -86,7 +87,8 @@ def model_task(data_dir: Path | None, model: str, width: int) -> Task:
                     "classification answers (their probabilities) only"
                 )
             return task
-    return Task("classification", classes=width, label_names=tuple(str(i) for i in range(width)))
+    classes = max(width, 2)
+    return Task("classification", classes=classes, label_names=tuple(str(i) for i in range(classes)))
 
 
 def join_capture(config: LiveEvalConfig, captures: list[Path]) -> Joined:
@@ -186,7 +188,7 @@ def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest
     side = _side(joined, config, record.version)
     side.records += 1
     scores = _probabilities(record)
-    if scores.shape[1] != joined.task.classes:
+    if scores.shape[1] != joined.task.classes and not (scores.shape[1] == 1 and joined.task.classes == 2):
         raise TrainserveError(
             f"request {record.request_id!r} (version {record.version}) answered {scores.shape[1]} probabilities: "
             f"expected {joined.task.classes} (the model's classes)"
