@@ -393,3 +393,18 @@ def test_one_score_per_example_is_class_ones_probability(tmp_path, capsys):
     code, report, _ = live_eval(tmp_path, "--labels", str(tmp_path / "labels.csv"), capsys=capsys)
     assert code == 0 and report["task"]["classes"] == 2
     assert report["versions"][0]["overall"]["correct"] == int(np.sum((scores[:, 0] > 0.5) == truth))
+
+
+def test_since_leaves_out_the_answers_given_before_it_and_counts_them(tmp_path, traffic, capsys):
+    import datetime
+
+    since = datetime.datetime.fromtimestamp(T0 + 15 * 3600, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    code, report, _ = live_eval(
+        tmp_path, "--labels", str(tmp_path / "labels.csv"), "--window", "1h", "--since", since, capsys=capsys
+    )
+    # Requests 0..29 (one each 30 minutes) came before, each answered by both versions, 8 of them twice.
+    assert code == 0 and report["join"]["records_before_since"] == (30 + 8) * 2
+    assert report["join"]["since_s"] == T0 + 15 * 3600
+    for section in report["versions"]:
+        assert min(w["start"] for w in section["windows"]) == T0 + 15 * 3600 - (T0 + 15 * 3600) % 3600
+        assert section["records"] == 30 + 7

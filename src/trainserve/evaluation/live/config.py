@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -33,6 +35,27 @@ def parse_window(text: str) -> str:
     return text.strip().lower()
 
 
+def since_seconds(text: str, now: float) -> int:
+    """`2026-11-30` or `2026-11-30T12:00` (UTC unless it says otherwise) -> UTC seconds; `7d`, `12h` -> that long
+    before `now`."""
+    if _WINDOW.match(text):
+        return int(now) - window_seconds(text)
+    when = datetime.datetime.fromisoformat(text.strip())
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp())
+
+
+def parse_since(text: str) -> str:
+    try:
+        since_seconds(text, 0)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a UTC date or time (2026-11-30, 2026-11-30T12:00) or a duration back from now (7d)"
+        ) from None
+    return text.strip()
+
+
 def parse_share(text: str) -> float:
     value = float(text)
     if not 0 <= value <= 1:
@@ -57,6 +80,12 @@ class LiveEvalConfig:
         Path("data"), "where training wrote each version's record and held-out split (DIR/<model>/versions/)"
     )
     window: str = option("1d", "report per time window of the answers: 15m, 1h, 1d or all", parse=parse_window)
+    since: str | None = option(
+        None,
+        "score only answers given from this UTC date or time (2026-11-30T12:00), or this long before now (7d): "
+        "what the gates judge",
+        parse=parse_since,
+    )
     slice: tuple[str, ...] = option(
         (), "also report per value of this labels-file column or request input (one value per example)", repeat=True
     )
@@ -102,6 +131,10 @@ class LiveEvalConfig:
         parse=parse_shard,
     )
     report: Path | None = option(None, "write the JSON report here (and the HTML page beside it)")
+
+    def since_s(self) -> int | None:
+        """--since in UTC seconds (a duration counts back from now), or None."""
+        return None if self.since is None else since_seconds(self.since, time.time())
 
     @property
     def window_s(self) -> int | None:

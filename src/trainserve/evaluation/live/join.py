@@ -46,6 +46,8 @@ class Joined:
     input_slices: dict[str, SliceCodes] = field(default_factory=dict)
     estimate_notes: dict[int, str] = field(default_factory=dict)  # version -> why it has no estimate
     reused: dict[int, dict] | None = None  # --calibrations: version -> calibration, read once
+    since_s: int | None = None  # --since, resolved once (a duration counts back from the start of the run)
+    before_since: int = 0  # this shard's records answered before it, not scored
     read: ReadSummary = field(default_factory=ReadSummary)
 
     def labelled_not_captured(self) -> int:
@@ -113,8 +115,12 @@ def join_capture(config: LiveEvalConfig, captures: list[Path]) -> Joined:
     )
     joined = Joined(task, labels, read=read)
     joined.input_slices = {s: SliceCodes(s) for s in config.slice if s not in header}
+    since = joined.since_s = config.since_s()
     for record in itertools.chain([first], records):
         if config.shard is None or config.shard.takes(request_hash(record.request_id) % config.shard.count):
+            if since is not None and record.timestamp_s < since:
+                joined.before_since += 1
+                continue
             _join_record(joined, config, record)
     if not joined.versions:
         log.warning("no captured request of this shard: nothing scored")

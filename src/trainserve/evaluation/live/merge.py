@@ -38,6 +38,8 @@ class Merged:
     labels: MergedLabels
     missing: int
     pairs_: list[dict]
+    before_since: int = 0
+    since_s: int | None = None
     versions: dict[int, VersionTally] = field(default_factory=dict)
     estimate_notes: dict[int, str] = field(default_factory=dict)
     read: ReadSummary = field(default_factory=ReadSummary)
@@ -57,6 +59,8 @@ def merge_reports(reports: list[dict], sources: list[str]) -> dict:
         MergedLabels(_sum_labels(reports), first["join"]["key"].endswith("within the request")),
         sum(r["join"]["labelled_not_captured"] for r in reports),
         _sum_pairs(reports),
+        sum(r["join"]["records_before_since"] for r in reports),
+        first["join"]["since_s"],
     )
     for report in reports:
         for section in report["versions"]:
