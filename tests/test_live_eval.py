@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -119,6 +120,11 @@ def test_per_version_accuracy_equals_the_count_from_labels_and_recorded_answers(
     code, report, err = live_eval(tmp_path, "--labels", str(tmp_path / "labels.csv"), capsys=capsys)
     assert code == 0
     validate_report(report)
+    for broken in ({"typo": 1}, {"correct": -1}):  # the schema holds every cell: no stray or impossible field
+        bad = json.loads(json.dumps(report))
+        bad["versions"][0]["windows"][0].update(broken)
+        with pytest.raises(jsonschema.ValidationError):
+            validate_report(bad)
     for section in report["versions"]:
         v = section["version"]
         right = sum(np.argmax(predicted[(v, rid, row)]) == label for (rid, row), label in truth.items())
