@@ -10,6 +10,8 @@ image has no scipy; the tests check each against scipy).
   to contain every difference McNemar's exact test, conditional on the discordant pairs, cannot reject. So the
   interval excludes 0 exactly when McNemar's exact test rejects at the same level: the interval and the test
   never disagree, and with no discordant pair the interval still has Tango's width, not [0, 0].
+- Two versions' accuracies on different examples (live traffic each version answered alone): Newcombe's hybrid
+  score interval, from the two Wilson intervals.
 """
 
 from __future__ import annotations
@@ -118,3 +120,12 @@ def single_version_intervals(metrics: dict, n: int, level: float = 0.95) -> dict
         for name in ("accuracy", "top_k_accuracy")
         if name in metrics
     }
+
+
+def newcombe_interval(correct_a: int, n_a: int, correct_b: int, n_b: int, level: float = 0.95) -> tuple[float, float]:
+    """Newcombe's hybrid score interval (his method 10) of p_a - p_b, two independent proportions."""
+    p_a, p_b = correct_a / n_a, correct_b / n_b
+    low_a, high_a = wilson_interval(correct_a, n_a, level)
+    low_b, high_b = wilson_interval(correct_b, n_b, level)
+    d = p_a - p_b
+    return d - math.hypot(p_a - low_a, high_b - p_b), d + math.hypot(high_a - p_a, p_b - low_b)

@@ -1,0 +1,12 @@
+"""`trainserve live-eval`: live accuracy from labels that arrive later, joined to what each version really answered.
+
+Every captured record holds the request, the answer the client got, the version that gave it and the request id
+the client sent (`x-request-id`). Scoring those answers against late labels needs no server: it is a join. No
+request is sent anywhere; the answers scored are the recorded ones.
+
+Module order: config (flags) -> labels (the labels file, read once into compact sorted arrays) -> calibration
+(the label-free estimate: confidence-based performance estimation, calibrated on the version's held-out split)
+-> tally (additive counts: per version, window and slice) -> join (stream the capture, join, count) -> gates
+(--min-accuracy, --max-drop, paired or unpaired) -> report (JSON, table) -> html -> merge (shards) -> the command
+(in evaluation/commands.py). Inside the evaluation stage: it uses eval's metric and interval functions.
+"""

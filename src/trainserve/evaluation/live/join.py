@@ -1,0 +1,263 @@
+"""The join: the capture streamed record by record, each answered example looked up among the labels by
+(request id, row), scored where a label is found, counted where not. Memory is the labels' arrays plus one byte per
+label and version (whether that version answered it, and rightly: the pairs and the duplicates), whatever the
+capture's length.
+
+Per version, each captured example (every row of every record) is exactly one of: `joined` (scored), `duplicate`
+(a labelled example this version had answered before: the first answer is scored) or `unlabelled`. A label no
+version answered is `labelled but not captured` (the request was not sampled, or its id is wrong). The same example
+answered by two versions (shadowed traffic, a retry that reached another version) is a pair: the gates compare on
+pairs where there are enough.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from trainserve.errors import TrainserveError
+from trainserve.evaluation.live.calibration import Calibration, calibrate_version, flag_calibration, read_answers
+from trainserve.evaluation.live.config import LiveEvalConfig
+from trainserve.evaluation.live.labels import LabelTable, SliceCodes, example_key, read_labels, request_hash
+from trainserve.evaluation.live.tally import VersionTally
+from trainserve.layout import PROBABILITIES
+from trainserve.splits import read_version_record
+from trainserve.task import Task
+from trainserve.tensors import from_tensor_proto
+from trainserve.traffic.reader import CapturedRequest, ReadSummary, read_capture
+
+log = logging.getLogger(__name__)
+NOT_ANSWERED = -1
+
+
+@dataclass
+class Joined:
+    """What one read of a capture against one labels file counted."""
+
+    task: Task
+    labels: LabelTable
+    versions: dict[int, VersionTally] = field(default_factory=dict)
+    answered: dict[int, np.ndarray] = field(default_factory=dict)  # version -> per label: -1, 0 wrong, 1 right
+    input_slices: dict[str, SliceCodes] = field(default_factory=dict)
+    estimate_notes: dict[int, str] = field(default_factory=dict)  # version -> why it has no estimate
+    reused: dict[int, dict] | None = None  # --calibrations: version -> calibration, read once
+    since_s: int | None = None  # --since, resolved once (a duration counts back from the start of the run)
+    before_since: int = 0  # this shard's records answered before it, not scored
+    read: ReadSummary = field(default_factory=ReadSummary)
+
+    def labelled_not_captured(self) -> int:
+        if not self.answered:
+            return int(len(self.labels.keys))
+        any_answer = np.any(np.stack([a >= 0 for a in self.answered.values()]), axis=0)
+        return int(len(any_answer) - any_answer.sum())
+
+    def pairs(self) -> list[dict]:
+        """Every two versions' answers to the same labelled examples: how many, and who alone was right."""
+        out = []
+        for first, second in itertools.combinations(sorted(self.answered), 2):
+            a, b = self.answered[first], self.answered[second]
+            both = (a >= 0) & (b >= 0)
+            out.append(
+                {
+                    "versions": [first, second],
+                    "examples": int(both.sum()),
+                    "first_only": int(np.sum(both & (a == 1) & (b == 0))),
+                    "second_only": int(np.sum(both & (a == 0) & (b == 1))),
+                    "both_right": int(np.sum(both & (a == 1) & (b == 1))),
+                }
+            )
+        return out
+
+
+def model_task(data_dir: Path | None, model: str, width: int) -> Task:
+    """The task of the newest version recorded in `data_dir`; else `width` classes named by their index (two for
+    one score: class 1's probability, as eval reads it)."""
+    versions = Path(data_dir or ".") / model / "versions"
+    numbers = sorted((int(p.stem) for p in versions.glob("*.json") if p.stem.isdigit()), reverse=True)
+    for number in numbers:
+        record = read_version_record(data_dir, model, number) or {}
+        if (record.get("task") or {}).get("kind"):
+            task = Task.from_json(record["task"])
+            if task.kind != "classification":
+                raise TrainserveError(
+                    f"model {model!r} is a {task.kind} model ({versions}/{number}.json): live-eval scores "
+                    "classification answers (their probabilities) only"
+                )
+            return task
+    classes = max(width, 2)
+    return Task("classification", classes=classes, label_names=tuple(str(i) for i in range(classes)))
+
+
+def join_capture(config: LiveEvalConfig, captures: list[Path]) -> Joined:
+    """Read the labels, then stream the capture past them (this shard's requests only)."""
+    config.check()
+    read = ReadSummary()
+    records = read_capture(captures, config.model, None, read)
+    first = next(records)
+    task = model_task(config.data_dir, config.model, _probabilities(first).shape[1])
+    header = _header(config.labels)
+    label_slices = tuple(s for s in config.slice if s in header)
+    class_of = {name: i for i, name in enumerate(task.label_names)}
+    labels = read_labels(
+        config.labels,
+        config.key,
+        config.row_column,
+        config.label_column,
+        class_of,
+        task.classes,
+        label_slices,
+        config.shard,
+    )
+    joined = Joined(task, labels, read=read)
+    joined.input_slices = {s: SliceCodes(s) for s in config.slice if s not in header}
+    since = joined.since_s = config.since_s()
+    for record in itertools.chain([first], records):
+        if config.shard is None or config.shard.takes(request_hash(record.request_id) % config.shard.count):
+            if since is not None and record.timestamp_s < since:
+                joined.before_since += 1
+                continue
+            _join_record(joined, config, record)
+    if not joined.versions:
+        log.warning("no captured request of this shard: nothing scored")
+    return joined
+
+
+def _header(path: Path) -> list[str]:
+    try:
+        with open(path, newline="", encoding="utf-8") as stream:
+            return next(csv.reader(stream), [])
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise TrainserveError(f"--labels {path}: not a UTF-8 CSV file ({exc})") from None
+
+
+def _probabilities(record: CapturedRequest) -> np.ndarray:
+    outputs = record.response.outputs
+    if PROBABILITIES not in outputs:
+        raise TrainserveError(
+            f"request {record.request_id!r} (version {record.version}) was answered with outputs "
+            f"{', '.join(sorted(outputs)) or 'none'}: expected {PROBABILITIES!r} (a classification model's answer)"
+        )
+    scores = from_tensor_proto(outputs[PROBABILITIES])
+    return scores.reshape(len(scores), -1) if scores.ndim else scores.reshape(1, -1)
+
+
+def _side(joined: Joined, config: LiveEvalConfig, version: int) -> VersionTally:
+    side = joined.versions.get(version)
+    if side is None:
+        calibration = _calibration(joined, config, version)
+        side = joined.versions[version] = VersionTally(version, joined.task.classes, calibration)
+        joined.answered[version] = np.full(len(joined.labels.keys), NOT_ANSWERED, np.int8)
+    return side
+
+
+def _calibration(joined: Joined, config: LiveEvalConfig, version: int) -> Calibration | None:
+    if config.calibrations is not None:
+        return _reused_calibration(joined, config, version)
+    if config.model_base_path is None:
+        joined.estimate_notes[version] = "no --model-base-path or --calibrations: no label-free estimate"
+        return None
+    try:
+        return calibrate_version(config.data_dir, config.model, version, config.model_base_path, config.max_ece)
+    except TrainserveError as exc:
+        log.warning("version %d: no estimate: %s", version, exc)
+        joined.estimate_notes[version] = str(exc)
+        return None
+
+
+def _reused_calibration(joined: Joined, config: LiveEvalConfig, version: int) -> Calibration | None:
+    """The version's calibration from an earlier report, refitted for this run's --max-ece."""
+    from trainserve.evaluation.live.report import SCHEMA_PATH
+    from trainserve.evidence.document import read_document
+
+    if joined.reused is None:
+        joined.reused = {
+            s["version"]: s["calibration"]
+            for s in read_document(config.calibrations, "live-eval", SCHEMA_PATH).report["versions"]
+            if s["calibration"]
+        }
+    raw = joined.reused.get(version)
+    if raw is None:
+        joined.estimate_notes[version] = (
+            f"--calibrations {config.calibrations} holds no calibration of version {version}"
+        )
+        log.warning("version %d: no estimate: %s", version, joined.estimate_notes[version])
+        return None
+    return flag_calibration(Calibration.from_json(raw), config.max_ece)
+
+
+def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest) -> None:
+    side = _side(joined, config, record.version)
+    side.records += 1
+    scores = _probabilities(record)
+    if scores.shape[1] != joined.task.classes and not (scores.shape[1] == 1 and joined.task.classes == 2):
+        raise TrainserveError(
+            f"request {record.request_id!r} (version {record.version}) answered {scores.shape[1]} probabilities: "
+            f"expected {joined.task.classes} (the model's classes)"
+        )
+    log_p, confidence, predicted = read_answers(scores)
+    n = len(predicted)
+    keys = np.fromiter((example_key(record.request_id, row) for row in range(n)), np.uint64, n)
+    found = joined.labels.find(keys)
+    answered = joined.answered[record.version]
+    duplicate = (found >= 0) & (answered[np.maximum(found, 0)] != NOT_ANSWERED)
+    scored = (found >= 0) & ~duplicate
+    at = found[scored]
+    truth = joined.labels.labels[at]
+    hits = predicted[scored] == truth
+    answered[at] = hits
+    side.duplicates += int(duplicate.sum())
+    np.add.at(side.confusion, (truth, predicted[scored]), 1)
+    losses = -log_p[scored][np.arange(len(at)), truth]  # eval's cross-entropy (probabilities clipped as Keras does)
+    cal = side.calibration
+    bins = cal.bins_of(confidence) if cal is not None else None
+    n_bins = len(cal.counts) if cal is not None else 0
+
+    def count(cell, rows: np.ndarray) -> None:
+        """Add the record's examples `rows` (a mask over its n rows) to `cell`."""
+        take = rows[scored]
+        cell.add(
+            int(np.sum(rows)),
+            hits[take],
+            losses[take],
+            None if bins is None else bins[rows],
+            None if bins is None else bins[rows & scored],
+            n_bins,
+        )
+
+    every = np.ones(n, bool)
+    count(side.overall, every)
+    every_s = config.window_s
+    window = 0 if every_s is None else record.timestamp_s // every_s * every_s
+    count(side.window(window), every)
+    for column, codes in joined.labels.slice_codes.items():
+        values = np.full(n, -1, np.int32)
+        values[scored] = codes[at]
+        for code in np.unique(values[scored]):
+            count(side.slice_cell(column, joined.labels.slices[column].values[code]), values == code)
+    for column, codes in joined.input_slices.items():
+        values = _input_values(record, column, n)
+        for value in dict.fromkeys(values):
+            count(side.slice_cell(column, codes.values[codes.code(value)]), values == value)
+
+
+def _input_values(record: CapturedRequest, name: str, n: int) -> np.ndarray:
+    """The request input `name`, one text value per example; one error line when it is not that."""
+    if name not in record.request.inputs:
+        raise TrainserveError(
+            f"--slice {name}: neither a labels-file column nor an input of request {record.request_id!r} "
+            f"(inputs: {', '.join(sorted(record.request.inputs))})"
+        )
+    array = from_tensor_proto(record.request.inputs[name])
+    array = array.reshape(1) if array.ndim == 0 else array
+    if array.size != n:
+        raise TrainserveError(
+            f"--slice {name}: input shaped {list(array.shape)} in request {record.request_id!r}: expected one value "
+            f"per example ({n})"
+        )
+    flat = array.reshape(n)
+    return np.array([v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat], dtype=object)
