@@ -247,7 +247,7 @@ def wrong_width(spec):
 def test_bad_model_or_data_is_one_line(args, fragment, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("bad.py").write_text(BAD_MODELS)
-    Path("t.csv").write_text("a,b\n1,2\n3,4\n5,2\n6,4\n7,2\n")
+    Path("t.csv").write_text("a,b\n" + "".join(f"{i},{2 + 2 * (i % 2)}\n" for i in range(1, 11)))
     x = np.zeros((4, 3), np.float32)
     np.savez("labels.npz", x_train=x, y_train=np.array(["a"] * 4), x_test=x, y_test=np.array(["a"] * 4))
     code = main(["train", "--epochs", "1", "--export-base", "models", "--logs-dir", "logs", *args])

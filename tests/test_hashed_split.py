@@ -210,3 +210,15 @@ def test_a_key_column_places_rows_and_bad_split_flags_are_one_line_errors(tmp_pa
         TrainConfig(split_key="id").check()
     assert TrainConfig(model_name="m").held_out_split == HashedSplit("model:m", 0.2)
     assert TrainConfig(split_salt="x", test_fraction=0.3).held_out_split == HashedSplit("x", 0.3)
+
+
+def test_a_class_the_hash_holds_out_whole_is_refused_naming_it(tmp_path):
+    rows = [["1", "2", "0"], ["2", "3", "1"], ["3", "4", "0"], ["4", "5", "1"], ["5", "5", "2"]]
+    split = next(
+        HashedSplit(f"s{i}", 0.3)
+        for i in range(200)
+        if list(HashedSplit(f"s{i}", 0.3).held_out(csv_row_digests(HEADER, rows, None))) == [False] * 4 + [True]
+    )
+    (tmp_path / "t.csv").write_text(csv_text(rows))
+    with pytest.raises(TrainserveError, match="class '2' has all its 1 example.s. held out .*another --split-salt"):
+        load_csv(tmp_path / "t.csv", "label", 0.3, 0, (), split)
