@@ -191,3 +191,34 @@ def test_a_baseline_trained_before_hashed_splits_keeps_its_answer(tmp_path, thei
     config = EvalConfig(model="m", data_dir=tmp_path, compare_with="stable", label_column="label")
     section = baseline_evidence(config, 1, mine, None, open_eval_data(str(tmp_path / "held.csv"), label_column="label"))
     assert section["rows"] == rows and said in section["said"] and "rows_checked" not in section
+
+
+def test_a_key_column_places_rows_and_bad_split_flags_are_one_line_errors(tmp_path):
+    from trainserve.training.config import TrainConfig
+
+    rows = [[str(i), str(i % 7), str(i % 2)] for i in range(200)]
+    path = tmp_path / "t.csv"
+    path.write_text(csv_text(rows))
+    by_id = HashedSplit("s", 0.2, key="id")
+    before = load_csv(path, "label", 0.2, 0, (), by_id)
+    path.write_text(csv_text([[i, "99", y] for i, _, y in rows]))  # every feature edited
+    after = load_csv(path, "label", 0.2, 0, (), by_id)
+    assert np.array_equal(before.test["id"], after.test["id"]) and after.hashed_split["key"] == "id"
+    with pytest.raises(TrainserveError, match="--split-key nope: data file .* has no such column: expected one of id"):
+        load_csv(path, "label", 0.2, 0, (), HashedSplit("s", 0.2, key="nope"))
+    with pytest.raises(TrainserveError, match="--split-key applies to a --data FILE.csv"):
+        TrainConfig(split_key="id").check()
+    assert TrainConfig(model_name="m").held_out_split == HashedSplit("model:m", 0.2)
+    assert TrainConfig(split_salt="x", test_fraction=0.3).held_out_split == HashedSplit("x", 0.3)
+
+
+def test_a_class_the_hash_holds_out_whole_is_refused_naming_it(tmp_path):
+    rows = [["1", "2", "0"], ["2", "3", "1"], ["3", "4", "0"], ["4", "5", "1"], ["5", "5", "2"]]
+    split = next(
+        HashedSplit(f"s{i}", 0.3)
+        for i in range(200)
+        if list(HashedSplit(f"s{i}", 0.3).held_out(csv_row_digests(HEADER, rows, None))) == [False] * 4 + [True]
+    )
+    (tmp_path / "t.csv").write_text(csv_text(rows))
+    with pytest.raises(TrainserveError, match="class '2' has all its 1 example.s. held out .*another --split-salt"):
+        load_csv(tmp_path / "t.csv", "label", 0.3, 0, (), split)

@@ -76,14 +76,27 @@ class HashedSplit:
         return cls(str(raw["salt"]), float(raw["test_fraction"]), raw.get("key"), int(raw["buckets"]))
 
 
-def split_by_digest(digests: np.ndarray, split: HashedSplit, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """(training indexes, held-out indexes), each in the data's order; refused when a side is empty."""
+def split_by_digest(
+    digests: np.ndarray, split: HashedSplit, where: str, classes: tuple[np.ndarray, Sequence[str]] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(training indexes, held-out indexes), each in the data's order; refused when a side is empty, or when a
+    class of `classes` (labels, names) would have no example to train on."""
     held = split.held_out(digests)
     if held.all() or not held.any():
         raise TrainserveError(
             f"{where}: --test-fraction {split.test_fraction} under split salt {split.salt!r} puts all"
             f" {len(held)} examples on one side: expected more examples (or another --split-salt)"
         )
+    if classes is not None:
+        labels, names = classes
+        only_held = sorted(set(labels[held].tolist()) - set(labels[~held].tolist()))
+        if only_held:
+            name = names[only_held[0]] if only_held[0] < len(names) else str(only_held[0])
+            raise TrainserveError(
+                f"{where}: class {name!r} has all its {int(np.sum(labels == only_held[0]))} example(s) held out"
+                f" (--test-fraction {split.test_fraction}, each example placed by its hash): expected more examples"
+                " of it, or another --split-salt"
+            )
     return np.flatnonzero(~held), np.flatnonzero(held)
 
 

@@ -6,8 +6,9 @@ record is read from the data directory (`<data-dir>/<model>/versions/<version>.j
 content no longer matches its content address; `--data digits` holds out what the version's record says (its
 hash scheme; or its seed, for a version trained before splits were hashed); any other data is fingerprinted
 and compared. The check says which evidence the data is:
-`own-split` (verified against the record), `overlapping` (rows the version trained on: the same source with
-another seed, or the very CSV file or image folder it trained on; every gate then fails) or `unverified`
+`own-split` (verified against the record), `overlapping` (rows the version trained on: the same source held out
+under another salt or fraction, or another seed before splits were hashed, or the very CSV file or image folder
+it trained on; every gate then fails) or `unverified`
 (no record, or data that cannot be matched to it), which promote refuses without an explicit override.
 """
 
@@ -79,7 +80,8 @@ def open_for_version(config: EvalConfig, version: int) -> tuple[EvalData, DataCh
     elif source == "digits":
         seed, hashed = _digits_draw(split.get("provenance"), where)
         data = _open("digits", config, seed, hashed)
-        digits = provenance("digits", seed, DIGITS_TEST_FRACTION, hashed.to_json() if hashed else None)
+        fraction = hashed.test_fraction if hashed else DIGITS_TEST_FRACTION
+        digits = provenance("digits", seed, fraction, hashed.to_json() if hashed else None)
         check = _check(split, _digits_fingerprint(seed, hashed), digits, where)
     elif split and (source.endswith(".npz") or Path(source).is_dir()):
         data = _open(source, config)
@@ -165,7 +167,10 @@ def _check(
     overlap = known_overlap(trained_on, data_origin)
     note = f"not the held-out split of {where} (fingerprint {fingerprint[:12]}, recorded {recorded[:12]})"
     if overlap:
-        note += ": drawn from the same source with another seed, so it holds rows the version trained on"
+        note += (
+            ": held out from the same source another way (salt, fraction or seed), so it holds rows the version"
+            " trained on"
+        )
     elif overlap is False:  # the same draw with other rows: edited since, so what it holds is unknown
         overlap = None
         note += ": drawn as that split was, but its rows differ (edited after training?)"

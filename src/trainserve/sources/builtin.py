@@ -32,7 +32,7 @@ def digits(seed: int, split: HashedSplit | None = None) -> Dataset:
         )
         return build_dataset("digits", x_train, y_train, x_test, y_test, names)
     digests = array_row_digests({IMAGES: images}, labels)  # as the split's arrays hold them: eval digests alike
-    train, test = split_by_digest(digests, split, "digits")
+    train, test = split_by_digest(digests, split, "digits", (labels, names))
     dataset = build_dataset("digits", images[train], labels[train], images[test], labels[test], names)
     return dataset.with_hashed_split(split, labels, test, digests)
 

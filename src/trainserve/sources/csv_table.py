@@ -159,7 +159,8 @@ def load_csv(
                 f"--split-key {split.key}: data file {path} has no such column: expected one of {', '.join(header)}"
             )
         digests = csv_row_digests(header, body, split.key)
-        train, test = split_by_digest(digests, split, f"data file {path}")
+        classes = (table.labels, table.label_names) if table.labels.dtype.kind in "iu" else None
+        train, test = split_by_digest(digests, split, f"data file {path}", classes)
     pick = lambda rows: {k: v[rows] for k, v in table.inputs.items()}  # noqa: E731
     dataset = build_dataset(
         path.stem,

@@ -177,16 +177,8 @@ def held_out_per_class(labels: np.ndarray, fraction: float, seed: int, where: Pa
 
 def held_out_by_hash(scan: FolderScan, split: HashedSplit, root: Path) -> tuple[np.ndarray, np.ndarray]:
     """(training indexes, test indexes) by each file's keyed hash; refused when a class would have no image to
-    train on (a class with none held out is only logged: its share is in the record)."""
-    train, test = split_by_digest(scan.file_digests, split, str(root))
-    trained = np.bincount(scan.labels[train], minlength=len(scan.class_names))
-    missing = [name for name, count in zip(scan.class_names, trained) if count == 0]
-    if missing:
-        raise TrainserveError(
-            f"{root}: class {missing[0]!r} has all its images held out under --test-fraction {split.test_fraction}"
-            " (the split is by each file's hash): expected more images in it, or another --split-salt"
-        )
-    return train, test
+    train on (a class with none held out is only logged: its share is in the record and the training log)."""
+    return split_by_digest(scan.file_digests, split, str(root), (scan.labels, scan.class_names))
 
 
 def load_image_folder(
