@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from trainserve.capture.pages import LIVE_PATH, READY_PATH, live_page, metrics_p
 from trainserve.capture.rest_proxy import start_rest_proxy
 from trainserve.capture.sampling import ProxyCapture
 from trainserve.capture.upstream import GRPC, PROBE_SECONDS, REST, UpstreamLog, grpc_answers, rest_answers
+from trainserve.signals import stopped_by_signals, wait_until_stopped
 from trainserve.tls import server_credentials
 from trainserve.traffic.accounting import Accounting
 from trainserve.traffic.writer import TrafficWriter
@@ -147,18 +147,16 @@ def run_proxy(config: ProxyConfig) -> int:
     """Run until SIGTERM or SIGINT; returns the exit code."""
     stop = threading.Event()
     proxy = CaptureProxy(config)
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    log.info(
-        "capture: gRPC on %d -> %s%s; writing %g of Predict calls under %s",
-        proxy.port,
-        config.upstream,
-        f", REST on {proxy.rest_port} -> {config.upstream_rest}" if proxy.rest_port else "",
-        config.sampling_rate,
-        config.filename_prefix,
-    )
-    stop.wait()
-    stopped = proxy.stop()
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
+    with stopped_by_signals(stop):
+        log.info(
+            "capture: gRPC on %d -> %s%s; writing %g of Predict calls under %s",
+            proxy.port,
+            config.upstream,
+            f", REST on {proxy.rest_port} -> {config.upstream_rest}" if proxy.rest_port else "",
+            config.sampling_rate,
+            config.filename_prefix,
+        )
+        wait_until_stopped(stop)
+        stopped = proxy.stop()
     log.info("capture: stopped; %s", stopped.summary())
     return 0

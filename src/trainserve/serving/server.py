@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -33,6 +32,7 @@ from trainserve.serving.manager import ModelManager
 from trainserve.serving.rest_api import start_rest_server
 from trainserve.serving.servables import Servables
 from trainserve.serving.tls import ServerTls, load_ssl_config
+from trainserve.signals import stopped_by_signals, wait_until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -53,29 +53,27 @@ def serve(options: ServerOptions, stop: threading.Event | None = None) -> int:
     )
     manager.configure(config)  # labels on versions not loaded yet: refused here unless the flag allows them
     stop = stop or threading.Event()
-    previous_handlers = _stop_on_signals(stop)
+    with stopped_by_signals(stop):
+        poll_seconds = max(options.file_system_poll_wait_seconds, MIN_POLL_SECONDS)
+        log.info("waiting for %s to become AVAILABLE (ports open then)", ", ".join(sorted(manager.models)))
+        if not manager.wait_until_available(poll_seconds, stop):
+            log.info("stopped before any model was available")
+            if capture is not None:
+                capture.close()
+            return 0
 
-    poll_seconds = max(options.file_system_poll_wait_seconds, MIN_POLL_SECONDS)
-    log.info("waiting for %s to become AVAILABLE (ports open then)", ", ".join(sorted(manager.models)))
-    if not manager.wait_until_available(poll_seconds, stop):
-        log.info("stopped before any model was available")
-        if capture is not None:
-            capture.close()
+        servables = Servables(manager, batching, capture)
+        grpc_server, http_server = _open_ports(options, servables, metrics_path, tls)
+        poller = threading.Thread(target=_poll_loop, args=(servables, options, stop, poll_seconds), daemon=True)
+        poller.start()
+        wait_until_stopped(stop)
+        _stop_serving(servables, grpc_server, http_server, grace_seconds=options.rest_api_timeout_in_ms / 1000)
+        poller.join(timeout=5)
+        if servables.capture is not None:
+            servables.capture.close()  # after the last answer and the last reload: every record is queued by then
+        manager.close()
+        log.info("stopped cleanly")
         return 0
-
-    servables = Servables(manager, batching, capture)
-    grpc_server, http_server = _open_ports(options, servables, metrics_path, tls)
-    poller = threading.Thread(target=_poll_loop, args=(servables, options, stop, poll_seconds), daemon=True)
-    poller.start()
-    stop.wait()
-    _stop_serving(servables, grpc_server, http_server, grace_seconds=options.rest_api_timeout_in_ms / 1000)
-    poller.join(timeout=5)
-    if servables.capture is not None:
-        servables.capture.close()  # after the last answer and the last reload: every record is queued by then
-    manager.close()
-    _restore_signal_handlers(previous_handlers)
-    log.info("stopped cleanly")
-    return 0
 
 
 def load_config(options: ServerOptions):
@@ -138,26 +136,6 @@ def check_port_free(port: int, what: str) -> None:
             probe.bind(("0.0.0.0", port))
         except OSError as exc:
             raise TrainserveError(f"{what} {port} is not available ({exc.strerror}): expected a free port") from None
-
-
-def _stop_on_signals(stop: threading.Event) -> dict:
-    """SIGTERM and SIGINT set `stop`; returns the handlers they replace. Only the main thread may install
-    handlers, so a server started from another thread (tests) is stopped through `stop` alone."""
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            previous[signum] = signal.signal(signum, lambda num, frame: _request_stop(stop, num))
-    return previous
-
-
-def _request_stop(stop: threading.Event, signum: int) -> None:
-    log.info("received %s", signal.Signals(signum).name)
-    stop.set()
-
-
-def _restore_signal_handlers(previous: dict) -> None:
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)
 
 
 def _open_ports(
