@@ -48,6 +48,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def share(text: str) -> float:
+    """A share, rate or fraction: a number in [0, 1]."""
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a share between 0 and 1")
+    return value
+
+
 def key_values(text: str, convert: Callable[[str], T], expected: str) -> dict[str, T]:
     """`a=1,b=2` -> {"a": convert("1"), "b": convert("2")}; a malformed item names what was `expected`."""
     pairs = {}

@@ -3,7 +3,6 @@ that `--help` answers at once."""
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -11,16 +10,9 @@ from typing import Literal
 from trainserve.errors import TrainserveError
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
-from trainserve.options import option, positive_int
+from trainserve.options import option, positive_int, share
 from trainserve.shards import Shard, parse_shard
 from trainserve.tls import ClientTls
-
-
-def parse_fraction(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a share between 0 and 1")
-    return value
 
 
 @dataclass
@@ -42,13 +34,13 @@ class ReplayConfig:
     max_flip_rate: float | None = option(
         None,
         "exit 1 unless the flip rate's upper confidence bound is at most this share (e.g. 0.02)",
-        parse=parse_fraction,
+        parse=share,
     )
     max_error_rate: float = option(
         0.01,
         "exit 1 when either version failed more than this share of the requests replayed (those both refused as "
         "INVALID_ARGUMENT, a client's malformed request, not counted)",
-        parse=parse_fraction,
+        parse=share,
     )
     alpha: float = option(0.05, "the upper bound is one-sided at confidence 1 - alpha (Wilson score)")
     shard: Shard | None = option(

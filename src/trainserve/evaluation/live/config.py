@@ -12,7 +12,7 @@ from typing import Literal
 
 from trainserve.errors import TrainserveError
 from trainserve.files import ensure_writable_dir
-from trainserve.options import option, positive_int
+from trainserve.options import option, positive_int, share
 from trainserve.shards import Shard, parse_shard
 
 _WINDOW = re.compile(r"^\s*(\d+)\s*([mhd])\s*$")
@@ -56,13 +56,6 @@ def parse_since(text: str) -> str:
     return text.strip()
 
 
-def parse_share(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a share in [0, 1]")
-    return value
-
-
 @dataclass
 class LiveEvalConfig:
     """Everything `trainserve live-eval` takes besides the capture paths; each field is the flag of the same name."""
@@ -92,13 +85,13 @@ class LiveEvalConfig:
     min_accuracy: float | None = option(
         None,
         "fail (exit 1) when a version's live accuracy is shown below this (its interval's upper end)",
-        parse=parse_share,
+        parse=share,
     )
     max_drop: float | None = option(
         None,
         "fail (exit 1) when --version's accuracy is shown lower than --baseline-version's by more than this "
         "(paired on the requests both answered, else unpaired)",
-        parse=parse_share,
+        parse=share,
     )
     version: int | None = option(
         None, "the version the gates judge (default: the newest one captured)", parse=positive_int
@@ -123,7 +116,7 @@ class LiveEvalConfig:
     max_ece: float = option(
         0.05,
         "flag a version's estimate when its expected calibration error on the held-out split exceeds this",
-        parse=parse_share,
+        parse=share,
     )
     shard: Shard | None = option(
         None,
