@@ -17,6 +17,8 @@ COMMANDS = [
     "eval",
     "load",
     "report",
+    "live-eval",
+    "live-eval-merge",
     "replay",
     "replay-merge",
     "drift",
@@ -32,7 +34,7 @@ STAGE_COMMANDS = {
     "training": {"train", "verify", "runs", "tf-config"},
     "serving": {"serve-local"},
     "capture": {"capture"},  # with `capture export` beneath it (traffic.commands builds that parser)
-    "evaluation": {"eval", "load", "report"},
+    "evaluation": {"eval", "load", "report", "live-eval", "live-eval-merge"},
     "replay": {"replay", "replay-merge"},
     "drift": {"drift", "drift-merge"},
     "rollout": {"candidate", "promote", "rollback"},
