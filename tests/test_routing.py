@@ -10,13 +10,15 @@ import json
 import logging
 import random
 import re
+import urllib.error
+import urllib.request
 
 import grpc
 import numpy as np
 import pytest
 
 from conftest import DIRECT, install_version
-from serving_fixtures import predict_request, serve_every_version, stubs
+from serving_fixtures import IMAGES, predict_request, serve_every_version, stubs
 from trainserve.capture.config import ProxyConfig
 from trainserve.capture.proxy import CaptureProxy
 from trainserve.capture.routing import SCHEMA, ModelRoute, Routing, write_routing
@@ -254,3 +256,35 @@ def test_a_proxy_does_not_start_on_a_bad_routing_file(two_versions, tmp_path):
     )
     with pytest.raises(RoutingError, match="shadow_percent -1: expected a percentage between 0 and 100"):
         CaptureProxy(config)
+
+
+def rest_predict(base: str, path: str, headers: dict | None = None) -> tuple[int, dict]:
+    body = json.dumps({"instances": IMAGES[:2].tolist()}).encode()
+    request = urllib.request.Request(f"{base}{path}", body, {"Content-Type": "application/json", **(headers or {})})
+    try:
+        with DIRECT.open(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_rest_requests_are_routed_and_counted_as_grpc_ones_are(proxy_for, two_versions):
+    proxy = proxy_for(route(canary=100, sticky="x-user-id"))
+    via = f"http://127.0.0.1:{proxy.rest_port}"
+    candidate = rest_predict(two_versions.rest, "/v1/models/m/versions/2:predict")
+    stable = rest_predict(two_versions.rest, "/v1/models/m/versions/1:predict")
+    assert candidate != stable
+    assert rest_predict(via, "/v1/models/m/labels/stable:predict", {"x-user-id": "u"}) == candidate
+    assert rest_predict(via, "/v1/models/m/versions/1:predict") == stable  # a version named: untouched
+    assert rest_predict(via, "/v1/models/m/labels/nope:predict")[0] in (400, 404)
+    assert answered_by(proxy, 1, label=None) == [3]  # the latest: gRPC's answer says so, REST's does not
+    assert rest_predict(via, "/v1/models/m:predict") == stable  # 3 has 1's weights
+    counts = page(proxy)
+    assert requests(counts, route="canary", version="2", api="predict", status="OK") == 1
+    assert requests(counts, route="direct", version="1", api="predict", status="OK") == 1
+    assert requests(counts, route="direct", version="3", api="predict", status="OK") == 2
+    assert (
+        requests(counts, route="direct", api="predict", status="INVALID_ARGUMENT")
+        + requests(counts, route="direct", api="predict", status="NOT_FOUND")
+        == 1
+    )

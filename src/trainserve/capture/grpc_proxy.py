@@ -55,7 +55,6 @@ class Forwarder(grpc.GenericRpcHandler):
     ):
         self.channel, self.capture, self.upstream, self.wait_s = channel, capture, upstream, wait_s
         self.router, self.metrics, self.shadow = router or Router(None), metrics or ProxyMetrics(), None
-        self.label_versions: dict[tuple[str, str], str] = {}  # (model, label) -> the version last seen answering
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         self.stopping, self.cut, self.in_flight = False, 0, 0
 
@@ -130,14 +129,14 @@ class Forwarder(grpc.GenericRpcHandler):
         label = spec.version_label
         if answered is not None:
             version = str(answered)
-            if label and decision.route != CANARY:
-                self.label_versions[(spec.name, label)] = version
+            if not spec.HasField("version") and decision.route != CANARY:
+                self.metrics.label_versions[(spec.name, label)] = version
         elif decision.route == CANARY:
             version = str(decision.version)
         elif spec.HasField("version"):
             version = str(spec.version.value)
         else:
-            version = self.label_versions.get((spec.name, label), "")
+            version = self.metrics.label_versions.get((spec.name, label), "")
         micros = (time.perf_counter() - started) * 1e6
         self.metrics.request(spec.name, version, api, status, decision.route, micros)
 

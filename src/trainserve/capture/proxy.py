@@ -81,7 +81,9 @@ class CaptureProxy:
                 LIVE_PATH: live_page,
                 READY_PATH: ready_page(self.why_not_ready),
             }
-            self.rest = start_rest_proxy(config.rest_port, config.upstream_rest, pages, self.upstream)
+            self.rest = start_rest_proxy(
+                config.rest_port, config.upstream_rest, pages, self.upstream, router=self.router, metrics=self.metrics
+            )
         self.rest_port = self.rest.port if self.rest else None
         self.router.watch(config.routing_poll_seconds)
 

@@ -86,6 +86,7 @@ class ProxyMetrics:
         self.shadow_latency = Histogram(SHADOW_LATENCY, "Wall time (microseconds) of shadow calls.", self.SHADOW_LABELS)
         self.queued = lambda: 0  # the shadow queue's length, set by the proxy
         self.router = None  # trainserve.capture.router.Router, set by the proxy
+        self.label_versions: dict[tuple[str, str], str] = {}  # (model, label) -> the version last seen answering it
 
     def request(self, model: str, version: str, api: str, status: str, route: str, micros: float) -> None:
         with self._lock:
