@@ -121,6 +121,22 @@ def test_requests_naming_a_version_or_another_label_pass_untouched(proxy_for, tw
     assert requests(counts, route="direct", status=err.value.code().name) == 1
 
 
+def test_trainserves_own_calls_are_not_routed(proxy_for):
+    from trainserve.traffic.origin import EVAL, origin_metadata
+
+    proxy = proxy_for(route(canary=100, shadow=100))
+    assert set(answered_by(proxy, 3, metadata=origin_metadata(EVAL))) == {1}  # an eval of `stable` measures stable
+    assert not proxy.metrics.shadow
+    body = json.dumps({"instances": IMAGES[:1].tolist()}).encode()
+    headers = {"Content-Type": "application/json", **dict(origin_metadata(EVAL))}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{proxy.rest_port}/v1/models/m/labels/stable:predict", body, headers
+    )
+    with DIRECT.open(request, timeout=30) as answer:
+        assert answer.status == 200
+    assert requests(page(proxy), route="direct", version="1") == 4
+
+
 def test_a_canary_answer_is_the_candidates_answer(proxy_for, two_versions):
     proxy = proxy_for(route(canary=100))
     predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{proxy.port}"}))
@@ -135,7 +151,7 @@ def independent_point(value: str) -> float:
 
 
 def test_sticky_callers_never_switch_and_stay_in_as_the_share_grows(proxy_for):
-    proxy = proxy_for(route(canary=30, sticky="x-user-id"))
+    proxy = proxy_for(route(canary=30, sticky="X-User-Id"))  # header names compare case-insensitively
     callers = [f"user-{i}" for i in range(30)]
     seen = {c: set(answered_by(proxy, 3, metadata=(("x-user-id", c),))) for c in callers}
     assert all(len(v) == 1 for v in seen.values()), seen
