@@ -304,3 +304,16 @@ def test_rest_requests_are_routed_and_counted_as_grpc_ones_are(proxy_for, two_ve
         + requests(counts, route="direct", api="predict", status="NOT_FOUND")
         == 1
     )
+
+
+def test_a_bad_routing_file_or_shadow_flag_is_one_line_before_any_port_opens(tmp_path):
+    from conftest import assert_one_line_error, free_port, run_cli
+    from trainserve.errors import TrainserveError
+
+    (tmp_path / "routing.json").write_text(json.dumps({"schema": SCHEMA, "models": {"m": {"candidate": 2, "x": 1}}}))
+    flags = ["--port", str(free_port()), "--rest-port", str(free_port()), "--filename-prefix", "caps/p"]
+    proc = run_cli("capture", *flags, "--routing-file", "routing.json", cwd=tmp_path, timeout=60)
+    assert_one_line_error(proc, "routing file routing.json: model 'm': unknown key(s) ['x']")
+    assert not (tmp_path / "caps").exists(), "nothing written"
+    with pytest.raises(TrainserveError, match="--shadow-workers 0 / "):
+        ProxyConfig(filename_prefix="caps/p", shadow_workers=0).check()
