@@ -317,3 +317,19 @@ def test_a_bad_routing_file_or_shadow_flag_is_one_line_before_any_port_opens(tmp
     assert not (tmp_path / "caps").exists(), "nothing written"
     with pytest.raises(TrainserveError, match="--shadow-workers 0 / "):
         ProxyConfig(filename_prefix="caps/p", shadow_workers=0).check()
+
+
+def test_names_from_clients_cannot_grow_the_page(proxy_for):
+    proxy = proxy_for(route(canary=0))
+    predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{proxy.port}"}))
+    answered_by(proxy, 1)
+    for request in [predict_request(model=f"nope-{i}") for i in range(5)] + [
+        predict_request(version=99 + i) for i in range(3)
+    ]:
+        with pytest.raises(grpc.RpcError):
+            predict.Predict(request, timeout=30)
+    counts = page(proxy)
+    assert requests(counts, model_name="<unknown>", version="") == 5  # models that never answered: one series
+    assert requests(counts, model_name="m", version="") == 3  # versions that never answered: no series of their own
+    series = [k for k in counts if k.startswith(":trainserve:proxy:request_count{")]
+    assert len(series) == 3, series

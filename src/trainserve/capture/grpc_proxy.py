@@ -92,6 +92,8 @@ class Forwarder(grpc.GenericRpcHandler):
                 if call is not None:
                     call.cancel()
                 self.cut += self.stopping
+                if spec is not None:
+                    self._count(spec, decision, api, "CANCELLED", None, started)
                 raise
             finally:
                 self.in_flight -= 1
