@@ -227,11 +227,18 @@ def test_routing_edits_apply_on_the_next_poll_and_a_bad_edit_is_refused_in_one_l
         assert set(answered_by(proxy, 2)) == {2}, "the running routing was not kept"
         assert page(proxy)[":trainserve:proxy:routing_refused"] == 1
     path.unlink()
+    path.mkdir()  # unreadable: refused once, not at every poll
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="trainserve.capture.router"):
+        assert not proxy.router.poll() and not proxy.router.poll()
+    assert len(caplog.records) == 1 and "cannot read it" in caplog.text, caplog.text
+    assert set(answered_by(proxy, 2)) == {2}
+    path.rmdir()
     assert proxy.router.poll()
     assert set(answered_by(proxy, 2)) == {1}
     counts = page(proxy)
     assert counts[":trainserve:proxy:routing_refused"] == 0
-    assert counts[':trainserve:proxy:routing_reloads{outcome="refused"}'] == 3
+    assert counts[':trainserve:proxy:routing_reloads{outcome="refused"}'] == 4
 
 
 def test_the_watch_thread_follows_the_file(proxy_for, two_versions):
