@@ -1,0 +1,151 @@
+"""The routing file: which candidate version the capture proxy shadows and gives a share of `stable` requests.
+
+One JSON file, written atomically (`write_routing`) by `trainserve rollout` or by a person, read by every replica of
+the proxy on each poll, as TF Serving polls its model config: all replicas follow one state, and a restart keeps it.
+
+    {"schema": "trainserve.routing/1",
+     "models": {"digits": {"candidate": 7,             # the version shadowed / given a share
+                           "shadow_percent": 100,      # share of `stable` requests also sent to the candidate
+                           "canary_percent": 5,        # share of `stable` requests answered by the candidate
+                           "sticky_header": "x-user-id"}}}   # optional: one caller (header value), one version
+
+Only requests addressed to the version label `stable` are routed; one naming a version or another label passes
+through untouched. An absent file means no routing. A file that does not parse, or breaks a rule here, is refused
+with one line naming what was expected (`RoutingError`), and the proxy keeps the routing it runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trainserve.errors import TrainserveError
+from trainserve.files import write_file_atomic
+
+SCHEMA = "trainserve.routing/1"
+STABLE_LABEL = "stable"
+_MODEL_KEYS = frozenset({"candidate", "shadow_percent", "canary_percent", "sticky_header"})
+
+
+class RoutingError(TrainserveError):
+    """A routing file that cannot be followed; the message is one line naming what was expected."""
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    """How `stable` requests for one model are routed."""
+
+    candidate: int  # the version shadowed and given `canary_percent` of the requests
+    shadow_percent: float = 0.0  # 0-100: share of `stable` requests answered by stable also sent to the candidate
+    canary_percent: float = 0.0  # 0-100: share of `stable` requests the candidate answers instead
+    sticky_header: str | None = None  # header whose value decides the share, so one caller sees one version
+
+    def check(self, model: str) -> None:
+        where = f"routing for model {model!r}"
+        if isinstance(self.candidate, bool) or not isinstance(self.candidate, int) or self.candidate < 0:
+            raise RoutingError(f"{where}: candidate {self.candidate!r}: expected a version number (an integer >= 0)")
+        for name in ("shadow_percent", "canary_percent"):
+            value = getattr(self, name)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or not 0 <= value <= 100:
+                raise RoutingError(f"{where}: {name} {value!r}: expected a percentage between 0 and 100")
+        if self.sticky_header is not None and (not isinstance(self.sticky_header, str) or not self.sticky_header):
+            raise RoutingError(f"{where}: sticky_header {self.sticky_header!r}: expected a header name")
+
+    def canary_share(self, sticky_value: str | None, draw: float) -> bool:
+        """Whether this request goes to the candidate: by the caller's stable hash when sticky and the caller sent
+        the header (a caller in the share at 5 % stays in it at 25 %), else by `draw` (uniform in [0, 1))."""
+        if self.canary_percent <= 0:
+            return False
+        point = sticky_point(sticky_value) if self.sticky_header and sticky_value is not None else draw
+        return point * 100 < self.canary_percent
+
+
+def sticky_point(value: str) -> float:
+    """A caller's fixed point in [0, 1): the same in every replica and after every restart (not Python's hash)."""
+    digest = hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@dataclass(frozen=True)
+class Routing:
+    """The whole file: a route per model name; a model not named is not routed."""
+
+    models: dict[str, ModelRoute] = field(default_factory=dict)
+
+    def route(self, model: str) -> ModelRoute | None:
+        return self.models.get(model)
+
+    def check(self) -> None:
+        for model, route in self.models.items():
+            if not isinstance(model, str) or not model:
+                raise RoutingError(f"routing: model name {model!r}: expected a non-empty name")
+            route.check(model)
+
+    def to_json(self) -> dict:
+        models = {}
+        for model, route in sorted(self.models.items()):
+            entry = asdict(route)
+            if entry["sticky_header"] is None:
+                del entry["sticky_header"]
+            models[model] = entry
+        return {"schema": SCHEMA, "models": models}
+
+
+NO_ROUTING = Routing()
+
+
+def parse_routing(text: str | bytes, where: str = "routing file") -> Routing:
+    """A routing file's text, checked; raises RoutingError (one line) on anything it cannot follow."""
+    try:
+        document = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RoutingError(f"{where}: not JSON ({exc}): expected {{'schema': '{SCHEMA}', 'models': {{...}}}}") from None
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        found = document.get("schema") if isinstance(document, dict) else type(document).__name__
+        raise RoutingError(f"{where}: schema {found!r}: expected {SCHEMA!r}")
+    models = document.get("models", {})
+    if not isinstance(models, dict):
+        raise RoutingError(f"{where}: models {models!r}: expected an object of model name -> route")
+    routes = {}
+    for model, entry in models.items():
+        if not isinstance(entry, dict) or "candidate" not in entry:
+            raise RoutingError(f"{where}: model {model!r}: expected an object with a candidate version")
+        unknown = sorted(set(entry) - _MODEL_KEYS)
+        if unknown:
+            raise RoutingError(f"{where}: model {model!r}: unknown key(s) {unknown}: expected {sorted(_MODEL_KEYS)}")
+        routes[model] = ModelRoute(**entry)
+    routing = Routing(routes)
+    try:
+        routing.check()
+    except RoutingError as exc:
+        raise RoutingError(f"{where}: {exc}") from None
+    return routing
+
+
+def read_routing(path: Path) -> Routing:
+    """The routing file at `path`, checked; NO_ROUTING when it does not exist."""
+    try:
+        text = Path(path).read_bytes()
+    except FileNotFoundError:
+        return NO_ROUTING
+    except OSError as exc:
+        raise RoutingError(f"routing file {path}: cannot read it ({exc.strerror}): expected a readable file") from None
+    return parse_routing(text, f"routing file {path}")
+
+
+def write_routing(path: Path, routing: Routing) -> Path:
+    """Check `routing` and write it atomically: a proxy polling the file sees the old routing or the new, whole."""
+    routing.check()
+    return write_file_atomic(Path(path), (json.dumps(routing.to_json(), indent=2) + "\n").encode())
+
+
+def routing_with(routing: Routing, model: str, route: ModelRoute | None) -> Routing:
+    """`routing` with `model`'s route replaced (None: the model no longer routed); the others unchanged."""
+    models = {name: r for name, r in routing.models.items() if name != model}
+    if route is not None:
+        models[model] = route
+    return Routing(models)
