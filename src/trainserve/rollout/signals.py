@@ -77,8 +77,9 @@ class Check:
 
 
 def checks(step: Step, flips: bool, counts: dict[str, int], values: dict, gate: Gate, ended: bool) -> list[Check]:
-    """The checks that apply to `step` (`flips`: shadow pairs of a classifier are being compared). Before its time is up (`ended` False) a check fails only on evidence that
-    more data cannot undo (the flip rate's lower bound above the budget); after, it passes only on its upper bound."""
+    """The checks that apply to `step` (`flips`: a classifier's shadow pairs are being compared). Before its time
+    is up (`ended` False) a check fails only on evidence more data cannot undo (the flip rate's lower bound above
+    the budget); after, the flip rate passes only on its upper bound."""
     found = []
     if step.kind == SHADOW:
         found.append(_shadow_errors(counts, values, gate))
@@ -129,7 +130,10 @@ def _latency(counts: dict, values: dict, gate: Gate) -> Check:
         return Check(name, UNKNOWN, f"no p99 latency yet (candidate {candidate}, stable {stable})")
     ok = candidate <= gate.max_latency_ratio * stable
     ratio = candidate / stable if stable else float("inf")
-    said = f"p99 {candidate:.4f}s vs stable {stable:.4f}s: x{ratio:.2f} {'<=' if ok else '>'} max x{gate.max_latency_ratio:g}"
+    said = (
+        f"p99 {candidate:.4f}s vs stable {stable:.4f}s: x{ratio:.2f} {'<=' if ok else '>'} "
+        f"max x{gate.max_latency_ratio:g}"
+    )
     return Check(name, PASS if ok else FAIL, said)
 
 
