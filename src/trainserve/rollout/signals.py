@@ -24,6 +24,7 @@ COUNTERS = {
     "candidate_requests": ":trainserve:proxy:request_count{{{cand}}}",
     "shadow_pairs": ":trainserve:proxy:shadow_pairs{{{cand}}}",
     "shadow_flips": ":trainserve:proxy:shadow_flips{{{cand}}}",
+    "shadow_compared": ':trainserve:proxy:shadow_requests{{{cand},outcome="compared"}}',
     "shadow_errors": ':trainserve:proxy:shadow_requests{{{cand},outcome="error"}}',
     "shadow_dropped": ':trainserve:proxy:shadow_requests{{{cand},outcome="dropped_queue_full"}}',
 }
@@ -138,19 +139,19 @@ def _latency(counts: dict, values: dict, gate: Gate) -> Check:
 
 
 def _shadow_errors(counts: dict, values: dict, gate: Gate) -> Check:
-    """The candidate's errors on its shadow copies, against stable's server-error ratio."""
+    """The candidate's errors on its shadow copies (requests), against stable's server-error ratio."""
     name = "shadow_errors"
-    errors, pairs = counts["shadow_errors"], counts["shadow_pairs"]
-    few = _too_few(name, errors + pairs, gate, "shadow answers")
+    errors, sent = counts["shadow_errors"], counts["shadow_errors"] + counts["shadow_compared"]
+    few = _too_few(name, sent, gate, "shadow requests answered")
     if few:
         return few
     stable = values.get("stable_error_ratio")
     if stable is None:
         return Check(name, UNKNOWN, "no server-error ratio of stable yet")
-    share = errors / (errors + pairs)
+    share = errors / sent
     ok = share - stable <= gate.max_error_increase
     said = (
-        f"shadow errors {errors} of {errors + pairs} ({share:.4f}) vs stable's server-error ratio {stable:.4f}: "
+        f"shadow errors {errors} of {sent} ({share:.4f}) vs stable's server-error ratio {stable:.4f}: "
         f"increase {share - stable:.4f} {'<=' if ok else '>'} max {gate.max_error_increase:g}"
     )
     return Check(name, PASS if ok else FAIL, said)
@@ -159,7 +160,7 @@ def _shadow_errors(counts: dict, values: dict, gate: Gate) -> Check:
 def _flips(counts: dict, gate: Gate, ended: bool) -> Check:
     name = "flip_rate"
     flips, pairs = counts["shadow_flips"], counts["shadow_pairs"]
-    few = _too_few(name, pairs, gate, "shadow pairs")
+    few = _too_few(name, pairs, gate, "shadow pairs (examples)")
     upper = wilson_upper(flips, pairs, gate.alpha)
     lower = 1.0 - wilson_upper(pairs - flips, pairs, gate.alpha)
     said = (
