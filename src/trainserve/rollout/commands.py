@@ -102,7 +102,8 @@ def run_rollback(args: argparse.Namespace) -> int:
 
 def run_rollout(args: argparse.Namespace) -> int:
     from trainserve.rollout.config import RolloutConfig
-    from trainserve.rollout.controller import Controller, dry_run
+    from trainserve.rollout.controller import Controller
+    from trainserve.rollout.dry_run import dry_run
     from trainserve.rollout.prometheus import Prometheus
 
     config = config_from_args(RolloutConfig, args)

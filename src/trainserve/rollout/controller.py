@@ -25,14 +25,13 @@ from pathlib import Path
 
 from trainserve.capture.routing import ModelRoute
 from trainserve.errors import TrainserveError
-from trainserve.evidence.document import read_replay_report, read_report
 from trainserve.rollout import moves, signals
-from trainserve.rollout.checks import refusals
+from trainserve.rollout.checks import evidence_of
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
 from trainserve.rollout.config_file import find_model, history_path, read_config
 from trainserve.rollout.history import append_history, read_history
 from trainserve.rollout.labels import Rollout
-from trainserve.rollout.plan import PROMOTE, SHADOW
+from trainserve.rollout.plan import PROMOTE
 from trainserve.rollout.progress import (
     CHECK,
     PAUSED,
@@ -322,53 +321,3 @@ class Controller:
             yield
         finally:
             os.close(fd)
-
-
-def evidence_of(config: RolloutConfig, model: str, labels: Rollout):
-    """The candidate's eval report (and replay), every check promote makes holding; else one line, nothing moved."""
-    read = read_report(config.report)
-    replay = read_replay_report(config.replay) if config.replay is not None else None
-    report = read.report
-    if report["model"] != model or report["version"] != config.candidate:
-        raise TrainserveError(
-            f"eval report {config.report} is for model {report['model']} version {report['version']}: expected "
-            f"model {model} version {config.candidate}"
-        )
-    promote_config = PromoteConfig(config.config, config.report, config.replay, server=config.server)
-    base_path = find_model(read_config(config.config), config.config, model).base_path
-    found = refusals(read, promote_config, base_path, labels, replay)
-    if found:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise TrainserveError(f"{found[0].said}{more}: rollout not started (promote would refuse it too)")
-    return read
-
-
-def dry_run(config: RolloutConfig) -> list[str]:
-    """What the rollout would do, as lines: the evidence's verdict, each step's routing and checks, the queries."""
-    config.check()
-    served = read_config(config.config)
-    model = find_model(served, config.config, config.model)
-    labels, plan = Rollout.of(model), config.plan
-    stable = labels.stable if labels.stable is not None else "STABLE"
-    try:
-        read = evidence_of(config, model.name, labels)
-        flips = read.report["task"]["kind"] == "classification"
-        lines = [f"evidence: {read.path} holds every check promote makes"]
-    except TrainserveError as exc:
-        flips, lines = True, [f"evidence: REFUSED: {exc}"]
-    lines.append(
-        f"model {model.name}: stable {stable}, candidate {config.candidate}; routing file {config.routing_file}"
-    )
-    for i, step in enumerate(plan.steps):
-        if step.kind == PROMOTE:
-            lines.append(f"step {i + 1}: {step.words()}: stable -> {config.candidate}, routing cleared")
-            continue
-        names = ["shadow_errors"] if step.kind == SHADOW else ["error_ratio", "latency_p99"]
-        names += ["flip_rate"] if flips and plan.shadow_during(i) > 0 else []
-        lines.append(
-            f"step {i + 1}: {step.words()}: shadow {plan.shadow_during(i):g}%, canary {plan.canary_during(i):g}%; "
-            f"checks {', '.join(names)}"
-        )
-    lines.append(f"queries (to {config.prometheus or 'PROMETHEUS'}, every {config.interval:g} s):")
-    lines += [f"  {name}: {q}" for name, q in signals.queries(model.name, config.candidate, stable).items()]
-    return lines

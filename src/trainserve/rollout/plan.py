@@ -32,7 +32,7 @@ class Step:
 
     def words(self) -> str:
         if self.kind == PROMOTE:
-            return "100% (promote)"
+            return "100%"
         share = f"{_num(self.percent)}%"
         return f"shadow {share} {_num(self.seconds)}s" if self.kind == SHADOW else f"{share} {_num(self.seconds)}s"
 
