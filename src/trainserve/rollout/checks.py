@@ -162,15 +162,15 @@ def _replay(replay: dict, report: dict, current: Rollout) -> list[str]:
     return replay_failures(replay)
 
 
-def evidence_of(config: RolloutConfig, model: str, labels: Rollout):
+def evidence_of(config: RolloutConfig, model: str, labels: Rollout, version: int):
     """The candidate's eval report (and replay), every check promote makes holding; else one line, nothing moved."""
     read = read_report(config.report)
     replay = read_replay_report(config.replay) if config.replay is not None else None
     report = read.report
-    if report["model"] != model or report["version"] != config.candidate:
+    if report["model"] != model or report["version"] != version:
         raise TrainserveError(
             f"eval report {config.report} is for model {report['model']} version {report['version']}: expected "
-            f"model {model} version {config.candidate}"
+            f"model {model} version {version}"
         )
     promote_config = PromoteConfig(config.config, config.report, config.replay, server=config.server)
     base_path = find_model(read_config(config.config), config.config, model).base_path

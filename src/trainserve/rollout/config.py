@@ -170,7 +170,9 @@ class RolloutConfig:
     config: Path = option(Path("models.config"), CONFIG_HELP)
     model: str | None = option(None, "model in the config (default: its only model)")
     candidate: int | None = option(
-        None, "the version to roll out (labelled `candidate` if it is not yet)", parse=positive_int
+        None,
+        "the version to roll out, labelled `candidate` if it is not yet (default: the config's `candidate`)",
+        parse=positive_int,
     )
     routing_file: Path | None = option(
         None, "the capture proxy's routing file (trainserve.routing/1), rewritten atomically"
@@ -218,8 +220,6 @@ class RolloutConfig:
             if not self.reason.strip():
                 raise TrainserveError("--abort: expected --reason TEXT, kept in the history")
             return
-        if self.candidate is None:
-            raise TrainserveError("expected --candidate VERSION: the version to roll out")
         if self.report is None:
             raise TrainserveError("expected --report: the candidate's eval report, checked as promote checks it")
         if self.prometheus is None and not self.dry_run:

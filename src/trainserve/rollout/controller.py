@@ -118,7 +118,7 @@ class Controller:
     def _start(self) -> Progress:
         """The evidence promote would check, then the candidate label: a refusal moves nothing."""
         config, labels = self.config, self._labels()
-        version = config.candidate
+        version = candidate_of(config, labels, self.model)
         if labels.stable is None:
             raise TrainserveError(
                 f"model {self.model} has no stable version: expected `trainserve promote` for the first one "
@@ -132,7 +132,7 @@ class Controller:
                 f"routing file {config.routing_file} already routes model {self.model} to version {route.candidate} "
                 "with no rollout of it in the history: expected no route for the model before a rollout"
             )
-        read = evidence_of(config, self.model, labels)
+        read = evidence_of(config, self.model, labels, version)
         if labels.candidate != version:
             self._stage(version)
         start = self._append(
@@ -321,3 +321,12 @@ class Controller:
             yield
         finally:
             os.close(fd)
+
+
+def candidate_of(config: RolloutConfig, labels: Rollout, model: str) -> int:
+    """--candidate, or else the version the config labels `candidate` (staged by `trainserve candidate`)."""
+    if config.candidate is not None:
+        return config.candidate
+    if labels.candidate is None:
+        raise TrainserveError(f"model {model} has no `candidate` label: expected --candidate VERSION")
+    return labels.candidate

@@ -8,6 +8,7 @@ from trainserve.rollout import signals
 from trainserve.rollout.checks import evidence_of
 from trainserve.rollout.config import RolloutConfig
 from trainserve.rollout.config_file import find_model, read_config
+from trainserve.rollout.controller import candidate_of
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.plan import PROMOTE, SHADOW
 
@@ -18,19 +19,18 @@ def dry_run(config: RolloutConfig) -> list[str]:
     served = read_config(config.config)
     model = find_model(served, config.config, config.model)
     labels, plan = Rollout.of(model), config.plan
+    version = candidate_of(config, labels, model.name)
     stable = labels.stable if labels.stable is not None else "STABLE"
     try:
-        read = evidence_of(config, model.name, labels)
+        read = evidence_of(config, model.name, labels, version)
         flips = read.report["task"]["kind"] == "classification"
         lines = [f"evidence: {read.path} holds every check promote makes"]
     except TrainserveError as exc:
         flips, lines = True, [f"evidence: REFUSED: {exc}"]
-    lines.append(
-        f"model {model.name}: stable {stable}, candidate {config.candidate}; routing file {config.routing_file}"
-    )
+    lines.append(f"model {model.name}: stable {stable}, candidate {version}; routing file {config.routing_file}")
     for i, step in enumerate(plan.steps):
         if step.kind == PROMOTE:
-            lines.append(f"step {i + 1}: 100%: promote (stable -> {config.candidate}), routing cleared")
+            lines.append(f"step {i + 1}: 100%: promote (stable -> {version}), routing cleared")
             continue
         names = ["shadow_errors"] if step.kind == SHADOW else ["error_ratio", "latency_p99"]
         names += ["flip_rate"] if flips and plan.shadow_during(i) > 0 else []
@@ -39,5 +39,5 @@ def dry_run(config: RolloutConfig) -> list[str]:
             f"checks {', '.join(names)}"
         )
     lines.append(f"queries (to {config.prometheus or 'PROMETHEUS'}, every {config.interval:g} s):")
-    lines += [f"  {name}: {q}" for name, q in signals.queries(model.name, config.candidate, stable).items()]
+    lines += [f"  {name}: {q}" for name, q in signals.queries(model.name, version, stable).items()]
     return lines
