@@ -51,6 +51,16 @@ class ProxyConfig:
         "seconds SIGTERM gives the calls in flight (gRPC and REST), then the queued records; keep it under the "
         "pod's grace period less its preStop",
     )
+    routing_file: Path | None = option(
+        None,
+        "routing file (trainserve.routing/1 JSON: candidate, shadow and canary shares of `stable` requests), polled; "
+        "absent file: no routing",
+        metavar="FILE",
+    )
+    routing_poll_seconds: float = option(10.0, "seconds between two reads of --routing-file")
+    shadow_queue: int = option(256, "shadow copies waiting to be sent at most; a copy beyond them is dropped, counted")
+    shadow_workers: int = option(4, "shadow copies sent at once")
+    shadow_timeout: float = option(10.0, "deadline (s) of one shadow call")
     capture: WriterLimits = option(factory=WriterLimits)
     tls: ClientTls = option(factory=ClientTls)  # toward TF Serving
     listen_tls: ListenTls = option(factory=ListenTls)  # toward the clients
@@ -72,6 +82,17 @@ class ProxyConfig:
             raise TrainserveError(
                 f"--upstream-wait {self.upstream_wait} / --stop-grace {self.stop_grace}: expected 0 < wait <= 120 s "
                 "and a grace >= 0 s"
+            )
+        if (
+            self.routing_poll_seconds <= 0
+            or self.shadow_queue < 1
+            or self.shadow_workers < 1
+            or self.shadow_timeout <= 0
+        ):
+            raise TrainserveError(
+                f"--routing-poll-seconds {self.routing_poll_seconds} / --shadow-queue {self.shadow_queue} / "
+                f"--shadow-workers {self.shadow_workers} / --shadow-timeout {self.shadow_timeout}: expected a poll and "
+                "a timeout > 0 s, and a queue and workers >= 1"
             )
         listen = self.listen_tls
         if listen.enabled and not (listen.cert and listen.key):

@@ -9,16 +9,26 @@ finds TF Serving unreachable waits up to `--upstream-wait` for it, and each that
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 
+from trainserve.capture.proxy_metrics import ProxyMetrics
+from trainserve.capture.router import CANARY, PASS, Decision, Router
 from trainserve.capture.sampling import ProxyCapture
 from trainserve.capture.upstream import GRPC, UpstreamLog, reconnect_options, wait_reachable
+from trainserve.capture.wire import WireError, answered_version, request_spec, with_version
 from trainserve.traffic.origin import origin_of
 
 FORWARDED = ("/tensorflow.serving.PredictionService/", "/tensorflow.serving.ModelService/", "/grpc.health.v1.Health/")
 STREAMING = ("/grpc.health.v1.Health/Watch",)  # forwarded methods are unary; this one streams
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
+# Calls whose request carries model_spec as field 1 and answer as field 2: routed and counted by version.
+ROUTED = {
+    PREDICT: "predict",
+    "/tensorflow.serving.PredictionService/Classify": "classify",
+    "/tensorflow.serving.PredictionService/Regress": "regress",
+}
 MAX_MESSAGE = 2**31 - 1  # as TF Serving's own limit (INT32_MAX)
 MESSAGE_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE)]
 # Metadata gRPC itself sets on each hop: not the client's to forward.
@@ -31,10 +41,20 @@ def forwarded_metadata(metadata) -> tuple:
 
 class Forwarder(grpc.GenericRpcHandler):
     """Every forwarded method, as a raw-bytes handler over one upstream channel. `in_flight` counts the calls being
-    answered; `cut`, those still in flight when the server's stop grace ran out."""
+    answered; `cut`, those still in flight when the server's stop grace ran out. Predict, Classify and Regress are
+    routed (`router`) and counted by version (`metrics`); `shadow` (set once the loop runs) mirrors Predict."""
 
-    def __init__(self, channel: grpc.aio.Channel, capture: ProxyCapture | None, upstream: UpstreamLog, wait_s: float):
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        capture: ProxyCapture | None,
+        upstream: UpstreamLog,
+        wait_s: float,
+        router: Router | None = None,
+        metrics: ProxyMetrics | None = None,
+    ):
         self.channel, self.capture, self.upstream, self.wait_s = channel, capture, upstream, wait_s
+        self.router, self.metrics, self.shadow = router or Router(None), metrics or ProxyMetrics(), None
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         self.stopping, self.cut, self.in_flight = False, 0, 0
 
@@ -48,20 +68,25 @@ class Forwarder(grpc.GenericRpcHandler):
     def _forwarding(self, method: str):
         upstream = self.channel.unary_unary(method)  # no serializers: bytes in, bytes out
         capture = self.capture if method == PREDICT else None
+        api = ROUTED.get(method)
 
         async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             metadata = forwarded_metadata(context.invocation_metadata())
             origin = origin_of(metadata) if capture is not None else None
             sampled = capture is not None and origin is None and capture.sample()
+            started = time.perf_counter()
+            spec, decision, sent = self._route(request, metadata) if api else (None, PASS, request)
             call = None
             self.in_flight += 1  # on the event loop's one thread: no lock
             try:
                 remaining = context.time_remaining()
                 await wait_reachable(self.channel, self.wait_s if remaining is None else min(self.wait_s, remaining))
-                call = upstream(request, timeout=context.time_remaining(), metadata=metadata)
+                call = upstream(sent, timeout=context.time_remaining(), metadata=metadata)
                 response = await call
             except grpc.aio.AioRpcError as err:
                 self._failed(err)
+                if spec is not None:
+                    self._count(spec, decision, api, err.code().name, None, started)
                 await context.abort(err.code(), err.details() or "", err.trailing_metadata() or ())
             except asyncio.CancelledError:  # the client left, or the stop grace ran out: so does the upstream call
                 if call is not None:
@@ -71,6 +96,10 @@ class Forwarder(grpc.GenericRpcHandler):
             finally:
                 self.in_flight -= 1
             self.upstream.answered(GRPC)
+            if spec is not None:
+                self._count(spec, decision, api, "OK", response, started)
+                if decision.shadow is not None and self.shadow is not None and api == "predict":
+                    self.shadow.offer(spec.name, decision.shadow, request, response, metadata)
             trailing = await call.trailing_metadata()
             if trailing:
                 context.set_trailing_metadata(tuple(trailing))
@@ -81,6 +110,35 @@ class Forwarder(grpc.GenericRpcHandler):
             return response
 
         return forward
+
+    def _route(self, request: bytes, metadata: tuple):
+        """(the request's model_spec, where it goes, the bytes to send); a request that does not parse passes."""
+        try:
+            spec = request_spec(request)
+        except (WireError, ValueError):
+            return None, PASS, request
+        headers = dict(metadata)
+        decision = self.router.decide(spec.name, spec.version_label, headers.get)
+        if decision.route == CANARY:
+            return spec, decision, with_version(request, spec, decision.version)
+        return spec, decision, request
+
+    def _count(self, spec, decision: Decision, api: str, status: str, response: bytes | None, started: float) -> None:
+        """Count one finished call by the version that answered (see trainserve.capture.proxy_metrics)."""
+        answered = answered_version(response) if response is not None else None
+        label = spec.version_label
+        if answered is not None:
+            version = str(answered)
+            if not spec.HasField("version") and decision.route != CANARY:
+                self.metrics.label_versions[(spec.name, label)] = version
+        elif decision.route == CANARY:
+            version = str(decision.version)
+        elif spec.HasField("version"):
+            version = str(spec.version.value)
+        else:
+            version = self.metrics.label_versions.get((spec.name, label), "")
+        micros = (time.perf_counter() - started) * 1e6
+        self.metrics.request(spec.name, version, api, status, decision.route, micros)
 
     def _failed(self, err: grpc.aio.AioRpcError) -> None:
         """UNAVAILABLE: the call did not reach TF Serving (refused, reset, TLS refused); any other code is an answer."""

@@ -4,6 +4,7 @@ through it."""
 
 from __future__ import annotations
 
+from trainserve.capture.proxy_metrics import ProxyMetrics
 from trainserve.capture.upstream import SIDES, UpstreamLog
 from trainserve.traffic.metrics import writer_lines
 from trainserve.traffic.writer import TrafficWriter
@@ -27,9 +28,9 @@ def upstream_lines(upstream: UpstreamLog) -> list[str]:
     return lines
 
 
-def metrics_page(prefix: str, writer: TrafficWriter, upstream: UpstreamLog):
+def metrics_page(prefix: str, writer: TrafficWriter, upstream: UpstreamLog, proxy: ProxyMetrics):
     def page() -> tuple[int, str, bytes]:
-        lines = writer_lines({prefix: writer}) + upstream_lines(upstream)
+        lines = writer_lines({prefix: writer}) + upstream_lines(upstream) + proxy.lines()
         return 200, METRICS_CONTENT_TYPE, ("\n".join(lines) + "\n").encode()
 
     return page

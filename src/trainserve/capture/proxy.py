@@ -17,8 +17,11 @@ from dataclasses import dataclass
 from trainserve.capture.config import ProxyConfig
 from trainserve.capture.grpc_proxy import Forwarder, start_grpc_proxy, upstream_channel
 from trainserve.capture.pages import LIVE_PATH, READY_PATH, live_page, metrics_page, ready_page
+from trainserve.capture.proxy_metrics import ProxyMetrics
 from trainserve.capture.rest_proxy import start_rest_proxy
+from trainserve.capture.router import Router, describe
 from trainserve.capture.sampling import ProxyCapture
+from trainserve.capture.shadow import Shadow
 from trainserve.capture.upstream import GRPC, PROBE_SECONDS, REST, UpstreamLog, grpc_answers, rest_answers
 from trainserve.tls import server_credentials
 from trainserve.traffic.accounting import Accounting
@@ -34,11 +37,12 @@ class Stopped:
     grpc_cut: int
     rest_cut: int
     records: Accounting
+    shadow_cut: int = 0
 
     def summary(self) -> str:
         return (
             f"{self.grpc_cut} gRPC and {self.rest_cut} REST call(s) cut at the grace's end; "
-            f"records {self.records.summary()}"
+            f"{self.shadow_cut} shadow cop(ies) not sent; records {self.records.summary()}"
         )
 
 
@@ -56,6 +60,9 @@ class CaptureProxy:
         self.writer = TrafficWriter(config.filename_prefix, config.capture)
         self.capture = ProxyCapture(self.writer, config.sampling_rate, uniform) if config.sampling_rate > 0 else None
         self.upstream = UpstreamLog({GRPC: config.upstream, REST: config.upstream_rest or "(none)"})
+        self.router = Router(config.routing_file, uniform)  # a bad routing file fails here, before any port opens
+        self.metrics = ProxyMetrics()
+        self.metrics.router = self.router
         self.stopping, self.stopped = False, None
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="capture-grpc", daemon=True)
@@ -63,18 +70,22 @@ class CaptureProxy:
         try:
             self.server, self.port = self._call(self._start(credentials))
         except BaseException:
+            self._call(self.shadow.stop()) if getattr(self, "shadow", None) else None
             self._end_loop()
             self.writer.close()
             raise
         self.rest = None
         if config.upstream_rest:
             pages = {
-                config.metrics_path: metrics_page(config.filename_prefix, self.writer, self.upstream),
+                config.metrics_path: metrics_page(config.filename_prefix, self.writer, self.upstream, self.metrics),
                 LIVE_PATH: live_page,
                 READY_PATH: ready_page(self.why_not_ready),
             }
-            self.rest = start_rest_proxy(config.rest_port, config.upstream_rest, pages, self.upstream)
+            self.rest = start_rest_proxy(
+                config.rest_port, config.upstream_rest, pages, self.upstream, router=self.router, metrics=self.metrics
+            )
         self.rest_port = self.rest.port if self.rest else None
+        self.router.watch(config.routing_poll_seconds)
 
     def _call(self, coroutine, timeout: float | None = 30):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
@@ -82,7 +93,14 @@ class CaptureProxy:
     async def _start(self, credentials):
         config = self.config
         self.channel = upstream_channel(config.upstream, config.tls, config.upstream_wait)
-        self.forwarder = Forwarder(self.channel, self.capture, self.upstream, config.upstream_wait)
+        self.forwarder = Forwarder(
+            self.channel, self.capture, self.upstream, config.upstream_wait, self.router, self.metrics
+        )
+        self.shadow = Shadow(
+            self.channel, self.metrics, config.shadow_queue, config.shadow_workers, config.shadow_timeout
+        )
+        self.shadow.start()
+        self.forwarder.shadow = self.shadow
         return await start_grpc_proxy(config.port, self.forwarder, credentials)
 
     def why_not_ready(self) -> str | None:
@@ -130,11 +148,13 @@ class CaptureProxy:
         grpc_stopped = asyncio.run_coroutine_threadsafe(self.server.stop(grace), self.loop)
         rest_cut = self.rest.stop(deadline) if self.rest is not None else 0
         grpc_stopped.result()
+        self.router.stop()
+        shadow_cut = self._call(self.shadow.stop())
         self._call(self.channel.close())
         self._end_loop()
         left = max(0.0, deadline - time.monotonic())
         records = self.writer.close(min(left, self.config.capture.drain_seconds))
-        self.stopped = Stopped(self.forwarder.cut, rest_cut, records)
+        self.stopped = Stopped(self.forwarder.cut, rest_cut, records, shadow_cut)
         return self.stopped
 
     def _end_loop(self) -> None:
@@ -149,12 +169,14 @@ def run_proxy(config: ProxyConfig) -> int:
     proxy = CaptureProxy(config)
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     log.info(
-        "capture: gRPC on %d -> %s%s; writing %g of Predict calls under %s",
+        "capture: gRPC on %d -> %s%s; writing %g of Predict calls under %s; routing%s: %s",
         proxy.port,
         config.upstream,
         f", REST on {proxy.rest_port} -> {config.upstream_rest}" if proxy.rest_port else "",
         config.sampling_rate,
         config.filename_prefix,
+        f" from {config.routing_file} every {config.routing_poll_seconds:g} s" if config.routing_file else "",
+        describe(proxy.router.routing),
     )
     stop.wait()
     stopped = proxy.stop()

@@ -10,12 +10,15 @@ import contextlib
 import http.client
 import json
 import logging
+import re
 import socket
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from trainserve.capture.proxy_metrics import ProxyMetrics
+from trainserve.capture.router import CANARY, PASS, Router
 from trainserve.capture.upstream import REST, UpstreamLog
 
 log = logging.getLogger(__name__)
@@ -27,6 +30,13 @@ HOP_BY_HOP = frozenset(
 )
 STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)  # an idle connection TF Serving closed
 Page = Callable[[], tuple[int, str, bytes]]  # (HTTP status, content type, body) of one of the proxy's own pages
+# TF Serving's REST inference paths (http_rest_api_handler.cc): the model, then a version or a label, then the verb.
+INFERENCE = re.compile(r"^/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(predict|classify|regress)$")
+# HTTP status -> the gRPC code TF Serving maps to it (ToHTTPStatusCode, model_servers/http_server.cc), so the
+# proxy's REST counts carry the status names its gRPC counts do; 502 is the proxy's own (TF Serving unreachable).
+HTTP_CODES = {200: "OK", 400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 408: "DEADLINE_EXCEEDED", 409: "ABORTED"}
+HTTP_CODES |= {429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL", 501: "UNIMPLEMENTED", 502: "UNAVAILABLE"}
+HTTP_CODES |= {503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED"}
 
 
 class BadBody(ValueError):
@@ -85,6 +95,8 @@ class RestForwarder(BaseHTTPRequestHandler):
     pages: dict[str, Page]
     upstream_log: UpstreamLog
     inflight: InFlight
+    router: Router
+    metrics: ProxyMetrics
     local = threading.local()  # this thread's connection to TF Serving
     protocol_version = "HTTP/1.1"
 
@@ -121,15 +133,43 @@ class RestForwarder(BaseHTTPRequestHandler):
             self.close_connection = True
             return self._reply(400, [("Content-Type", "application/json")], json.dumps({"error": str(exc)}).encode())
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        started = time.perf_counter()
+        target = INFERENCE.match(self.path) if self.command == "POST" else None
+        decision, path = self._route(target)
         try:
-            response = self._exchange(body, headers)
+            response = self._exchange(body, headers, path)
         except (OSError, http.client.HTTPException) as exc:
             self.upstream_log.failed(REST, f"{type(exc).__name__}: {exc}")
+            self._count(target, decision, 502, started)
             message = json.dumps({"error": f"capture proxy: TF Serving at {self.upstream} did not answer: {exc}"})
             return self._reply(502, [("Content-Type", "application/json")], message.encode())
         self.upstream_log.answered(REST)
         status, reason, answer_headers, data = response
+        self._count(target, decision, status, started)
         self._reply(status, [(k, v) for k, v in answer_headers if k.lower() not in HOP_BY_HOP], data, reason)
+
+    def _route(self, target):
+        """(where the request goes, the path sent upstream): a canary's label becomes the candidate's version."""
+        if target is None:
+            return PASS, self.path
+        model, _, label, verb = target.groups()
+        decision = self.router.decide(model, label or "", self.headers.get)
+        if decision.route == CANARY:
+            return decision, f"/v1/models/{model}/versions/{decision.version}:{verb}"
+        return decision, self.path
+
+    def _count(self, target, decision, status: int, started: float) -> None:
+        """Count an inference request by version: the one the path named, the candidate for a canary, else the
+        version last seen answering its label over gRPC (TF Serving's REST answer does not say)."""
+        if target is None:
+            return
+        model, version, label, verb = target.groups()
+        if decision.route == CANARY:
+            version = str(decision.version)
+        elif version is None:
+            version = self.metrics.label_versions.get((model, label or ""), "")
+        micros = (time.perf_counter() - started) * 1e6
+        self.metrics.request(model, version, verb, HTTP_CODES.get(status, "UNKNOWN"), decision.route, micros)
 
     def _body(self) -> bytes | None:
         """The request's body, whole: by Content-Length, or chunk by chunk (forwarded with its length)."""
@@ -140,14 +180,14 @@ class RestForwarder(BaseHTTPRequestHandler):
             raise BadBody(f"Content-Length {length!r}: expected a number of bytes")
         return self.rfile.read(int(length)) if int(length) else None
 
-    def _exchange(self, body: bytes | None, headers: dict) -> tuple[int, str, list, bytes]:
+    def _exchange(self, body: bytes | None, headers: dict, path: str) -> tuple[int, str, list, bytes]:
         """One request upstream; a connection TF Serving closed while idle is replaced once."""
         for attempt in (1, 2):
             connection = getattr(self.local, "connection", None)
             if connection is None:
                 connection = self.local.connection = http.client.HTTPConnection(self.upstream, timeout=self.timeout_s)
             try:
-                connection.request(self.command, self.path, body, headers)
+                connection.request(self.command, path, body, headers)
                 answer = connection.getresponse()
                 return answer.status, answer.reason, answer.getheaders(), answer.read()
             except STALE:
@@ -176,10 +216,20 @@ class RestForwarder(BaseHTTPRequestHandler):
 class RestProxy:
     """The REST pass-through, serving from a background thread; `stop` drains it."""
 
-    def __init__(self, port: int, upstream: str, pages: dict[str, Page], upstream_log: UpstreamLog, timeout_s: float):
+    def __init__(
+        self,
+        port: int,
+        upstream: str,
+        pages: dict[str, Page],
+        upstream_log: UpstreamLog,
+        timeout_s: float,
+        router: Router | None = None,
+        metrics: ProxyMetrics | None = None,
+    ):
         self.inflight = InFlight()
         attributes = {"upstream": upstream, "timeout_s": timeout_s, "pages": pages}
         attributes |= {"upstream_log": upstream_log, "inflight": self.inflight}
+        attributes |= {"router": router or Router(None), "metrics": metrics or ProxyMetrics()}
         self.server = ThreadingHTTPServer(("0.0.0.0", port), type("Forwarder", (RestForwarder,), attributes))
         self.server.daemon_threads = True  # an idle kept-alive connection must not hold the process at exit
         self.port = self.server.server_address[1]
@@ -199,7 +249,14 @@ class RestProxy:
 
 
 def start_rest_proxy(
-    port: int, upstream: str, pages: dict[str, Page], upstream_log: UpstreamLog, timeout_s: float = 300
+    port: int,
+    upstream: str,
+    pages: dict[str, Page],
+    upstream_log: UpstreamLog,
+    timeout_s: float = 300,
+    router: Router | None = None,
+    metrics: ProxyMetrics | None = None,
 ) -> RestProxy:
-    """The REST pass-through on 0.0.0.0:`port` (0: any free port), started."""
-    return RestProxy(port, upstream, pages, upstream_log, timeout_s)
+    """The REST pass-through on 0.0.0.0:`port` (0: any free port), started; inference requests routed by `router`
+    and counted in `metrics`."""
+    return RestProxy(port, upstream, pages, upstream_log, timeout_s, router, metrics)

@@ -1,0 +1,158 @@
+"""What the proxy counts per version, for the pages Prometheus scrapes: TF Serving exports no version label
+(tensorflow/serving#1970), so in front of the real server these are the only series that tell a canary apart from
+stable.
+
+- `:trainserve:proxy:request_count{model_name,version,api,status,route}`: answered calls; `version` is the one
+  that answered (the response's model_spec.version), or for a failed call the one it was sent to (the candidate
+  for a canary, the version it named, else the version last seen answering its label); `status` the gRPC code's
+  name (REST: the code TF Serving maps to the HTTP status); `route` stable, canary or direct.
+- `:trainserve:proxy:request_latency{model_name,version,api}`: histogram in microseconds, with serve-local's
+  buckets (10 x 1.8^i), so one expression reads both.
+- shadow: `shadow_requests{outcome}` (compared, dropped_queue_full, error, cut), pairs compared, top-class flips,
+  the sum of absolute differences (regression), and the candidate's latency; the routing in force as gauges.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import Counter
+
+P = ":trainserve:proxy:"
+REQUEST_COUNT, REQUEST_LATENCY = P + "request_count", P + "request_latency"
+SHADOW_REQUESTS, SHADOW_PAIRS, SHADOW_FLIPS = P + "shadow_requests", P + "shadow_pairs", P + "shadow_flips"
+SHADOW_ABS_DIFF_SUM, SHADOW_LATENCY, SHADOW_QUEUED = (
+    P + "shadow_abs_diff_sum",
+    P + "shadow_latency",
+    P + "shadow_queued",
+)
+CANARY_PERCENT, SHADOW_PERCENT = P + "canary_percent", P + "shadow_percent"
+ROUTING_RELOADS, ROUTING_REFUSED = P + "routing_reloads", P + "routing_refused"
+LATENCY_BUCKETS = tuple(10 * 1.8**i for i in range(33))  # serve-local's and TF Serving's: Exponential(10, 1.8, 33)
+SHADOW_OUTCOMES = ("compared", "dropped_queue_full", "error", "cut")
+_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
+
+
+def _labels(names: tuple[str, ...], values: tuple, extra: str = "") -> str:
+    parts = [f'{n}="{str(v).translate(_ESCAPES)}"' for n, v in zip(names, values)] + ([extra] if extra else [])
+    return "{" + ",".join(parts) + "}"
+
+
+class Histogram:
+    """Cumulative buckets, sum and count per label values."""
+
+    def __init__(self, name: str, help_text: str, label_names: tuple[str, ...]):
+        self.name, self.help_text, self.label_names = name, help_text, label_names
+        self._cells: dict[tuple, list] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, value: float, *labels: str) -> None:
+        with self._lock:
+            cell = self._cells.setdefault(labels, [[0] * (len(LATENCY_BUCKETS) + 1), 0.0])
+            cell[0][bisect.bisect_left(LATENCY_BUCKETS, value)] += 1
+            cell[1] += value
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            cells = sorted((labels, list(counts), total) for labels, (counts, total) in self._cells.items())
+        out = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]
+        for labels, counts, total in cells:
+            running = 0
+            for bound, count in zip((*LATENCY_BUCKETS, float("inf")), counts):
+                running += count
+                le = 'le="+Inf"' if bound == float("inf") else f'le="{bound:g}"'
+                out.append(f"{self.name}_bucket{_labels(self.label_names, labels, le)} {running}")
+            out.append(f"{self.name}_sum{_labels(self.label_names, labels)} {total!r}")
+            out.append(f"{self.name}_count{_labels(self.label_names, labels)} {running}")
+        return out
+
+
+class ProxyMetrics:
+    """Counts the request threads (REST) and the event loop (gRPC, shadow) add to; `lines()` is the page."""
+
+    REQUEST_LABELS = ("model_name", "version", "api", "status", "route")
+    SHADOW_LABELS = ("model_name", "version")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter = Counter()
+        self.shadow: Counter = Counter()  # (model, candidate, outcome)
+        self.pairs: Counter = Counter()  # (model, candidate)
+        self.flips: Counter = Counter()
+        self.abs_diff: Counter = Counter()
+        self.latency = Histogram(
+            REQUEST_LATENCY, "Wall time (microseconds) of calls through the proxy.", ("model_name", "version", "api")
+        )
+        self.shadow_latency = Histogram(SHADOW_LATENCY, "Wall time (microseconds) of shadow calls.", self.SHADOW_LABELS)
+        self.queued = lambda: 0  # the shadow queue's length, set by the proxy
+        self.router = None  # trainserve.capture.router.Router, set by the proxy
+        self.label_versions: dict[tuple[str, str], str] = {}  # (model, label) -> the version last seen answering it
+
+    def request(self, model: str, version: str, api: str, status: str, route: str, micros: float) -> None:
+        with self._lock:
+            self.requests[(model, version, api, status, route)] += 1
+        self.latency.observe(micros, model, version, api)
+
+    def shadow_outcome(self, model: str, version: int, outcome: str) -> None:
+        with self._lock:
+            self.shadow[(model, str(version), outcome)] += 1
+
+    def compared(self, model: str, version: int, pairs: int, flips: int, abs_diff: float, micros: float) -> None:
+        key = (model, str(version))
+        with self._lock:
+            self.shadow[(*key, "compared")] += 1
+            self.pairs[key] += pairs
+            self.flips[key] += flips
+            self.abs_diff[key] += abs_diff
+        self.shadow_latency.observe(micros, *key)
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            requests, shadow = sorted(self.requests.items()), dict(self.shadow)
+            pairs, flips, abs_diff = dict(self.pairs), dict(self.flips), dict(self.abs_diff)
+        out = _counter(REQUEST_COUNT, "Calls answered through the proxy, by the version that answered.")
+        out += [f"{REQUEST_COUNT}{_labels(self.REQUEST_LABELS, k)} {n}" for k, n in requests]
+        out += self.latency.lines()
+        out += _counter(SHADOW_REQUESTS, "Shadow copies of stable requests, by outcome (version: the candidate's).")
+        models = sorted({k[:2] for k in shadow} | set(pairs))
+        for key in models:  # every outcome, 0 included: a rate over a missing series is no rate at all
+            out += [
+                f"{SHADOW_REQUESTS}{_labels((*self.SHADOW_LABELS, 'outcome'), (*key, o))} {shadow.get((*key, o), 0)}"
+                for o in SHADOW_OUTCOMES
+            ]
+        for name, counts, text in (
+            (SHADOW_PAIRS, pairs, "Examples compared between stable's answer and the shadow's."),
+            (SHADOW_FLIPS, flips, "Compared examples whose top class differs (classification)."),
+            (SHADOW_ABS_DIFF_SUM, abs_diff, "Sum of |candidate - stable| over compared outputs (regression)."),
+        ):
+            out += _counter(name, text)
+            out += [f"{name}{_labels(self.SHADOW_LABELS, k)} {counts.get(k, 0)!r}" for k in models]
+        out += self.shadow_latency.lines()
+        out += _gauge(SHADOW_QUEUED, "Shadow copies waiting to be sent.") + [f"{SHADOW_QUEUED} {self.queued()}"]
+        return out + self._routing_lines()
+
+    def _routing_lines(self) -> list[str]:
+        router = self.router
+        if router is None:
+            return []
+        out = _gauge(CANARY_PERCENT, "Share of stable requests the candidate answers, from the routing file.")
+        routes = sorted(router.routing.models.items())
+        out += [
+            f"{CANARY_PERCENT}{_labels(self.SHADOW_LABELS, (m, r.candidate))} {r.canary_percent:g}" for m, r in routes
+        ]
+        out += _gauge(SHADOW_PERCENT, "Share of stable requests also sent to the candidate, from the routing file.")
+        out += [
+            f"{SHADOW_PERCENT}{_labels(self.SHADOW_LABELS, (m, r.candidate))} {r.shadow_percent:g}" for m, r in routes
+        ]
+        out += _counter(ROUTING_RELOADS, "Routing file contents read, by outcome (applied, refused).")
+        out += [f'{ROUTING_RELOADS}{{outcome="{o}"}} {n}' for o, n in sorted(router.reloads.items())]
+        out += _gauge(ROUTING_REFUSED, "1 while the routing file on disk is refused and the previous routing kept.")
+        return out + [f"{ROUTING_REFUSED} {int(router.refused is not None)}"]
+
+
+def _counter(name: str, text: str) -> list[str]:
+    return [f"# HELP {name} {text}", f"# TYPE {name} counter"]
+
+
+def _gauge(name: str, text: str) -> list[str]:
+    return [f"# HELP {name} {text}", f"# TYPE {name} gauge"]

@@ -1,0 +1,117 @@
+"""The proxy's routing, followed from the routing file (trainserve.capture.routing) and decided per request.
+
+A thread polls the file every `--routing-poll-seconds`, as TF Serving polls its model config: a changed file that
+checks out replaces the routing at once for every later request; one that does not is refused in one log line
+(once per content) and the running routing is kept, as TF Serving keeps serving after a bad config. A file that is
+removed ends the routing. Each request addressed to `stable` draws once for the canary share (or hashes its
+sticky header) and once for the shadow share; a request answered by the candidate is never shadowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainserve.capture.routing import NO_ROUTING, STABLE_LABEL, Routing, RoutingError, read_routing
+
+log = logging.getLogger(__name__)
+
+STABLE, CANARY, DIRECT = "stable", "canary", "direct"  # the `route` label of the proxy's request counts
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where one request goes: `route`, the version it is rewritten to (canary), the version it is shadowed to."""
+
+    route: str
+    version: int | None = None
+    shadow: int | None = None
+
+
+PASS = Decision(DIRECT)
+
+
+class Router:
+    """The routing in force (`routing`), reloaded from `path` by `poll()`; `decide` is called per request."""
+
+    def __init__(self, path: Path | None, uniform: Callable[[], float] | None = None):
+        self.path = Path(path) if path else None
+        self.uniform = uniform or random.Random().random
+        self.routing: Routing = NO_ROUTING
+        self.refused: str | None = None  # why the file on disk is not followed, while it is not
+        self.reloads = {"applied": 0, "refused": 0}
+        self._seen: bytes | None = None  # digest of the content last applied or refused
+        self._stop = threading.Event()
+        if self.path is not None:
+            self.routing = read_routing(self.path)  # at start a bad file is an error: the proxy does not start
+            self._seen = self._digest()
+
+    def _digest(self) -> bytes | None:
+        try:
+            return hashlib.sha256(self.path.read_bytes()).digest()
+        except OSError:
+            return None
+
+    def poll(self) -> bool:
+        """Read the file once; returns whether the routing changed."""
+        if self.path is None:
+            return False
+        digest = self._digest()
+        if digest == self._seen:
+            return False
+        self._seen = digest
+        try:
+            routing = read_routing(self.path)
+        except RoutingError as exc:
+            self.refused = str(exc)
+            self.reloads["refused"] += 1
+            log.error("capture: %s; keeping the routing in force (%s)", exc, describe(self.routing))
+            return False
+        self.refused = None
+        self.reloads["applied"] += 1
+        changed, self.routing = routing != self.routing, routing
+        log.info("capture: routing from %s: %s", self.path, describe(routing))
+        return changed
+
+    def watch(self, every_s: float) -> None:
+        """Poll from a daemon thread until `stop()`."""
+        if self.path is None:
+            return
+
+        def loop() -> None:
+            while not self._stop.wait(every_s):
+                try:
+                    self.poll()
+                except Exception:  # a poll must never end the watching
+                    log.exception("capture: routing poll failed")
+
+        threading.Thread(target=loop, name="capture-routing", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def decide(self, model: str, label: str, sticky: Callable[[str], str | None]) -> Decision:
+        """`sticky(header)`: the request's value of a header, or None."""
+        route = self.routing.route(model) if label == STABLE_LABEL else None
+        if route is None:
+            return PASS
+        value = sticky(route.sticky_header) if route.sticky_header else None
+        if route.canary_share(value, self.uniform()):
+            return Decision(CANARY, route.candidate)
+        shadow = route.candidate if route.shadow_percent and self.uniform() * 100 < route.shadow_percent else None
+        return Decision(STABLE, None, shadow)
+
+
+def describe(routing: Routing) -> str:
+    if not routing.models:
+        return "none"
+    return "; ".join(
+        f"{model}: candidate {r.candidate}, shadow {r.shadow_percent:g} %, canary {r.canary_percent:g} %"
+        + (f" sticky by {r.sticky_header}" if r.sticky_header else "")
+        for model, r in sorted(routing.models.items())
+    )
