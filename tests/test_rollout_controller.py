@@ -21,7 +21,7 @@ import yaml
 from reports import compared_with, eval_report, write
 
 from conftest import REPO
-from prometheus_server import MONITORING, RECORDS, Prometheus
+from prometheus_server import MONITORING, Prometheus
 from trainserve.capture.routing import read_routing
 from trainserve.cli import main
 from trainserve.rollout.config import CandidateConfig, PromoteConfig
@@ -33,21 +33,6 @@ from trainserve.rollout.steps import promote, stage_candidate
 pytestmark = pytest.mark.integration  # a Prometheus process, sockets
 
 LATENCY_BUCKETS = tuple(10 * 1.8**i for i in range(33))  # serve-local's (and the proxy's) microsecond buckets
-# The contract's recording rules, used only while monitoring/rules.yml lacks one (the same expressions).
-CONTRACT_RULES = {
-    "trainserve:proxy_errors:ratio_rate5m": (
-        "(sum by (job, model_name, version) (rate(:trainserve:proxy:request_count{"
-        'status!~"OK|INVALID_ARGUMENT|NOT_FOUND|CANCELLED"}[5m]))'
-        " or sum by (job, model_name, version) (rate(:trainserve:proxy:request_count{}[5m])) * 0)"
-        " / sum by (job, model_name, version) (rate(:trainserve:proxy:request_count{}[5m]))"
-    ),
-    "trainserve:proxy_latency_seconds:p99_rate5m": (
-        "histogram_quantile(0.99, sum by (job, model_name, version, le)"
-        " (rate(:trainserve:proxy:request_latency_bucket{}[5m]))) / 1e6"
-    ),
-}
-
-
 FULL, SHORT = "shadow 1s, 5% 1s, 25% 1s, 100%", "shadow 1s, 5% 1s, 100%"
 
 
@@ -159,15 +144,9 @@ def watched(tmp_path_factory):
     """(stand-in proxy, real Prometheus scraping it every second with the repository's rules)."""
     root = tmp_path_factory.mktemp("rollout-prometheus")
     proxy = StandInProxy()
-    missing = {name: expr for name, expr in CONTRACT_RULES.items() if name not in RECORDS}
-    rule_files = [str(MONITORING / "rules.yml")]
-    if missing:
-        fallback = {"groups": [{"name": "contract", "rules": [{"record": n, "expr": e} for n, e in missing.items()]}]}
-        (root / "contract-rules.yml").write_text(yaml.safe_dump(fallback))
-        rule_files.append(str(root / "contract-rules.yml"))
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": rule_files,
+        "rule_files": [str(MONITORING / "rules.yml")],
         "scrape_configs": [
             {"job_name": "capture", "metrics_path": "/metrics", "static_configs": [{"targets": [proxy.target]}]}
         ],
