@@ -9,13 +9,16 @@ import json
 import socket
 
 import pytest
+import yaml
 from reports import compared_with, eval_report, write
 from scipy.stats import beta
 
+from conftest import REPO
 from trainserve.capture.routing import read_routing
-from trainserve.cli import main
+from trainserve.cli import build_parser, main
 from trainserve.evidence.flips import wilson_upper
-from trainserve.rollout.config import CandidateConfig, PromoteConfig
+from trainserve.options import config_from_args
+from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
 from trainserve.rollout.config_file import history_path, read_config
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout
@@ -362,3 +365,19 @@ def test_abort_and_a_resume_that_is_not_this_rollouts(site, capsys):
     assert read_routing(config.parent / "routing.json").route("m") is None
     events = [e["event"] for e in read_history(history_path(config)) if e.get("action") == "rollout"]
     assert events == ["start", "paused", "rollback", "rolled-back"]
+
+
+def test_the_one_file_of_thresholds_sets_the_commands_flags_for_compose_and_kubernetes(monkeypatch):
+    env_file = REPO / "k8s" / "components" / "progressive-delivery" / "rollout.env"
+    pairs = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if line and line[0] != "#")
+    for name, value in pairs.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["rollout"])
+    assert all(hasattr(args, name.removeprefix("TRAINSERVE_").lower()) for name in pairs), sorted(pairs)
+    config = config_from_args(RolloutConfig, args)
+    assert config.plan.text() == "shadow 100% 600s, 5% 600s, 25% 600s, 100%"
+    assert (config.gate.max_flip_rate, config.gate.min_requests) == (0.02, 200)
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]["rollout"]
+    assert compose["env_file"] == [str(env_file.relative_to(REPO))] and compose["command"][0] == "rollout"
+    kustomization = yaml.safe_load((env_file.parent / "kustomization.yaml").read_text())
+    assert kustomization["configMapGenerator"][0]["envs"] == [env_file.name]
