@@ -1,0 +1,164 @@
+"""`trainserve rollout` end to end on real parts: serve-local polling the config the controller rewrites, the
+capture proxy following the routing file it writes, a real Prometheus scraping the proxy with the repository's
+rules, and clients calling `stable` through the proxy all along. A candidate whose answers flip is stopped at the
+shadow step before any client gets its answer; a good one goes shadow -> 5 % -> 25 % -> 100 % and is promoted;
+no client call fails, and none is answered by a version the routing file did not name."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+import yaml
+from reports import compared_with, eval_report, write
+
+from conftest import install_version
+from prometheus_server import MONITORING, Prometheus
+from serving_fixtures import InProcessServer, predict_request, stubs
+from trainserve.capture.config import ProxyConfig
+from trainserve.capture.proxy import CaptureProxy
+from trainserve.capture.routing import read_routing
+from trainserve.cli import main
+from trainserve.client import ServingClient
+from trainserve.rollout.config import CandidateConfig, PromoteConfig
+from trainserve.rollout.config_file import history_path, read_config
+from trainserve.rollout.history import read_history
+from trainserve.rollout.labels import Rollout
+from trainserve.rollout.steps import promote, stage_candidate
+
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rollout-live")]
+
+
+class Clients:
+    """Callers of `stable` through the proxy, each answer's version (or error code) recorded with the canary share
+    the routing file gave when the call began."""
+
+    def __init__(self, proxy: CaptureProxy, routing):
+        self.predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{proxy.port}"}))
+        self.routing, self.answers, self.errors = routing, [], []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._call, daemon=True)
+        self.thread.start()
+
+    def _call(self) -> None:
+        request = predict_request(label="stable")
+        while not self.stop.is_set():
+            route = read_routing(self.routing).route("m")
+            named = {route.candidate} if route and route.canary_percent > 0 else set()
+            try:
+                answer = self.predict.Predict(request, timeout=30)
+                self.answers.append((answer.model_spec.version.value, named))
+            except grpc.RpcError as exc:
+                self.errors.append(exc.code().name)
+            self.stop.wait(0.005)  # pacing, not synchronisation
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def live(model_versions, tmp_path_factory):
+    """Model m: version 1 stable; 2 the same weights (no flips), 3 other weights; serve-local, proxy, Prometheus."""
+    root = tmp_path_factory.mktemp("rollout-live")
+    base = root / "models" / "m"
+    for version, template in ((1, model_versions[0]), (2, model_versions[0]), (3, model_versions[1])):
+        install_version(template, base, version)
+    config = root / "rollout" / "models.config"
+    config.parent.mkdir()
+    stage_candidate(CandidateConfig(config, "m", str(base), 1, "unused:1", 1), Applied())
+    promote(PromoteConfig(config, write(compared_with(eval_report(base / "1"), None), root / "report-1.json")))
+    server = InProcessServer(
+        f"--model_config_file={config}",
+        "--model_config_file_poll_wait_seconds=1",
+        "--allow_version_labels_for_unavailable_models",
+    )
+    server.wait_available("m", 1)
+    routing = root / "rollout" / "routing.json"
+    proxy = CaptureProxy(
+        ProxyConfig(
+            upstream=server.target,
+            upstream_rest=f"127.0.0.1:{server.rest_port}",
+            port=0,
+            rest_port=0,
+            filename_prefix=str(root / "captures" / "c"),
+            sampling_rate=0.0,
+            routing_file=routing,
+            routing_poll_seconds=0.2,
+        )
+    )
+    scrape = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(MONITORING / "rules.yml")],
+        "scrape_configs": [
+            {
+                "job_name": "capture",
+                "metrics_path": "/monitoring/capture/metrics",
+                "static_configs": [{"targets": [f"127.0.0.1:{proxy.rest_port}"]}],
+            }
+        ],
+    }
+    (root / "prometheus-capture.yml").write_text(yaml.safe_dump(scrape))
+    prometheus = Prometheus(root, f"127.0.0.1:{proxy.rest_port}", str(root / "prometheus-capture.yml"))
+    clients = None
+    try:
+        prometheus.wait_scraped(2)
+        clients = Clients(proxy, routing)
+        yield config, base, server, prometheus, clients
+    finally:
+        if clients is not None:
+            clients.close()
+        prometheus.stop()
+        proxy.stop(5)
+        assert server.stop() == 0
+
+
+class Applied:
+    def wait_available(self, model, version, wait):
+        pass
+
+    def wait_label(self, model, label, version, wait):
+        pass
+
+
+def roll_out(config, base, server, prometheus, version: int) -> int:
+    """Stage `version` on the real server, then run the whole plan against it."""
+    stage_candidate(CandidateConfig(config, "m", None, version, server.target, 60), ServingClient(server.target))
+    document = compared_with(eval_report(base / str(version)), 1) | {"server": server.target}  # eval of this server
+    report = write(document, config.parent / f"report-{version}.json")
+    return main(
+        [
+            "rollout",
+            *("--config", str(config), "--report", str(report), "--server", server.target, "--wait", "60"),
+            *("--routing-file", str(config.parent / "routing.json"), "--prometheus", prometheus.url),
+            *("--plan", "shadow 1s, 5% 1s, 25% 1s, 100%", "--interval", "0.25", "--gate-min-requests", "10"),
+            # p99s are read from buckets 1.8x apart: two equal versions can differ by one bucket
+            *("--gate-max-flip-rate", "0.05", "--gate-max-latency-ratio", "3"),
+        ]
+    )
+
+
+def test_a_flipping_candidate_stops_at_the_shadow_step_and_a_good_one_is_promoted(live, capsys):
+    config, base, server, prometheus, clients = live
+
+    assert roll_out(config, base, server, prometheus, 3) == 1
+    assert "flip_rate: flips" in capsys.readouterr().out
+    events = [e for e in read_history(history_path(config)) if e.get("action") == "rollout"]
+    assert [e["step"] for e in events if e["event"] == "step"] == [0]  # the shadow step only
+    assert Rollout.of(read_config(config).model_config_list.config[0]) == Rollout(stable=1)
+    assert 3 not in {version for version, _ in clients.answers}  # no client ever got its answer
+
+    assert roll_out(config, base, server, prometheus, 2) == 0
+    assert capsys.readouterr().out.startswith("promoted: model m: stable -> 2, previous -> 1")
+    events = [e for e in read_history(history_path(config)) if e.get("action") == "rollout"]
+    assert [e["step"] for e in events if e["event"] == "step"][-3:] == [0, 1, 2]
+    assert read_routing(config.parent / "routing.json").route("m") is None
+    server.wait_for(lambda: server.versions("m").get(3) in (None, "END"), "version 3 unloaded")
+
+    clients.close()
+    assert not clients.errors, clients.errors[:5]
+    # every answer came from stable (1, then 2 once promoted) or from a candidate the routing gave a share
+    strays = [(v, named) for v, named in clients.answers if v not in {1, 2} and v not in named]
+    assert not strays, strays[:5]
+    assert any(v == 2 and named == {2} for v, named in clients.answers), "no client got the canary's answer"
