@@ -39,14 +39,18 @@ class Prometheus:
     """`prometheus` scraping `target` every second with the job and rules of `config`: monitoring/prometheus.yml
     (job serve-local) or prometheus-compose.yml (job serve-cpu), its one target replaced by `target`."""
 
-    def __init__(self, directory: Path, target: str, config_file: str = "prometheus.yml"):
+    def __init__(self, directory: Path, target: str, config_file: str = "prometheus.yml", proxy: str | None = None):
+        """`proxy`: the capture proxy's REST address, scraped as the config's `capture` job (left out without)."""
         require("prometheus", shutil.which("prometheus") is not None, "Debian's prometheus package")
         config = yaml.safe_load((MONITORING / config_file).read_text())
         config["global"].update(scrape_interval="1s", evaluation_interval="1s")
         config["rule_files"] = [str(MONITORING / name) for name in config["rule_files"]]
-        (scrape,) = config["scrape_configs"]
-        (static,) = scrape["static_configs"]
-        static["targets"] = [target]
+        scrape, *others = config["scrape_configs"]
+        (proxy_scrape,) = [s for s in others if s["job_name"] == "capture"]
+        config["scrape_configs"] = [scrape] + ([proxy_scrape] if proxy else [])
+        for job, address in ((scrape, target), (proxy_scrape, proxy)):
+            (static,) = job["static_configs"]
+            static["targets"] = [address]
         self.job = scrape["job_name"]
         (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.url = f"http://127.0.0.1:{free_port()}"
@@ -186,35 +190,68 @@ def traffic(server, stop: threading.Event) -> None:
         stop.wait(0.05)
 
 
+def proxy_traffic(target: str, stop: threading.Event) -> None:
+    """Clients of the capture proxy at `target` (gRPC): Predict calls addressed to `stable`, which its routing
+    answers from stable or the canary and shadows to the canary."""
+    import grpc
+
+    from trainserve.protos import predict_pb2
+    from trainserve.tensors import to_tensor_proto
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name, request.model_spec.version_label = "m", "stable"
+    to_tensor_proto(np.array(IMAGES, np.uint8), into=request.inputs["images"])
+    with grpc.insecure_channel(target) as channel:
+        predict = channel.unary_unary("/tensorflow.serving.PredictionService/Predict", lambda r: r.SerializeToString())
+        while not stop.is_set():
+            with contextlib.suppress(grpc.RpcError):  # a canary's error is a series too
+                predict(request, timeout=30)
+            stop.wait(0.05)
+
+
 @contextlib.contextmanager
-def watching(server, root: Path, target: str, config_file: str = "prometheus.yml"):
+def watching(server, root: Path, target: str, config_file: str = "prometheus.yml", proxy=None):
     """A real Prometheus scraping `server` at `target` once versions 1 and 2 serve, version 3 has failed to load
-    and clients are sending traffic; stopped, and the traffic with it, on leaving."""
+    and clients are sending traffic; with `proxy` (a started trainserve.capture.proxy.CaptureProxy in front of
+    `server`), scraping it too while clients call it; stopped, and the traffic with it, on leaving."""
     stop, prometheus = threading.Event(), None
-    sender = threading.Thread(target=traffic, args=(server, stop), daemon=True)
+    senders = [threading.Thread(target=traffic, args=(server, stop), daemon=True)]
+    if proxy is not None:
+        senders.append(threading.Thread(target=proxy_traffic, args=(f"127.0.0.1:{proxy.port}", stop), daemon=True))
     try:
         for version in (1, 2):
             server.wait_available("m", version)
         server.wait_for(lambda: server.versions("m").get(3) == "END", "version 3's failed load")
-        sender.start()
-        prometheus = Prometheus(root, target, config_file)
+        for sender in senders:
+            sender.start()
+        scraped_proxy = f"127.0.0.1:{proxy.rest_port}" if proxy is not None else None
+        prometheus = Prometheus(root, target, config_file, scraped_proxy)
         prometheus.wait_scraped()
         yield prometheus
     finally:
         stop.set()
-        if sender.is_alive():
-            sender.join(timeout=30)
+        for sender in senders:
+            if sender.is_alive():
+                sender.join(timeout=30)
         if prometheus is not None:
             prometheus.stop()
 
 
+def reads_proxy(expr: str) -> bool:
+    """Whether an expression reads what only the capture proxy exports (its counts, its capture writer's)."""
+    proxy_only = (":trainserve:proxy:", ":trainserve:capture:", "trainserve:proxy", "trainserve:shadow")
+    return any(name.startswith((*proxy_only, "trainserve:capture")) for name in SELECTOR.findall(expr))
+
+
 def check_record(prometheus: Prometheus, record: str) -> None:
-    """The rule's expression returns series per the labels it keeps, Prometheus records it, stable and canary apart."""
+    """The rule's expression returns series per the labels it keeps, Prometheus records it, stable and canary apart
+    (shadow series: the candidate's, version 2, alone)."""
     labels = by_labels(RECORDS[record])
     assert_series(prometheus, RECORDS[record], labels)
     series = assert_series(prometheus, record + "{}", labels)
     if "version" in labels:
-        assert {s["metric"]["version"] for s in series} >= {"1", "2"}, f"{record}: stable and canary apart"
+        expected = {"2"} if ":shadow_" in RECORDS[record] else {"1", "2"}
+        assert {s["metric"]["version"] for s in series} >= expected, f"{record}: stable and canary apart"
 
 
 def check_alert(prometheus: Prometheus, alert: str) -> None:
@@ -246,15 +283,18 @@ def check_version_state(prometheus: Prometheus) -> None:
     assert states == {("1", "AVAILABLE", "OK"), ("2", "AVAILABLE", "OK"), ("3", "END", "UNKNOWN")}, f"{expr}: {states}"
 
 
-def every_check() -> list[tuple[str, Callable[[Prometheus], None]]]:
+def every_check(proxy: bool = False) -> list[tuple[str, Callable[[Prometheus], None]]]:
     """(what it checks, the check) for every recording rule, alert, dashboard query, the model variable and the
-    versions' states: what the e2e test runs in one go."""
+    versions' states: what the e2e test runs in one go; those that read the capture proxy's metrics only with
+    `proxy` (a Prometheus that scrapes one)."""
+    keep = (lambda expr: True) if proxy else (lambda expr: not reads_proxy(expr))
     checks: list[tuple[str, Callable[[Prometheus], None]]] = [
-        *((f"record {r}", lambda p, r=r: check_record(p, r)) for r in sorted(RECORDS)),
-        *((f"alert {a}", lambda p, a=a: check_alert(p, a)) for a in sorted(ALERTS)),
+        *((f"record {r}", lambda p, r=r: check_record(p, r)) for r in sorted(RECORDS) if keep(RECORDS[r])),
+        *((f"alert {a}", lambda p, a=a: check_alert(p, a)) for a in sorted(ALERTS) if keep(ALERTS[a]["expr"])),
         *(
             (f"dashboard {panel!r}: {expr}", lambda p, e=expr, g=legend: check_dashboard_query(p, e, g))
             for panel, expr, legend in dashboard_targets()
+            if keep(expr)
         ),
     ]
     return [*checks, ("dashboard variable model", check_model_variable), ("version_state", check_version_state)]

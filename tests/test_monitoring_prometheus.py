@@ -1,7 +1,9 @@
-"""The rules and the dashboard against a real Prometheus scraping a real serve-local: two versions serving (stable
-and canary) with batching on, a third whose load failed, clients asking both and sending a malformed request now
-and then. Every recording rule, every alert's expression and every dashboard query must read metrics that exist
-and return series with the labels their readers (the dashboard's legends, the alerts' summaries) name."""
+"""The rules and the dashboard against a real Prometheus scraping a real serve-local and the capture proxy in front
+of it: two versions serving (stable and canary) with batching on, a third whose load failed, clients asking both
+and sending a malformed request now and then, and clients of the proxy asking `stable`, which the proxy's routing
+answers from stable or the canary and shadows to the canary. Every recording rule, every alert's expression and
+every dashboard query must read metrics that exist and return series with the labels their readers (the
+dashboard's legends, the alerts' summaries) name."""
 
 from __future__ import annotations
 
@@ -42,11 +44,34 @@ def prometheus_fixture(model_versions, tmp_path_factory):
         "--allow_version_labels_for_unavailable_models",
         log_path=root / "serve-local.log",
     )
+    proxy = None
     try:
-        with watching(server, root, server.rest.removeprefix("http://")) as prometheus:
+        proxy = routing_proxy(server, root)
+        with watching(server, root, server.rest.removeprefix("http://"), proxy=proxy) as prometheus:
             yield prometheus
     finally:
+        if proxy is not None:
+            proxy.stop(5)
         server.stop()
+
+
+def routing_proxy(server, root):
+    """The capture proxy in front of `server`, in this process: 30 % of `stable` (1) answered by the canary (2),
+    every stable answer shadowed to it, every call captured."""
+    from trainserve.capture.config import ProxyConfig
+    from trainserve.capture.proxy import CaptureProxy
+    from trainserve.capture.routing import ModelRoute, Routing, write_routing
+
+    routing = write_routing(root / "routing.json", Routing({"m": ModelRoute(2, shadow_percent=100, canary_percent=30)}))
+    config = ProxyConfig(
+        upstream=server.target,
+        upstream_rest=server.rest.removeprefix("http://"),
+        port=0,
+        rest_port=0,
+        filename_prefix=str(root / "captures" / "m"),
+        routing_file=routing,
+    )
+    return CaptureProxy(config)
 
 
 @pytest.mark.parametrize("record", sorted(RECORDS))

@@ -121,6 +121,22 @@ def test_requests_naming_a_version_or_another_label_pass_untouched(proxy_for, tw
     assert requests(counts, route="direct", status=err.value.code().name) == 1
 
 
+def test_trainserves_own_calls_are_not_routed(proxy_for):
+    from trainserve.traffic.origin import EVAL, origin_metadata
+
+    proxy = proxy_for(route(canary=100, shadow=100))
+    assert set(answered_by(proxy, 3, metadata=origin_metadata(EVAL))) == {1}  # an eval of `stable` measures stable
+    assert not proxy.metrics.shadow
+    body = json.dumps({"instances": IMAGES[:1].tolist()}).encode()
+    headers = {"Content-Type": "application/json", **dict(origin_metadata(EVAL))}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{proxy.rest_port}/v1/models/m/labels/stable:predict", body, headers
+    )
+    with DIRECT.open(request, timeout=30) as answer:
+        assert answer.status == 200
+    assert requests(page(proxy), route="direct", version="1") == 4
+
+
 def test_a_canary_answer_is_the_candidates_answer(proxy_for, two_versions):
     proxy = proxy_for(route(canary=100))
     predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{proxy.port}"}))
@@ -135,7 +151,7 @@ def independent_point(value: str) -> float:
 
 
 def test_sticky_callers_never_switch_and_stay_in_as_the_share_grows(proxy_for):
-    proxy = proxy_for(route(canary=30, sticky="x-user-id"))
+    proxy = proxy_for(route(canary=30, sticky="X-User-Id"))  # header names compare case-insensitively
     callers = [f"user-{i}" for i in range(30)]
     seen = {c: set(answered_by(proxy, 3, metadata=(("x-user-id", c),))) for c in callers}
     assert all(len(v) == 1 for v in seen.values()), seen
@@ -211,11 +227,18 @@ def test_routing_edits_apply_on_the_next_poll_and_a_bad_edit_is_refused_in_one_l
         assert set(answered_by(proxy, 2)) == {2}, "the running routing was not kept"
         assert page(proxy)[":trainserve:proxy:routing_refused"] == 1
     path.unlink()
+    path.mkdir()  # unreadable: refused once, not at every poll
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="trainserve.capture.router"):
+        assert not proxy.router.poll() and not proxy.router.poll()
+    assert len(caplog.records) == 1 and "cannot read it" in caplog.text, caplog.text
+    assert set(answered_by(proxy, 2)) == {2}
+    path.rmdir()
     assert proxy.router.poll()
     assert set(answered_by(proxy, 2)) == {1}
     counts = page(proxy)
     assert counts[":trainserve:proxy:routing_refused"] == 0
-    assert counts[':trainserve:proxy:routing_reloads{outcome="refused"}'] == 3
+    assert counts[':trainserve:proxy:routing_reloads{outcome="refused"}'] == 4
 
 
 def test_the_watch_thread_follows_the_file(proxy_for, two_versions):
@@ -288,3 +311,32 @@ def test_rest_requests_are_routed_and_counted_as_grpc_ones_are(proxy_for, two_ve
         + requests(counts, route="direct", api="predict", status="NOT_FOUND")
         == 1
     )
+
+
+def test_a_bad_routing_file_or_shadow_flag_is_one_line_before_any_port_opens(tmp_path):
+    from conftest import assert_one_line_error, free_port, run_cli
+    from trainserve.errors import TrainserveError
+
+    (tmp_path / "routing.json").write_text(json.dumps({"schema": SCHEMA, "models": {"m": {"candidate": 2, "x": 1}}}))
+    flags = ["--port", str(free_port()), "--rest-port", str(free_port()), "--filename-prefix", "caps/p"]
+    proc = run_cli("capture", *flags, "--routing-file", "routing.json", cwd=tmp_path, timeout=60)
+    assert_one_line_error(proc, "routing file routing.json: model 'm': unknown key(s) ['x']")
+    assert not (tmp_path / "caps").exists(), "nothing written"
+    with pytest.raises(TrainserveError, match="--shadow-workers 0 / "):
+        ProxyConfig(filename_prefix="caps/p", shadow_workers=0).check()
+
+
+def test_names_from_clients_cannot_grow_the_page(proxy_for):
+    proxy = proxy_for(route(canary=0))
+    predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{proxy.port}"}))
+    answered_by(proxy, 1)
+    for request in [predict_request(model=f"nope-{i}") for i in range(5)] + [
+        predict_request(version=99 + i) for i in range(3)
+    ]:
+        with pytest.raises(grpc.RpcError):
+            predict.Predict(request, timeout=30)
+    counts = page(proxy)
+    assert requests(counts, model_name="<unknown>", version="") == 5  # models that never answered: one series
+    assert requests(counts, model_name="m", version="") == 3  # versions that never answered: no series of their own
+    series = [k for k in counts if k.startswith(":trainserve:proxy:request_count{")]
+    assert len(series) == 3, series

@@ -17,7 +17,9 @@ def add_parsers(commands) -> None:
         help="pass-through in front of TF Serving that writes sampled Predict calls as PredictionLog records",
         description="Forward TF Serving's gRPC PredictionService and ModelService (and REST) to --upstream unchanged, "
         "and write --sampling-rate of the Predict calls, with their answers, as PredictionLog TFRecords under "
-        "--filename-prefix (the format of TF Serving's warmup requests), for replay, drift and export. "
+        "--filename-prefix (the format of TF Serving's warmup requests), for replay, drift and export. With "
+        "--routing-file, requests addressed to `stable` are also shadowed to a candidate version and a share of them "
+        "answered by it, and every answer is counted by the version that gave it. "
         "`trainserve capture export` turns a capture into an eval set.",
     )
     add_options(p, ProxyConfig)

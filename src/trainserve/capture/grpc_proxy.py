@@ -92,6 +92,8 @@ class Forwarder(grpc.GenericRpcHandler):
                 if call is not None:
                     call.cancel()
                 self.cut += self.stopping
+                if spec is not None:
+                    self._count(spec, decision, api, "CANCELLED", None, started)
                 raise
             finally:
                 self.in_flight -= 1
@@ -112,13 +114,16 @@ class Forwarder(grpc.GenericRpcHandler):
         return forward
 
     def _route(self, request: bytes, metadata: tuple):
-        """(the request's model_spec, where it goes, the bytes to send); a request that does not parse passes."""
+        """(the request's model_spec, where it goes, the bytes to send); a request that does not parse passes, and
+        so does trainserve's own (an eval or replay of `stable` measures stable)."""
         try:
             spec = request_spec(request)
         except (WireError, ValueError):
             return None, PASS, request
-        headers = dict(metadata)
-        decision = self.router.decide(spec.name, spec.version_label, headers.get)
+        if origin_of(metadata) is not None:
+            return spec, PASS, request
+        headers = {key.lower(): value for key, value in metadata}
+        decision = self.router.decide(spec.name, spec.version_label, lambda name: headers.get(name.lower()))
         if decision.route == CANARY:
             return spec, decision, with_version(request, spec, decision.version)
         return spec, decision, request

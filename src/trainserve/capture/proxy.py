@@ -52,6 +52,7 @@ class CaptureProxy:
     def __init__(self, config: ProxyConfig, uniform: Callable[[], float] | None = None):
         config.check()
         self.config = config
+        self.router = Router(config.routing_file, uniform)  # a bad routing file fails here, before any port opens
         listen = config.listen_tls
         credentials = (
             server_credentials(listen.cert, listen.key, listen.client_ca, "--listen-tls") if listen.enabled else None
@@ -60,7 +61,6 @@ class CaptureProxy:
         self.writer = TrafficWriter(config.filename_prefix, config.capture)
         self.capture = ProxyCapture(self.writer, config.sampling_rate, uniform) if config.sampling_rate > 0 else None
         self.upstream = UpstreamLog({GRPC: config.upstream, REST: config.upstream_rest or "(none)"})
-        self.router = Router(config.routing_file, uniform)  # a bad routing file fails here, before any port opens
         self.metrics = ProxyMetrics()
         self.metrics.router = self.router
         self.stopping, self.stopped = False, None

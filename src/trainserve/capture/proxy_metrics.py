@@ -30,6 +30,7 @@ CANARY_PERCENT, SHADOW_PERCENT = P + "canary_percent", P + "shadow_percent"
 ROUTING_RELOADS, ROUTING_REFUSED = P + "routing_reloads", P + "routing_refused"
 LATENCY_BUCKETS = tuple(10 * 1.8**i for i in range(33))  # serve-local's and TF Serving's: Exponential(10, 1.8, 33)
 SHADOW_OUTCOMES = ("compared", "dropped_queue_full", "error", "cut")
+UNKNOWN_MODEL = "<unknown>"  # failed calls for a model that never answered: one series for all, as serve-local
 _ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
 
 
@@ -87,11 +88,28 @@ class ProxyMetrics:
         self.queued = lambda: 0  # the shadow queue's length, set by the proxy
         self.router = None  # trainserve.capture.router.Router, set by the proxy
         self.label_versions: dict[tuple[str, str], str] = {}  # (model, label) -> the version last seen answering it
+        self._answered: set[tuple[str, str | None]] = set()  # (model, version) and (model, None) that answered
 
     def request(self, model: str, version: str, api: str, status: str, route: str, micros: float) -> None:
+        """Count one call. Names come from clients, so a failed call is counted under its model and version only
+        once they have answered a call (or are routed): others go to UNKNOWN_MODEL / "", and the page cannot grow
+        without bound (serve-local does the same for its request_count)."""
         with self._lock:
+            if status == "OK":
+                self._answered.add((model, version))
+                self._answered.add((model, None))
+            else:
+                model, version = self._bounded(model, version)
             self.requests[(model, version, api, status, route)] += 1
         self.latency.observe(micros, model, version, api)
+
+    def _bounded(self, model: str, version: str) -> tuple[str, str]:
+        route = self.router.routing.route(model) if self.router is not None else None
+        if (model, None) not in self._answered and route is None:
+            return UNKNOWN_MODEL, ""
+        if (model, version) in self._answered or (route is not None and str(route.candidate) == version):
+            return model, version
+        return model, ""
 
     def shadow_outcome(self, model: str, version: int, outcome: str) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from trainserve.capture.proxy_metrics import ProxyMetrics
 from trainserve.capture.router import CANARY, PASS, Router
 from trainserve.capture.upstream import REST, UpstreamLog
+from trainserve.traffic.origin import origin_of
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,8 @@ class RestForwarder(BaseHTTPRequestHandler):
         if target is None:
             return PASS, self.path
         model, _, label, verb = target.groups()
+        if origin_of(self.headers.items()) is not None:  # trainserve's own call: `stable` means stable
+            return PASS, self.path
         decision = self.router.decide(model, label or "", self.headers.get)
         if decision.route == CANARY:
             return decision, f"/v1/models/{model}/versions/{decision.version}:{verb}"

@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainserve.capture.routing import NO_ROUTING, STABLE_LABEL, Routing, RoutingError, read_routing
+from trainserve.capture.routing import NO_ROUTING, STABLE_LABEL, Routing, RoutingError, parse_routing
 
 log = logging.getLogger(__name__)
 
+UNREADABLE = b"unreadable"  # what was seen of a file that could not be read
 STABLE, CANARY, DIRECT = "stable", "canary", "direct"  # the `route` label of the proxy's request counts
 
 
@@ -48,26 +49,36 @@ class Router:
         self._seen: bytes | None = None  # digest of the content last applied or refused
         self._stop = threading.Event()
         if self.path is not None:
-            self.routing = read_routing(self.path)  # at start a bad file is an error: the proxy does not start
-            self._seen = self._digest()
+            text = self._read()  # at start a bad file is an error: the proxy does not start
+            self.routing = NO_ROUTING if text is None else parse_routing(text, f"routing file {self.path}")
+            self._seen = _digest(text)
 
-    def _digest(self) -> bytes | None:
+    def _read(self) -> bytes | None:
+        """The file's bytes, read once (what is parsed is what is remembered as seen); None when absent."""
         try:
-            return hashlib.sha256(self.path.read_bytes()).digest()
-        except OSError:
+            return self.path.read_bytes()
+        except FileNotFoundError:
             return None
+        except OSError as exc:
+            self._seen = UNREADABLE
+            raise RoutingError(
+                f"routing file {self.path}: cannot read it ({exc.strerror}): expected a readable file"
+            ) from None
 
     def poll(self) -> bool:
         """Read the file once; returns whether the routing changed."""
         if self.path is None:
             return False
-        digest = self._digest()
-        if digest == self._seen:
-            return False
-        self._seen = digest
+        seen = self._seen
         try:
-            routing = read_routing(self.path)
+            text = self._read()
+            if _digest(text) == seen:
+                return False
+            self._seen = _digest(text)
+            routing = NO_ROUTING if text is None else parse_routing(text, f"routing file {self.path}")
         except RoutingError as exc:
+            if seen == UNREADABLE:  # logged once, not at every poll, until it reads again
+                return False
             self.refused = str(exc)
             self.reloads["refused"] += 1
             log.error("capture: %s; keeping the routing in force (%s)", exc, describe(self.routing))
@@ -105,6 +116,10 @@ class Router:
             return Decision(CANARY, route.candidate)
         shadow = route.candidate if route.shadow_percent and self.uniform() * 100 < route.shadow_percent else None
         return Decision(STABLE, None, shadow)
+
+
+def _digest(text: bytes | None) -> bytes | None:
+    return None if text is None else hashlib.sha256(text).digest()
 
 
 def describe(routing: Routing) -> str:

@@ -55,7 +55,7 @@ class ModelRoute:
         if self.sticky_header is not None and (not isinstance(self.sticky_header, str) or not self.sticky_header):
             raise RoutingError(f"{where}: sticky_header {self.sticky_header!r}: expected a header name")
 
-    def canary_share(self, sticky_value: str | None, draw: float) -> bool:
+    def canary_share(self, sticky_value: str | bytes | None, draw: float) -> bool:
         """Whether this request goes to the candidate: by the caller's stable hash when sticky and the caller sent
         the header (a caller in the share at 5 % stays in it at 25 %), else by `draw` (uniform in [0, 1))."""
         if self.canary_percent <= 0:
@@ -64,9 +64,11 @@ class ModelRoute:
         return point * 100 < self.canary_percent
 
 
-def sticky_point(value: str) -> float:
-    """A caller's fixed point in [0, 1): the same in every replica and after every restart (not Python's hash)."""
-    digest = hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
+def sticky_point(value: str | bytes) -> float:
+    """A caller's fixed point in [0, 1): the same in every replica and after every restart (not Python's hash).
+    `value` is bytes for a binary (`-bin`) gRPC metadata key."""
+    data = value if isinstance(value, bytes) else value.encode("utf-8", "surrogateescape")
+    digest = hashlib.sha256(data).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
 

@@ -1,0 +1,185 @@
+"""What shadowing costs the client: p50/p99 latency and throughput of `stable` requests direct, through
+`trainserve capture` alone, and through it with every request shadowed to a second version, in one run.
+
+Two versions of the small CNN of bench/eval_throughput.py (28x28x1 uint8) on serve-local, `stable` = 1;
+`trainserve capture` in a process of its own, with no routing file, then with one that shadows 100 % of `stable`
+requests to version 2 (the most shadow can cost: the server does every request twice on the same CPUs). The
+client is this script's own (trainserve's `load` sends `x-trainserve-origin`, which the proxy never routes): batch
+256 in a closed loop (4 threads: throughput), and batch 1 in an open loop at a moderate rate (latency from the
+scheduled send time). Paths alternate between rounds; the first round warms up and is dropped; figures are medians.
+Targets (issue 46): shadow's p99 within 2 ms of capture alone at batch 1; shadow >= 0.8 x direct examples/s at
+batch 256 (on a machine whose CPUs the doubled inference does not saturate).
+
+    python bench/shadow_cost.py [--rounds 3] [--rate 100] [--window-s 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+from capture_cost import wait_ready
+from loopback import DIRECT, free_port, start_serve_local, train_bench_model
+
+from trainserve.protos import predict_pb2
+from trainserve.tensors import to_tensor_proto
+
+PREDICT = "/tensorflow.serving.PredictionService/Predict"
+
+
+def request(input_key: str, batch: int) -> bytes:
+    message = predict_pb2.PredictRequest()
+    message.model_spec.name, message.model_spec.version_label = "bench", "stable"
+    images = np.random.default_rng(batch).integers(0, 256, (batch, 28, 28, 1), dtype=np.uint8)
+    to_tensor_proto(images, into=message.inputs[input_key])
+    return message.SerializeToString()
+
+
+def closed_loop(target: str, body: bytes, batch: int, window_s: float, threads: int = 4) -> float:
+    """Examples/s of `threads` clients each sending as soon as its last answer came."""
+    done, stop = [0] * threads, threading.Event()
+
+    def client(i: int) -> None:
+        with grpc.insecure_channel(target) as channel:
+            call = channel.unary_unary(PREDICT)
+            while not stop.is_set():
+                call(body, timeout=60)
+                done[i] += batch
+
+    workers = [threading.Thread(target=client, args=(i,)) for i in range(threads)]
+    start = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    stop.wait(window_s)
+    stop.set()
+    for worker in workers:
+        worker.join()
+    return sum(done) / (time.perf_counter() - start)
+
+
+def open_loop(target: str, body: bytes, rate: float, window_s: float) -> list[float]:
+    """Latency (ms) of each request, from its scheduled (Poisson) send time to its answer."""
+    rng, latencies, lock = np.random.default_rng(0), [], threading.Lock()
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(PREDICT)
+        call(body, timeout=60)  # connected before the clock starts
+
+        def send(scheduled: float) -> None:
+            call(body, timeout=60)
+            with lock:
+                latencies.append((time.perf_counter() - scheduled) * 1000)
+
+        start, at, senders = time.perf_counter(), 0.0, []
+        while at < window_s:
+            at += rng.exponential(1 / rate)
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)  # pacing the open loop's arrivals, not synchronisation
+            sender = threading.Thread(target=send, args=(start + at,))
+            sender.start()
+            senders.append(sender)
+        for sender in senders:
+            sender.join()
+    return latencies
+
+
+def start_proxy(tmp: Path, upstream: str, routing: Path | None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    command = [sys.executable, "-m", "trainserve", "capture", "--upstream", upstream, "--port", str(port)]
+    command += ["--rest-port", str(free_port()), "--filename-prefix", str(tmp / "captures" / "bench")]
+    command += ["--sampling-rate", "0"] + (["--routing-file", str(routing)] if routing else [])
+    with open(tmp / f"capture-{port}.log", "w") as out:
+        proxy = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    target = f"127.0.0.1:{port}"
+    grpc.channel_ready_future(grpc.insecure_channel(target)).result(timeout=120)
+    return proxy, target
+
+
+def serve_two_versions(tmp: Path) -> tuple[subprocess.Popen, int, int]:
+    train_bench_model(tmp, seed=0)
+    train_bench_model(tmp, seed=1)
+    config = tmp / "models.config"
+    config.write_text(
+        'model_config_list { config { name: "bench" base_path: "%s" model_platform: "tensorflow" '
+        'model_version_policy { all {} } version_labels { key: "stable" value: 1 } } }\n' % (tmp / "models" / "bench")
+    )
+    return start_serve_local(
+        tmp / "serve.log", f"--model_config_file={config}", "--allow_version_labels_for_unavailable_models"
+    )
+
+
+def input_key(rest: str) -> str:
+    with DIRECT.open(f"{rest}/v1/models/bench/versions/1/metadata", timeout=30) as answer:
+        signature = json.loads(answer.read())["metadata"]["signature_def"]["signature_def"]["serving_default"]
+    (key,) = signature["inputs"]
+    return key
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over the three paths (after one warm-up)")
+    parser.add_argument("--rate", type=float, default=100, help="batch-1 requests/s (open loop)")
+    parser.add_argument("--window-s", type=float, default=2.0, help="each measurement's window")
+    args = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        server, port, rest_port = serve_two_versions(tmp)
+        routing = tmp / "routing.json"
+        routing.write_text(
+            json.dumps({"schema": "trainserve.routing/1", "models": {"bench": {"candidate": 2, "shadow_percent": 100}}})
+        )
+        processes = [server]
+        try:
+            wait_ready(f"http://127.0.0.1:{rest_port}")
+            key = input_key(f"http://127.0.0.1:{rest_port}")
+            capture, capture_target = start_proxy(tmp, f"127.0.0.1:{port}", None)
+            shadow, shadow_target = start_proxy(tmp, f"127.0.0.1:{port}", routing)
+            processes += [capture, shadow]
+            targets = {"direct": f"127.0.0.1:{port}", "capture": capture_target, "shadow": shadow_target}
+            big, one = request(key, 256), request(key, 1)
+            seen = {name: {"ex/s": [], "p50": [], "p99": []} for name in targets}
+            for round_ in range(args.rounds + 1):
+                order = list(targets) if round_ % 2 == 0 else list(reversed(targets))
+                for name in order:
+                    throughput = closed_loop(targets[name], big, 256, args.window_s)
+                    latencies = open_loop(targets[name], one, args.rate, args.window_s)
+                    if round_:
+                        seen[name]["ex/s"].append(throughput)
+                        seen[name]["p50"].append(float(np.percentile(latencies, 50)))
+                        seen[name]["p99"].append(float(np.percentile(latencies, 99)))
+        finally:
+            for process in processes:
+                process.terminate()
+                process.wait(timeout=120)
+    report(seen, args)
+
+
+def report(seen: dict, args) -> None:
+    m = {name: {k: statistics.median(v) for k, v in figures.items()} for name, figures in seen.items()}
+    print(f"\nsmall CNN, 28x28x1 uint8, {len(os.sched_getaffinity(0))} CPUs, loopback; shadow: 100 % to version 2")
+    for name, f in m.items():
+        print(
+            f"  {name:<8} batch 256: {f['ex/s']:8.0f} ex/s   batch 1 at {args.rate:g}/s: "
+            f"p50 {f['p50']:6.2f} ms  p99 {f['p99']:6.2f} ms"
+        )
+    print(
+        f"  batch 256, 4 in flight: shadow / direct = {m['shadow']['ex/s'] / m['direct']['ex/s']:.2f} "
+        f"(capture / direct = {m['capture']['ex/s'] / m['direct']['ex/s']:.2f}; target >= 0.8)"
+    )
+    print(f"  batch 1: shadow's p99 - capture's = {m['shadow']['p99'] - m['capture']['p99']:+.2f} ms (target <= 2 ms)")
+    print(f"  (medians of {args.rounds} rounds after a warm-up round)")
+
+
+if __name__ == "__main__":
+    main()
