@@ -17,11 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import yaml
 from reports import compared_with, eval_report, write
 
 from conftest import REPO
-from prometheus_server import MONITORING, Prometheus
+from prometheus_server import Prometheus
 from trainserve.capture.routing import read_routing
 from trainserve.cli import main
 from trainserve.rollout.config import CandidateConfig, PromoteConfig
@@ -102,7 +101,8 @@ class Traffic:
 
 
 class StandInProxy:
-    """An HTTP server whose /metrics is the capture proxy's page for every model added; each scrape is a tick."""
+    """An HTTP server whose /monitoring/capture/metrics is the capture proxy's page for every model added; each
+    scrape is a tick."""
 
     def __init__(self):
         self.traffic: dict[str, Traffic] = {}
@@ -111,6 +111,11 @@ class StandInProxy:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
+                if self.path != "/monitoring/capture/metrics":  # the serving job's scrape: nothing of ours
+                    self.send_response(200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 with outer.lock:
                     for model in outer.traffic.values():
                         model.tick()
@@ -141,18 +146,11 @@ class StandInProxy:
 
 @pytest.fixture(scope="module")
 def watched(tmp_path_factory):
-    """(stand-in proxy, real Prometheus scraping it every second with the repository's rules)."""
+    """(stand-in proxy, real Prometheus scraping it every second with the repository's config and rules)."""
     root = tmp_path_factory.mktemp("rollout-prometheus")
     proxy = StandInProxy()
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(MONITORING / "rules.yml")],
-        "scrape_configs": [
-            {"job_name": "capture", "metrics_path": "/metrics", "static_configs": [{"targets": [proxy.target]}]}
-        ],
-    }
-    (root / "capture-prometheus.yml").write_text(yaml.safe_dump(config))
-    prometheus = Prometheus(root, proxy.target, str(root / "capture-prometheus.yml"))
+    # The repository's scrape config: its serving job finds an empty page, its capture job the stand-in's.
+    prometheus = Prometheus(root, proxy.target, proxy=proxy.target)
     try:
         prometheus.wait_scraped(2)
         yield proxy, prometheus

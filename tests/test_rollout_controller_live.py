@@ -10,11 +10,10 @@ import threading
 
 import grpc
 import pytest
-import yaml
 from reports import compared_with, eval_report, write
 
-from conftest import install_version
-from prometheus_server import MONITORING, Prometheus
+from conftest import MONITORING, install_version
+from prometheus_server import Prometheus
 from serving_fixtures import InProcessServer, predict_request, stubs
 from trainserve.capture.config import ProxyConfig
 from trainserve.capture.proxy import CaptureProxy
@@ -69,7 +68,9 @@ def live(model_versions, tmp_path_factory):
     config.parent.mkdir()
     stage_candidate(CandidateConfig(config, "m", str(base), 1, "unused:1", 1), Applied())
     promote(PromoteConfig(config, write(compared_with(eval_report(base / "1"), None), root / "report-1.json")))
+    (root / "monitoring.config").write_text(MONITORING)  # serve-local's own page, which Prometheus scrapes too
     server = InProcessServer(
+        f"--monitoring_config_file={root / 'monitoring.config'}",
         f"--model_config_file={config}",
         "--model_config_file_poll_wait_seconds=1",
         "--allow_version_labels_for_unavailable_models",
@@ -88,19 +89,8 @@ def live(model_versions, tmp_path_factory):
             routing_poll_seconds=0.2,
         )
     )
-    scrape = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(MONITORING / "rules.yml")],
-        "scrape_configs": [
-            {
-                "job_name": "capture",
-                "metrics_path": "/monitoring/capture/metrics",
-                "static_configs": [{"targets": [f"127.0.0.1:{proxy.rest_port}"]}],
-            }
-        ],
-    }
-    (root / "prometheus-capture.yml").write_text(yaml.safe_dump(scrape))
-    prometheus = Prometheus(root, f"127.0.0.1:{proxy.rest_port}", str(root / "prometheus-capture.yml"))
+    # The repository's scrape config: serve-local's page and the proxy's.
+    prometheus = Prometheus(root, f"127.0.0.1:{server.rest_port}", proxy=f"127.0.0.1:{proxy.rest_port}")
     clients = None
     try:
         prometheus.wait_scraped(2)

@@ -21,7 +21,7 @@ PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
 ADVANCE, ROLLBACK, HOLD, WATCH = "advance", "rollback", "hold", "watch"
 # Counters, summed over the proxy's replicas (a step's count: now minus the sum at the step's start).
 COUNTERS = {
-    "candidate_requests": ":trainserve:proxy:request_count{{{cand}}}",
+    "candidate_requests": ':trainserve:proxy:request_count{{{cand},route="canary"}}',  # its share of `stable`
     "shadow_pairs": ":trainserve:proxy:shadow_pairs{{{cand}}}",
     "shadow_flips": ":trainserve:proxy:shadow_flips{{{cand}}}",
     "shadow_compared": ':trainserve:proxy:shadow_requests{{{cand},outcome="compared"}}',
