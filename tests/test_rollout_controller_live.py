@@ -6,6 +6,7 @@ no client call fails, and none is answered by a version the routing file did not
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
@@ -58,7 +59,11 @@ def save_failing_model(template: Path, path: Path) -> Path:
 
     module = Failing()
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    shutil.copytree(template / "assets.extra", path / "assets.extra")  # warmed up at load, as its template
     return path
+
+
+FULL = "shadow 1s, 5% 1s, 25% 1s, 100%"
 
 
 class Clients:
@@ -152,7 +157,7 @@ class Applied:
         pass
 
 
-def roll_out(config, base, server, prometheus, version: int, plan: str = "shadow 1s, 5% 1s, 25% 1s, 100%") -> int:
+def roll_out(config, base, server, prometheus, version: int, plan: str = FULL, latency_ratio: str = "3") -> int:
     """Stage `version` on the real server, then run the whole plan against it."""
     stage_candidate(CandidateConfig(config, "m", None, version, server.target, 60), ServingClient(server.target))
     stable = Rollout.of(read_config(config).model_config_list.config[0]).stable
@@ -165,7 +170,7 @@ def roll_out(config, base, server, prometheus, version: int, plan: str = "shadow
             *("--routing-file", str(config.parent / "routing.json"), "--prometheus", prometheus.url),
             *("--plan", plan, "--interval", "0.25", "--gate-min-requests", "10"),
             # p99s are read from buckets 1.8x apart: two equal versions can differ by one bucket
-            *("--gate-max-flip-rate", "0.05", "--gate-max-latency-ratio", "3"),
+            *("--gate-max-flip-rate", "0.05", "--gate-max-latency-ratio", latency_ratio),
         ]
     )
 
@@ -173,15 +178,15 @@ def roll_out(config, base, server, prometheus, version: int, plan: str = "shadow
 def test_a_flipping_candidate_stops_at_the_shadow_step_and_a_good_one_is_promoted(live, capsys):
     config, base, server, prometheus, clients = live
 
-    assert roll_out(config, base, server, prometheus, 3) == 1
-    assert "flip_rate: flips" in capsys.readouterr().out
+    code, out = roll_out(config, base, server, prometheus, 3), capsys.readouterr().out
+    assert code == 1 and "flip_rate: flips" in out, out
     events = [e for e in read_history(history_path(config)) if e.get("action") == "rollout"]
     assert [e["step"] for e in events if e["event"] == "step"] == [0]  # the shadow step only
     assert Rollout.of(read_config(config).model_config_list.config[0]) == Rollout(stable=1)
     assert 3 not in {version for version, *_ in clients.answers}  # no client ever got its answer
 
-    assert roll_out(config, base, server, prometheus, 2) == 0
-    assert capsys.readouterr().out.startswith("promoted: model m: stable -> 2, previous -> 1")
+    code, out = roll_out(config, base, server, prometheus, 2), capsys.readouterr().out
+    assert code == 0 and out.startswith("promoted: model m: stable -> 2, previous -> 1"), out
     events = [e for e in read_history(history_path(config)) if e.get("action") == "rollout"]
     assert [e["step"] for e in events if e["event"] == "step"][-3:] == [0, 1, 2]
     assert read_routing(config.parent / "routing.json").route("m") is None
@@ -199,7 +204,8 @@ def test_a_candidate_failing_requests_is_rolled_back_at_its_first_canary_step(li
     the canary's share, never beyond it."""
     config, base, server, prometheus, clients = live
     stable = Rollout.of(read_config(config).model_config_list.config[0]).stable
-    assert roll_out(config, base, server, prometheus, 4, plan="5% 1s, 25% 1s, 100%") == 1
+    # judged on its errors alone: a p99 over a second's few canary calls is too coarse to be this test's subject
+    assert roll_out(config, base, server, prometheus, 4, plan="5% 1s, 25% 1s, 100%", latency_ratio="1000") == 1
     out = capsys.readouterr().out
     assert out.startswith("rolled back: model m version 4: error_ratio: server-error ratio"), out
     events = [e for e in read_history(history_path(config)) if e.get("action") == "rollout"]

@@ -14,6 +14,7 @@ from reports import compared_with, eval_report, write
 from scipy.stats import beta
 
 from conftest import REPO
+from prometheus_server import RECORDS
 from trainserve.capture.routing import read_routing
 from trainserve.cli import build_parser, main
 from trainserve.evidence.flips import wilson_upper
@@ -27,6 +28,7 @@ from trainserve.rollout.signals import (
     ADVANCE,
     FAIL,
     HOLD,
+    NOT_SERVER_ERRORS,
     PASS,
     ROLLBACK,
     UNKNOWN,
@@ -96,9 +98,10 @@ def test_the_flip_bounds_are_the_wilson_bounds_and_close_to_the_exact_ones():
         assert f"{upper:.4f}]" in flip.said
 
 
-def counts(requests=0, pairs=0, flips=0, compared=0, errors=0) -> dict:
+def counts(requests=0, pairs=0, flips=0, compared=0, errors=0, failed=0) -> dict:
     return {
         "candidate_requests": requests,
+        "candidate_errors": failed,
         "shadow_pairs": pairs,
         "shadow_flips": flips,
         "shadow_compared": compared,
@@ -125,8 +128,8 @@ CANARY_STEP, SHADOW_STEP = Step(CANARY, 5, 60), Step(SHADOW, 100, 60)
         pytest.param(
             CANARY_STEP,
             False,
-            counts(requests=500),
-            {**RATIOS, "candidate_error_ratio": 0.012},
+            counts(requests=500, failed=6),  # 0.012, stable 0.001
+            RATIOS,
             False,
             ROLLBACK,
             [FAIL, PASS],
@@ -135,8 +138,8 @@ CANARY_STEP, SHADOW_STEP = Step(CANARY, 5, 60), Step(SHADOW, 100, 60)
         pytest.param(
             CANARY_STEP,
             False,
-            counts(requests=500),
-            {**RATIOS, "candidate_error_ratio": 0.011},
+            counts(requests=500, failed=5),  # 0.010, stable 0.001
+            RATIOS,
             True,
             ADVANCE,
             [PASS, PASS],
@@ -156,7 +159,7 @@ CANARY_STEP, SHADOW_STEP = Step(CANARY, 5, 60), Step(SHADOW, 100, 60)
             CANARY_STEP,
             False,
             counts(requests=500),
-            {**RATIOS, "candidate_error_ratio": None},
+            {**RATIOS, "stable_error_ratio": None},
             True,
             HOLD,
             [UNKNOWN, PASS],
@@ -219,10 +222,19 @@ def test_a_steps_counts_start_from_its_own_start():
     assert step_counts(now, start) == counts(requests=250)
 
 
+def test_the_server_errors_counted_are_the_recording_rules():
+    rule = RECORDS["trainserve:proxy_errors:ratio_rate5m"]
+    assert f'status!~"{NOT_SERVER_ERRORS}"' in rule, rule
+
+
 def test_the_queries_name_the_contracts_series_and_rules():
     found = queries("m", 7, 3)
     assert found["candidate_error_ratio"] == 'max(trainserve:proxy_errors:ratio_rate5m{model_name="m",version="7"})'
     assert found["stable_p99_seconds"] == 'max(trainserve:proxy_latency_seconds:p99_rate5m{model_name="m",version="3"})'
+    assert found["candidate_errors"] == (
+        ':trainserve:proxy:request_count{model_name="m",version="7",route="canary",status!~"OK|INVALID_ARGUMENT|'
+        'NOT_FOUND|CANCELLED"}'
+    ).join(["sum(", ")"])
     assert found["shadow_flips"] == 'sum(:trainserve:proxy:shadow_flips{model_name="m",version="7"})'
 
 

@@ -18,10 +18,14 @@ from trainserve.evidence.flips import wilson_upper
 from trainserve.rollout.plan import CANARY, SHADOW, Step
 
 PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
+# The statuses that are not the server's fault, as trainserve:proxy_errors:ratio_rate5m reads them
+# (monitoring/rules.yml; a test keeps the two equal).
+NOT_SERVER_ERRORS = "OK|INVALID_ARGUMENT|NOT_FOUND|CANCELLED"
 ADVANCE, ROLLBACK, HOLD, WATCH = "advance", "rollback", "hold", "watch"
 # Counters, summed over the proxy's replicas (a step's count: now minus the sum at the step's start).
 COUNTERS = {
     "candidate_requests": ':trainserve:proxy:request_count{{{cand},route="canary"}}',  # its share of `stable`
+    "candidate_errors": ':trainserve:proxy:request_count{{{cand},route="canary",status!~"{ok}"}}',
     "shadow_pairs": ":trainserve:proxy:shadow_pairs{{{cand}}}",
     "shadow_flips": ":trainserve:proxy:shadow_flips{{{cand}}}",
     "shadow_compared": ':trainserve:proxy:shadow_requests{{{cand},outcome="compared"}}',
@@ -53,7 +57,7 @@ def queries(model: str, candidate: int, stable: int) -> dict[str, str]:
     def selector(version: int) -> str:
         return f'model_name="{model}",version="{version}"'
 
-    names = {"cand": selector(candidate), "stable": selector(stable)}
+    names = {"cand": selector(candidate), "stable": selector(stable), "ok": NOT_SERVER_ERRORS}
     return {
         **{name: f"sum({expr.format(**names)})" for name, expr in COUNTERS.items()},
         **{name: f"max({expr.format(**names)})" for name, expr in RATIOS.items()},
@@ -106,17 +110,21 @@ def _too_few(name: str, seen: int, gate: Gate, what: str) -> Check | None:
 
 
 def _errors(counts: dict, values: dict, gate: Gate) -> Check:
+    """The candidate's server-error ratio on its own canary requests of the step (exact counts: a series born
+    during the step is missed by rate() until its second sample), against stable's recording rule."""
     name = "error_ratio"
-    few = _too_few(name, counts["candidate_requests"], gate, "candidate requests")
+    requests = counts["candidate_requests"]
+    few = _too_few(name, requests, gate, "candidate requests")
     if few:
         return few
-    candidate, stable = values.get("candidate_error_ratio"), values.get("stable_error_ratio")
-    if candidate is None or stable is None:
-        return Check(name, UNKNOWN, f"no server-error ratio yet (candidate {candidate}, stable {stable})")
+    stable = values.get("stable_error_ratio")
+    if stable is None:
+        return Check(name, UNKNOWN, "no server-error ratio of stable yet")
+    candidate = counts["candidate_errors"] / requests
     ok = candidate - stable <= gate.max_error_increase
     said = (
-        f"server-error ratio {candidate:.4f} vs stable {stable:.4f}: increase {candidate - stable:.4f} "
-        f"{'<=' if ok else '>'} max {gate.max_error_increase:g}"
+        f"server-error ratio {candidate:.4f} ({counts['candidate_errors']} of {requests} this step) vs stable "
+        f"{stable:.4f}: increase {candidate - stable:.4f} {'<=' if ok else '>'} max {gate.max_error_increase:g}"
     )
     return Check(name, PASS if ok else FAIL, said)
 
