@@ -93,16 +93,32 @@ def open_loop(target: str, body: bytes, rate: float, window_s: float) -> list[fl
     return latencies
 
 
-def start_proxy(tmp: Path, upstream: str, routing: Path | None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+def start_proxy(
+    tmp: Path, upstream: str, upstream_rest: str, routing: Path | None
+) -> tuple[subprocess.Popen, str, str]:
+    """`trainserve capture` in its own process: (process, gRPC target, its metrics page's URL)."""
+    port, rest_port = free_port(), free_port()
     command = [sys.executable, "-m", "trainserve", "capture", "--upstream", upstream, "--port", str(port)]
-    command += ["--rest-port", str(free_port()), "--filename-prefix", str(tmp / "captures" / "bench")]
+    command += ["--upstream-rest", upstream_rest, "--rest-port", str(rest_port)]
+    command += ["--filename-prefix", str(tmp / "captures" / "bench")]
     command += ["--sampling-rate", "0"] + (["--routing-file", str(routing)] if routing else [])
     with open(tmp / f"capture-{port}.log", "w") as out:
         proxy = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     target = f"127.0.0.1:{port}"
     grpc.channel_ready_future(grpc.insecure_channel(target)).result(timeout=120)
-    return proxy, target
+    return proxy, target, f"http://127.0.0.1:{rest_port}/monitoring/capture/metrics"
+
+
+def shadow_outcomes(page: str) -> dict[str, float]:
+    """The shadow copies' outcomes, summed, from a proxy's metrics page."""
+    with DIRECT.open(page, timeout=30) as answer:
+        lines = answer.read().decode().splitlines()
+    outcomes: dict[str, float] = {}
+    for line in lines:
+        if line.startswith(":trainserve:proxy:shadow_requests{"):
+            outcome = line.split('outcome="')[1].split('"')[0]
+            outcomes[outcome] = outcomes.get(outcome, 0) + float(line.rsplit(" ", 1)[1])
+    return outcomes
 
 
 def serve_two_versions(tmp: Path) -> tuple[subprocess.Popen, int, int]:
@@ -130,6 +146,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the three paths (after one warm-up)")
     parser.add_argument("--rate", type=float, default=100, help="batch-1 requests/s (open loop)")
     parser.add_argument("--window-s", type=float, default=2.0, help="each measurement's window")
+    parser.add_argument("--shadow-percent", type=float, default=100, help="share of stable requests shadowed")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,14 +154,20 @@ def main() -> None:
         server, port, rest_port = serve_two_versions(tmp)
         routing = tmp / "routing.json"
         routing.write_text(
-            json.dumps({"schema": "trainserve.routing/1", "models": {"bench": {"candidate": 2, "shadow_percent": 100}}})
+            json.dumps(
+                {
+                    "schema": "trainserve.routing/1",
+                    "models": {"bench": {"candidate": 2, "shadow_percent": args.shadow_percent}},
+                }
+            )
         )
         processes = [server]
         try:
             wait_ready(f"http://127.0.0.1:{rest_port}")
             key = input_key(f"http://127.0.0.1:{rest_port}")
-            capture, capture_target = start_proxy(tmp, f"127.0.0.1:{port}", None)
-            shadow, shadow_target = start_proxy(tmp, f"127.0.0.1:{port}", routing)
+            upstream, upstream_rest = f"127.0.0.1:{port}", f"127.0.0.1:{rest_port}"
+            capture, capture_target, _ = start_proxy(tmp, upstream, upstream_rest, None)
+            shadow, shadow_target, shadow_page = start_proxy(tmp, upstream, upstream_rest, routing)
             processes += [capture, shadow]
             targets = {"direct": f"127.0.0.1:{port}", "capture": capture_target, "shadow": shadow_target}
             big, one = request(key, 256), request(key, 1)
@@ -158,16 +181,18 @@ def main() -> None:
                         seen[name]["ex/s"].append(throughput)
                         seen[name]["p50"].append(float(np.percentile(latencies, 50)))
                         seen[name]["p99"].append(float(np.percentile(latencies, 99)))
+            outcomes = shadow_outcomes(shadow_page)
         finally:
             for process in processes:
                 process.terminate()
                 process.wait(timeout=120)
-    report(seen, args)
+    report(seen, outcomes, args)
 
 
-def report(seen: dict, args) -> None:
+def report(seen: dict, outcomes: dict[str, float], args) -> None:
     m = {name: {k: statistics.median(v) for k, v in figures.items()} for name, figures in seen.items()}
-    print(f"\nsmall CNN, 28x28x1 uint8, {len(os.sched_getaffinity(0))} CPUs, loopback; shadow: 100 % to version 2")
+    cpus = len(os.sched_getaffinity(0))
+    print(f"\nsmall CNN, 28x28x1 uint8, {cpus} CPUs, loopback; shadow: {args.shadow_percent:g} % to version 2")
     for name, f in m.items():
         print(
             f"  {name:<8} batch 256: {f['ex/s']:8.0f} ex/s   batch 1 at {args.rate:g}/s: "
@@ -178,6 +203,7 @@ def report(seen: dict, args) -> None:
         f"(capture / direct = {m['capture']['ex/s'] / m['direct']['ex/s']:.2f}; target >= 0.8)"
     )
     print(f"  batch 1: shadow's p99 - capture's = {m['shadow']['p99'] - m['capture']['p99']:+.2f} ms (target <= 2 ms)")
+    print(f"  shadow copies: {', '.join(f'{o} {n:.0f}' for o, n in sorted(outcomes.items()))}")
     print(f"  (medians of {args.rounds} rounds after a warm-up round)")
 
 

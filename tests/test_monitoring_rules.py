@@ -59,10 +59,6 @@ def test_every_alert_has_a_case_that_fires_and_one_that_stays_silent():
         pytest.param(('error_code!="OK"', 'error_code="NONE"'), id="failed-loads-ignored"),
         pytest.param(('stable"}) > 0.02', 'stable"}) > 0.5'), id="canary-margin-raised"),
         pytest.param(
-            ("shadow_pairs{}[5m])) > 0.5", "shadow_pairs{}[5m])) > -1"), id="flip-rate-without-its-minimum-traffic"
-        ),
-        pytest.param(('outcome="dropped_queue_full"', 'outcome="compared"'), id="shadow-drops-misread"),
-        pytest.param(
             (
                 "+ sum by (job, filename_prefix) (rate(:trainserve:capture:records_lost",
                 "- sum by (job, filename_prefix) (rate(:trainserve:capture:records_lost",
