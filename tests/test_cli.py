@@ -26,6 +26,7 @@ COMMANDS = [
     "candidate",
     "promote",
     "rollback",
+    "rollout",
 ]
 # Each stage owns its commands: trainserve.<stage>.commands builds their parsers; cli.py only dispatches.
 STAGE_COMMANDS = {
@@ -35,7 +36,7 @@ STAGE_COMMANDS = {
     "evaluation": {"eval", "load", "report"},
     "replay": {"replay", "replay-merge"},
     "drift": {"drift", "drift-merge"},
-    "rollout": {"candidate", "promote", "rollback"},
+    "rollout": {"candidate", "promote", "rollback", "rollout"},
 }
 
 
