@@ -41,9 +41,7 @@ class Traffic:
     def __init__(self, routing: Path, stable: int, candidate: int, **behaviour):
         self.routing, self.stable, self.candidate = routing, stable, candidate
         self.per_tick = 400
-        self.error_share = 0.0  # of the candidate's answers (canary and shadow), UNAVAILABLE
         self.flip_share = 0.0  # of the shadow pairs
-        self.candidate_micros = 1000.0
         self.flowing = True
         self.__dict__.update(behaviour)
         self.requests: dict[tuple, float] = {}  # (version, status, route) -> count
@@ -57,21 +55,19 @@ class Traffic:
         shadow, canary = (route.shadow_percent, route.canary_percent) if route else (0.0, 0.0)
         n = self.per_tick
         to_candidate = n * canary / 100
-        self._answer(self.stable, "OK", "stable", n - to_candidate, 1000.0)
-        failed = to_candidate * self.error_share
-        self._answer(self.candidate, "OK", "canary", to_candidate - failed, self.candidate_micros)
-        self._answer(self.candidate, "UNAVAILABLE", "canary", failed, self.candidate_micros)
+        self._answer(self.stable, "stable", n - to_candidate)
+        self._answer(self.candidate, "canary", to_candidate)
         copies = (n - to_candidate) * shadow / 100
-        self.shadow["error"] += copies * self.error_share
-        self.shadow["compared"] += copies * (1 - self.error_share)
-        self.shadow["pairs"] += 8 * copies * (1 - self.error_share)  # 8 examples a request
-        self.shadow["flips"] += 8 * copies * (1 - self.error_share) * self.flip_share
+        self.shadow["compared"] += copies
+        self.shadow["pairs"] += 8 * copies  # 8 examples a request
+        self.shadow["flips"] += 8 * copies * self.flip_share
 
-    def _answer(self, version: int, status: str, route: str, count: float, micros: float) -> None:
+    def _answer(self, version: int, route: str, count: float) -> None:
+        """`count` calls answered OK by `version`, each in 1 ms."""
         if count > 0:
-            key = (version, status, route)
+            key = (version, "OK", route)
             self.requests[key] = self.requests.get(key, 0.0) + count
-            self.latency.setdefault(version, []).append(micros)
+            self.latency.setdefault(version, []).append(1000.0)
             self.latency[version].append(count)
 
     def lines(self) -> list[str]:

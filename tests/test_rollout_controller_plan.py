@@ -10,6 +10,8 @@ import socket
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reports import compared_with, eval_report, write
 from scipy.stats import beta
 
@@ -393,3 +395,24 @@ def test_the_one_file_of_thresholds_sets_the_commands_flags_for_compose_and_kube
     assert compose["env_file"] == [str(env_file.relative_to(REPO))] and compose["command"][0] == "rollout"
     kustomization = yaml.safe_load((env_file.parent / "kustomization.yaml").read_text())
     assert kustomization["configMapGenerator"][0]["envs"] == [env_file.name]
+
+
+@st.composite
+def plans(draw) -> str:
+    """Any valid plan, in a person's words: shadow steps, rising canary shares, `100%`."""
+    duration = st.builds(lambda n, unit: f"{n}{unit}", st.integers(1, 90), st.sampled_from("smh"))
+    shadows = draw(st.lists(st.tuples(st.integers(1, 100), duration), max_size=2))
+    shares = sorted(set(draw(st.lists(st.integers(1, 100), max_size=4))))
+    words = [f"shadow {p}% {d}" for p, d in shadows] + [f"{p}% {draw(duration)}" for p in shares] + ["100%"]
+    return ", ".join(words)
+
+
+@settings(max_examples=100, deadline=None)
+@given(plans())
+def test_every_valid_plan_reads_back_from_its_canonical_words(text):
+    plan = parse_plan(text)
+    assert parse_plan(plan.text()) == plan
+    assert plan.steps[-1].kind == PROMOTE and len(plan.steps) == text.count(",") + 1
+    for i, step in enumerate(plan.steps[:-1]):  # the routing of each step: the share its words give
+        assert plan.canary_during(i) == (step.percent if step.kind == CANARY else 0)
+        assert plan.shadow_during(i) == max([0] + [s.percent for s in plan.steps[: i + 1] if s.kind == SHADOW][-1:])
