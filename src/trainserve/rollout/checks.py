@@ -19,13 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainserve.errors import TrainserveError
 from trainserve.evidence.decision import DISJOINT, OWN_SPLIT, decide
-from trainserve.evidence.document import ReadReport, read_replay_report, read_report
+from trainserve.evidence.document import ReadReport
 from trainserve.evidence.flips import replay_failures
 from trainserve.layout import version_files_sha256
-from trainserve.rollout.config import PromoteConfig, RolloutConfig
-from trainserve.rollout.config_file import find_model, read_config
+from trainserve.rollout.config import PromoteConfig
 from trainserve.rollout.labels import Rollout
 
 
@@ -160,22 +158,3 @@ def _replay(replay: dict, report: dict, current: Rollout) -> list[str]:
         how = f"--limit {limit}" if limit is not None else f"--shard {shard}"
         return [f"it replayed part of the capture ({how}): expected all of it (shards: trainserve replay-merge)"]
     return replay_failures(replay)
-
-
-def evidence_of(config: RolloutConfig, model: str, labels: Rollout, version: int):
-    """The candidate's eval report (and replay), every check promote makes holding; else one line, nothing moved."""
-    read = read_report(config.report)
-    replay = read_replay_report(config.replay) if config.replay is not None else None
-    report = read.report
-    if report["model"] != model or report["version"] != version:
-        raise TrainserveError(
-            f"eval report {config.report} is for model {report['model']} version {report['version']}: expected "
-            f"model {model} version {version}"
-        )
-    promote_config = PromoteConfig(config.config, config.report, config.replay, server=config.server)
-    base_path = find_model(read_config(config.config), config.config, model).base_path
-    found = refusals(read, promote_config, base_path, labels, replay)
-    if found:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise TrainserveError(f"{found[0].said}{more}: rollout not started (promote would refuse it too)")
-    return read

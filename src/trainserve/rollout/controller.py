@@ -26,11 +26,11 @@ from pathlib import Path
 from trainserve.capture.routing import ModelRoute
 from trainserve.errors import TrainserveError
 from trainserve.rollout import moves, signals
-from trainserve.rollout.checks import evidence_of
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
 from trainserve.rollout.config_file import find_model, history_path, read_config
 from trainserve.rollout.history import append_history, read_history
 from trainserve.rollout.labels import Rollout
+from trainserve.rollout.offline import evidence_of
 from trainserve.rollout.plan import PROMOTE
 from trainserve.rollout.progress import (
     CHECK,
@@ -158,7 +158,8 @@ class Controller:
                 f"version {version} is not the candidate yet: expected --server, so that it is labelled once loaded"
             )
         c = self.config
-        stage_candidate(CandidateConfig(c.config, self.model, None, version, c.server, c.wait, c.tls), self.server)
+        staged = CandidateConfig(c.config, self.model, version=version, server=c.server, wait=c.wait, tls=c.tls)
+        stage_candidate(staged, self.server)
 
     def _resume(self, progress: Progress) -> Progress:
         """The rollout in the history is this one, stable has not moved under it, and it follows the same plan."""
@@ -289,7 +290,7 @@ class Controller:
         if labels.stable != start["candidate"]:
             c = self.config
             report = Path(start["report"])
-            promote(PromoteConfig(c.config, report, c.replay, (), "", c.server, c.wait, c.tls), self.server)
+            promote(PromoteConfig(c.config, report, c.replay, server=c.server, wait=c.wait, tls=c.tls), self.server)
             labels = self._labels()
         moves.clear_route(self.config.routing_file, self.model)
         self._append(PROMOTED, start, after=labels.labels())

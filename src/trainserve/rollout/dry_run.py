@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from trainserve.errors import TrainserveError
 from trainserve.rollout import signals
-from trainserve.rollout.checks import evidence_of
 from trainserve.rollout.config import RolloutConfig
 from trainserve.rollout.config_file import find_model, read_config
 from trainserve.rollout.controller import candidate_of
 from trainserve.rollout.labels import Rollout
+from trainserve.rollout.offline import evidence_of
 from trainserve.rollout.plan import PROMOTE, SHADOW
 
 
