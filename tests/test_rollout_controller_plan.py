@@ -58,7 +58,6 @@ GATE = Gate(max_error_increase=0.01, max_latency_ratio=1.5, max_flip_rate=0.02, 
         ),
         pytest.param("shadow 50% 30s,100%", [(SHADOW, 50, 30), (PROMOTE, 100, 0)], id="shadow-share"),
         pytest.param("1% 0.5s, 100% 1h, 100%", [(CANARY, 1, 0.5), (CANARY, 100, 3600), (PROMOTE, 100, 0)], id="soak"),
-        pytest.param("100%", [(PROMOTE, 100, 0)], id="promote-only"),
     ],
 )
 def test_a_plan_parses_into_its_steps(text, steps):
@@ -80,6 +79,7 @@ def test_a_plan_parses_into_its_steps(text, steps):
         pytest.param("0% 1m, 100%", "above 0", id="zero-share"),
         pytest.param("5% 1m,, 100%", "separated by commas", id="empty-step"),
         pytest.param("5 % 1m, 100%", "expected a share in", id="space"),
+        pytest.param("100%", "expected a step before", id="promote-only"),
     ],
 )
 def test_a_malformed_plan_names_what_was_expected(text, fragment):
@@ -402,7 +402,7 @@ def plans(draw) -> str:
     """Any valid plan, in a person's words: shadow steps, rising canary shares, `100%`."""
     duration = st.builds(lambda n, unit: f"{n}{unit}", st.integers(1, 90), st.sampled_from("smh"))
     shadows = draw(st.lists(st.tuples(st.integers(1, 100), duration), max_size=2))
-    shares = sorted(set(draw(st.lists(st.integers(1, 100), max_size=4))))
+    shares = sorted(set(draw(st.lists(st.integers(1, 100), min_size=0 if shadows else 1, max_size=4))))
     words = [f"shadow {p}% {d}" for p, d in shadows] + [f"{p}% {draw(duration)}" for p in shares] + ["100%"]
     return ", ".join(words)
 

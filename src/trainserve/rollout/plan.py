@@ -95,8 +95,12 @@ def _parse_step(item: str) -> Step:
 def _check_order(text: str, steps: tuple[Step, ...]) -> None:
     if steps[-1].kind != PROMOTE or any(s.kind == PROMOTE for s in steps[:-1]):
         raise argparse.ArgumentTypeError(f"{text!r}: expected the plan to end with `100%` (promote), and only there")
+    if len(steps) == 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a step before `100%` (to promote at once: trainserve promote)"
+        )
     kinds = [s.kind for s in steps[:-1]]
-    if SHADOW in kinds[kinds.index(CANARY) :] if CANARY in kinds else False:
+    if CANARY in kinds and SHADOW in kinds[kinds.index(CANARY) :]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected the shadow steps before the canary shares")
     shares = [s.percent for s in steps if s.kind == CANARY]
     if any(b <= a for a, b in zip(shares, shares[1:])):
