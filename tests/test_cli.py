@@ -28,6 +28,7 @@ COMMANDS = [
     "candidate",
     "promote",
     "rollback",
+    "rollout",
 ]
 # Each stage owns its commands: trainserve.<stage>.commands builds their parsers; cli.py only dispatches.
 STAGE_COMMANDS = {
@@ -37,7 +38,7 @@ STAGE_COMMANDS = {
     "evaluation": {"eval", "load", "report", "live-eval", "live-eval-merge"},
     "replay": {"replay", "replay-merge"},
     "drift": {"drift", "drift-merge"},
-    "rollout": {"candidate", "promote", "rollback"},
+    "rollout": {"candidate", "promote", "rollback", "rollout"},
 }
 
 

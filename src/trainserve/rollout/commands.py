@@ -9,7 +9,7 @@ from trainserve.options import add_options, config_from_args
 
 def add_parsers(commands) -> None:
     """The rollout stage's commands."""
-    from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
+    from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig, RolloutConfig
 
     steps = (
         (
@@ -38,6 +38,20 @@ def add_parsers(commands) -> None:
             run_rollback,
             "move `stable` back to the previous stable version",
             "Label the previous stable version (kept loaded since the last promotion) `stable` again.",
+        ),
+    )
+    steps += (
+        (
+            "rollout",
+            RolloutConfig,
+            run_rollout,
+            "shift live `stable` traffic to a candidate step by step (shadow, canary shares), judged on Prometheus",
+            "Check the candidate's eval report as promote does, label it `candidate`, then follow --plan: each step "
+            "rewrites the capture proxy's routing file (a shadow share, then canary shares of `stable` requests) "
+            "and is watched on Prometheus (the candidate's server-error ratio and p99 latency against stable's, "
+            "the online flip rate's bound). A failing check rolls back at once (routing cleared, `candidate` "
+            "dropped, stable untouched); too few requests or no answer holds; the last step promotes. Every step, "
+            "query and value lands in the rollout history, from which a killed controller resumes.",
         ),
     )
     for name, options, func, help_text, description in steps:
@@ -84,3 +98,20 @@ def run_rollback(args: argparse.Namespace) -> int:
     config.check()
     print(f"rolled back: {rollback(config, _rollout_server(config)).describe()}")
     return 0
+
+
+def run_rollout(args: argparse.Namespace) -> int:
+    from trainserve.rollout.config import RolloutConfig
+    from trainserve.rollout.controller import Controller
+    from trainserve.rollout.dry_run import dry_run
+    from trainserve.rollout.prometheus import Prometheus
+
+    config = config_from_args(RolloutConfig, args)
+    config.check()
+    if config.dry_run:
+        print("\n".join(["dry run: nothing is changed", *dry_run(config)]))
+        return 0
+    prometheus = Prometheus(config.prometheus) if config.prometheus else None
+    outcome = Controller(config, prometheus, _rollout_server(config)).run()
+    print(f"{'promoted' if outcome.promoted else 'rolled back'}: {outcome.said}")
+    return 0 if outcome.promoted else 1

@@ -100,3 +100,131 @@ class RollbackConfig:
 
     def check(self) -> None:
         check_server(self.wait, self.tls)
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected a share between 0 and 1")
+    return value
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected a ratio >= 1 (1: no slower than stable)")
+    return value
+
+
+def _alpha(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 0.5:
+        raise argparse.ArgumentTypeError(f"{value}: expected a level between 0 and 0.5, such as 0.05")
+    return value
+
+
+@dataclass
+class StepGate:
+    """What each step of `trainserve rollout` must show before it advances (flags --gate-*, TRAINSERVE_GATE_*)."""
+
+    max_error_increase: float = option(
+        0.01, "the candidate's server-error ratio may exceed stable's by at most this share", parse=_share
+    )
+    max_latency_ratio: float = option(
+        1.5, "the candidate's p99 latency may be at most this times stable's", parse=_ratio
+    )
+    max_flip_rate: float = option(
+        0.02,
+        "the online flip rate's upper bound (shadow pairs whose top class differs) may be at most this",
+        parse=_share,
+    )
+    min_requests: int = option(
+        200,
+        "a step is judged only once it has seen this many candidate requests (shadow: pairs); until then it holds",
+        parse=positive_int,
+    )
+    alpha: float = option(0.05, "one-sided level of the flip rate's Wilson bound", parse=_alpha)
+
+
+def _plan(text: str):
+    from trainserve.rollout.plan import parse_plan
+
+    return parse_plan(text)
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value}: expected seconds > 0")
+    return value
+
+
+DEFAULT_PLAN = "shadow 10m, 5% 10m, 25% 10m, 100%"
+
+
+@dataclass
+class RolloutConfig:
+    """Move a candidate through a step plan on live traffic (shadow, canary shares) with the capture proxy's routing
+    file, judged between steps on Prometheus, then promote it, or roll it back."""
+
+    config: Path = option(Path("models.config"), CONFIG_HELP)
+    model: str | None = option(None, "model in the config (default: its only model)")
+    candidate: int | None = option(
+        None,
+        "the version to roll out, labelled `candidate` if it is not yet (default: the config's `candidate`)",
+        parse=positive_int,
+    )
+    routing_file: Path | None = option(
+        None, "the capture proxy's routing file (trainserve.routing/1), rewritten atomically"
+    )
+    plan: object = option(
+        DEFAULT_PLAN,
+        "steps: `shadow [P%%] DURATION`, then `P%% DURATION` canary shares, ending with `100%%` (promote)",
+        parse=_plan,
+    )
+    prometheus: str | None = option(
+        None, "Prometheus's URL, asked the proxy's series and recording rules between steps"
+    )
+    report: Path | None = option(
+        None, "the candidate's eval report, checked as promote checks it, before anything moves"
+    )
+    replay: Path | None = option(None, "also its replay report against stable (as promote --replay)")
+    gate: StepGate = option(factory=StepGate)
+    interval: float = option(30.0, "seconds between two looks at Prometheus", parse=_seconds)
+    max_hold: float = option(
+        1800.0,
+        "seconds a step may stay inconclusive (too few requests, Prometheus unreachable) before the controller stops "
+        "with the rollout paused where it is (run it again to resume)",
+        parse=_seconds,
+    )
+    sticky_header: str | None = option(None, "request header by whose value one caller always sees one version")
+    dry_run: bool = option(False, "print the plan, the routing of each step and the queries; change nothing")
+    abort: bool = option(False, "roll back the rollout in progress now (needs --reason)", env=False)
+    reason: str = option("", "why --abort, for the history", env=False)
+    server: str | None = option(None, SERVER_HELP)
+    wait: float = option(120.0, WAIT_HELP)
+    tls: ClientTls = option(factory=ClientTls)
+
+    def __post_init__(self):
+        if isinstance(self.plan, str):
+            try:
+                self.plan = _plan(self.plan)
+            except argparse.ArgumentTypeError as exc:
+                raise TrainserveError(f"--plan {exc}") from None
+
+    def check(self) -> None:
+        check_server(self.wait, self.tls)
+        if self.routing_file is None:
+            raise TrainserveError("expected --routing-file: the routing file the capture proxy polls")
+        if self.abort:
+            if not self.reason.strip():
+                raise TrainserveError("--abort: expected --reason TEXT, kept in the history")
+            return
+        if self.report is None:
+            raise TrainserveError("expected --report: the candidate's eval report, checked as promote checks it")
+        if self.prometheus is None and not self.dry_run:
+            raise TrainserveError("expected --prometheus URL: the Prometheus that scrapes the capture proxy")
+        if self.prometheus is not None:
+            from trainserve.rollout.prometheus import check_url
+
+            check_url(self.prometheus)

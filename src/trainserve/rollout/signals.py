@@ -1,0 +1,184 @@
+"""What the rollout controller asks Prometheus between steps, and the verdict the answers support.
+
+The queries name the capture proxy's series and the repository's recording rules (monitoring/rules.yml):
+    counts   the proxy's counters summed over its replicas; a step's count is the difference from the sum when the
+             step began (kept in the history), exact where `increase()` would extrapolate, so a decision rests on
+             the requests and pairs actually seen
+    ratios   trainserve:proxy_errors:ratio_rate5m and trainserve:proxy_latency_seconds:p99_rate5m, the candidate's
+             against stable's
+The online flip rate's bound is the one-sided Wilson bound of the flips among the shadow pairs
+(trainserve.evidence.flips), as replay's gate uses. A check with too few requests knows nothing: the step holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainserve.evidence.flips import wilson_upper
+from trainserve.rollout.plan import CANARY, SHADOW, Step
+
+PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
+# The statuses that are not the server's fault, as trainserve:proxy_errors:ratio_rate5m reads them
+# (monitoring/rules.yml; a test keeps the two equal).
+NOT_SERVER_ERRORS = "OK|INVALID_ARGUMENT|NOT_FOUND|CANCELLED"
+ADVANCE, ROLLBACK, HOLD, WATCH = "advance", "rollback", "hold", "watch"
+# Counters, summed over the proxy's replicas (a step's count: now minus the sum at the step's start).
+COUNTERS = {
+    "candidate_requests": ':trainserve:proxy:request_count{{{cand},route="canary"}}',  # its share of `stable`
+    "candidate_errors": ':trainserve:proxy:request_count{{{cand},route="canary",status!~"{ok}"}}',
+    "shadow_pairs": ":trainserve:proxy:shadow_pairs{{{cand}}}",
+    "shadow_flips": ":trainserve:proxy:shadow_flips{{{cand}}}",
+    "shadow_compared": ':trainserve:proxy:shadow_requests{{{cand},outcome="compared"}}',
+    "shadow_errors": ':trainserve:proxy:shadow_requests{{{cand},outcome="error"}}',
+    "shadow_dropped": ':trainserve:proxy:shadow_requests{{{cand},outcome="dropped_queue_full"}}',
+}
+RATIOS = {
+    "candidate_error_ratio": "trainserve:proxy_errors:ratio_rate5m{{{cand}}}",
+    "stable_error_ratio": "trainserve:proxy_errors:ratio_rate5m{{{stable}}}",
+    "candidate_p99_seconds": "trainserve:proxy_latency_seconds:p99_rate5m{{{cand}}}",
+    "stable_p99_seconds": "trainserve:proxy_latency_seconds:p99_rate5m{{{stable}}}",
+}
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The thresholds a step is judged on (trainserve.rollout.config.StepGate, as numbers)."""
+
+    max_error_increase: float
+    max_latency_ratio: float
+    max_flip_rate: float
+    min_requests: int
+    alpha: float
+
+
+def queries(model: str, candidate: int, stable: int) -> dict[str, str]:
+    """Every PromQL query of a check, by name: counters as `sum(...)`, ratios as `max(...)` (one series each)."""
+
+    def selector(version: int) -> str:
+        return f'model_name="{model}",version="{version}"'
+
+    names = {"cand": selector(candidate), "stable": selector(stable), "ok": NOT_SERVER_ERRORS}
+    return {
+        **{name: f"sum({expr.format(**names)})" for name, expr in COUNTERS.items()},
+        **{name: f"max({expr.format(**names)})" for name, expr in RATIOS.items()},
+    }
+
+
+def step_counts(now: dict[str, float | None], start: dict[str, float]) -> dict[str, int]:
+    """Each counter's count during the step. A sum below the step's start means a proxy restarted (its counters
+    began again at 0): the step's count restarts from there, so it is never negative (the caller re-bases)."""
+    return {name: int(round((now.get(name) or 0.0) - start.get(name, 0.0))) for name in COUNTERS}
+
+
+def reset(now: dict[str, float | None], start: dict[str, float]) -> bool:
+    return any((now.get(name) or 0.0) < start.get(name, 0.0) for name in COUNTERS)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    result: str  # PASS, FAIL, UNKNOWN
+    said: str
+
+
+def checks(step: Step, flips: bool, counts: dict[str, int], values: dict, gate: Gate, ended: bool) -> list[Check]:
+    """The checks that apply to `step` (`flips`: a classifier's shadow pairs are being compared). Before its time
+    is up (`ended` False) a check fails only on evidence more data cannot undo (the flip rate's lower bound above
+    the budget); after, the flip rate passes only on its upper bound."""
+    found = []
+    if step.kind == SHADOW:
+        found.append(_shadow_errors(counts, values, gate))
+    if step.kind == CANARY:
+        found += [_errors(counts, values, gate), _latency(counts, values, gate)]
+    if flips:
+        found.append(_flips(counts, gate, ended))
+    return found
+
+
+def decide(found: list[Check], ended: bool) -> str:
+    if any(c.result == FAIL for c in found):
+        return ROLLBACK
+    if not ended:
+        return WATCH
+    return ADVANCE if all(c.result == PASS for c in found) else HOLD
+
+
+def _too_few(name: str, seen: int, gate: Gate, what: str) -> Check | None:
+    if seen >= gate.min_requests:
+        return None
+    return Check(name, UNKNOWN, f"{seen} {what} this step, fewer than --gate-min-requests {gate.min_requests}")
+
+
+def _errors(counts: dict, values: dict, gate: Gate) -> Check:
+    """The candidate's server-error ratio on its own canary requests of the step (exact counts: a series born
+    during the step is missed by rate() until its second sample), against stable's recording rule."""
+    name = "error_ratio"
+    requests = counts["candidate_requests"]
+    few = _too_few(name, requests, gate, "candidate requests")
+    if few:
+        return few
+    stable = values.get("stable_error_ratio")
+    if stable is None:
+        return Check(name, UNKNOWN, "no server-error ratio of stable yet")
+    candidate = counts["candidate_errors"] / requests
+    ok = candidate - stable <= gate.max_error_increase
+    said = (
+        f"server-error ratio {candidate:.4f} ({counts['candidate_errors']} of {requests} this step) vs stable "
+        f"{stable:.4f}: increase {candidate - stable:.4f} {'<=' if ok else '>'} max {gate.max_error_increase:g}"
+    )
+    return Check(name, PASS if ok else FAIL, said)
+
+
+def _latency(counts: dict, values: dict, gate: Gate) -> Check:
+    name = "latency_p99"
+    few = _too_few(name, counts["candidate_requests"], gate, "candidate requests")
+    if few:
+        return few
+    candidate, stable = values.get("candidate_p99_seconds"), values.get("stable_p99_seconds")
+    if candidate is None or stable is None:
+        return Check(name, UNKNOWN, f"no p99 latency yet (candidate {candidate}, stable {stable})")
+    ok = candidate <= gate.max_latency_ratio * stable
+    ratio = candidate / stable if stable else float("inf")
+    said = (
+        f"p99 {candidate:.4f}s vs stable {stable:.4f}s: x{ratio:.2f} {'<=' if ok else '>'} "
+        f"max x{gate.max_latency_ratio:g}"
+    )
+    return Check(name, PASS if ok else FAIL, said)
+
+
+def _shadow_errors(counts: dict, values: dict, gate: Gate) -> Check:
+    """The candidate's errors on its shadow copies (requests), against stable's server-error ratio."""
+    name = "shadow_errors"
+    errors, sent = counts["shadow_errors"], counts["shadow_errors"] + counts["shadow_compared"]
+    few = _too_few(name, sent, gate, "shadow requests answered")
+    if few:
+        return few
+    stable = values.get("stable_error_ratio")
+    if stable is None:
+        return Check(name, UNKNOWN, "no server-error ratio of stable yet")
+    share = errors / sent
+    ok = share - stable <= gate.max_error_increase
+    said = (
+        f"shadow errors {errors} of {sent} ({share:.4f}) vs stable's server-error ratio {stable:.4f}: "
+        f"increase {share - stable:.4f} {'<=' if ok else '>'} max {gate.max_error_increase:g}"
+    )
+    return Check(name, PASS if ok else FAIL, said)
+
+
+def _flips(counts: dict, gate: Gate, ended: bool) -> Check:
+    name = "flip_rate"
+    flips, pairs = counts["shadow_flips"], counts["shadow_pairs"]
+    few = _too_few(name, pairs, gate, "shadow pairs (examples)")
+    upper = wilson_upper(flips, pairs, gate.alpha)
+    lower = 1.0 - wilson_upper(pairs - flips, pairs, gate.alpha)
+    said = (
+        f"flips {flips} of {pairs} pairs, one-sided {1 - gate.alpha:g} bounds [{lower:.4f}, {upper:.4f}] "
+        f"vs max {gate.max_flip_rate:g}"
+    )
+    if pairs and lower > gate.max_flip_rate:  # beyond the budget whatever more pairs would show
+        return Check(name, FAIL, said)
+    if few:
+        return few
+    if upper <= gate.max_flip_rate:
+        return Check(name, PASS, said)
+    return Check(name, FAIL if ended else UNKNOWN, said)
