@@ -21,12 +21,7 @@ from trainserve.capture.routing import read_routing
 from trainserve.cli import build_parser, main
 from trainserve.evidence.flips import wilson_upper
 from trainserve.options import config_from_args
-from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
-from trainserve.rollout.config_file import history_path, read_config
-from trainserve.rollout.history import read_history
-from trainserve.rollout.labels import Rollout
-from trainserve.rollout.plan import CANARY, PROMOTE, SHADOW, Step, parse_plan
-from trainserve.rollout.signals import (
+from trainserve.rollout.analysis import (
     ADVANCE,
     FAIL,
     HOLD,
@@ -41,6 +36,11 @@ from trainserve.rollout.signals import (
     queries,
     step_counts,
 )
+from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
+from trainserve.rollout.config_file import history_path, read_config
+from trainserve.rollout.history import read_history
+from trainserve.rollout.labels import Rollout
+from trainserve.rollout.plan import CANARY, PROMOTE, SHADOW, Step, parse_plan
 from trainserve.rollout.steps import promote, stage_candidate
 
 pytestmark = pytest.mark.unit

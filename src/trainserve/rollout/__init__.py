@@ -7,6 +7,6 @@ the labels need) -> config_file (read, validate, write atomically) -> history ->
 rollback), which wait for the server to apply a change through the shared client (trainserve.client).
 
 Progressive delivery on live traffic (`trainserve rollout`): plan (the steps) -> prometheus (the query client)
--> signals (queries and a step's verdict) -> progress (where a rollout stands, from the history) -> moves (the
+-> analysis (queries and a step's verdict) -> progress (where a rollout stands, from the history) -> moves (the
 capture proxy's routing file, the `candidate` label) -> controller (the loop); dry_run prints it all.
 """

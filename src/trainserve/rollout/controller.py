@@ -3,7 +3,7 @@
     start     the candidate's offline evidence checked as promote checks it (a refusal moves nothing), the version
               labelled `candidate` if it is not yet
     each step its routing written (shadow share, canary share) and watched: every --interval the proxy's counts
-              and the recording rules are asked (trainserve.rollout.signals); a check that fails rolls back at
+              and the recording rules are asked (trainserve.rollout.analysis); a check that fails rolls back at
               once; once the step's time is up and every check passes, the next step; too few requests, or no
               answer from Prometheus, holds (never advances), up to --max-hold, then the controller stops paused
     100%      promote, as `trainserve promote` (its checks again, its history line), then the routing cleared
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from trainserve.capture.routing import ModelRoute
 from trainserve.errors import TrainserveError
-from trainserve.rollout import moves, signals
+from trainserve.rollout import analysis, moves
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
 from trainserve.rollout.config_file import find_model, history_path, read_config
 from trainserve.rollout.history import append_history, read_history
@@ -78,7 +78,7 @@ class Controller:
         self.clock, self.sleep = clock, sleep
         self.history = history_path(config.config)
         self.model = find_model(read_config(config.config), config.config, config.model).name
-        self.gate = signals.Gate(**asdict(config.gate))
+        self.gate = analysis.Gate(**asdict(config.gate))
 
     # -- the run -------------------------------------------------------------------------------------------
 
@@ -212,14 +212,14 @@ class Controller:
             ended = self.clock() >= started + step.seconds
             values = self._ask(start, index, lambda: self._measure(start))
             rebased = None
-            if signals.reset(values, counters):
-                counters = rebased = {name: values.get(name) or 0.0 for name in signals.COUNTERS}
+            if analysis.reset(values, counters):
+                counters = rebased = {name: values.get(name) or 0.0 for name in analysis.COUNTERS}
                 log.warning(
                     "model %s: the proxy's counters went back (a restart): counting again from here", self.model
                 )
-            counts = signals.step_counts(values, counters)
-            found = signals.checks(step, flips, counts, values, self.gate, ended)
-            decision = signals.decide(found, ended)
+            counts = analysis.step_counts(values, counters)
+            found = analysis.checks(step, flips, counts, values, self.gate, ended)
+            decision = analysis.decide(found, ended)
             self._append(
                 CHECK,
                 start,
@@ -232,11 +232,11 @@ class Controller:
             )
             said = "; ".join(f"{c.name}: {c.said}" for c in found)
             log.info("model %s step %d (%s): %s (%s)", self.model, index + 1, self._words(index), decision, said)
-            if decision == signals.ROLLBACK:
-                return "; ".join(f"{c.name}: {c.said}" for c in found if c.result == signals.FAIL)
-            if decision == signals.ADVANCE:
+            if decision == analysis.ROLLBACK:
+                return "; ".join(f"{c.name}: {c.said}" for c in found if c.result == analysis.FAIL)
+            if decision == analysis.ADVANCE:
                 return None
-            if decision == signals.HOLD:
+            if decision == analysis.HOLD:
                 held_since = held_since if held_since is not None else self.clock()
                 self._pause_if_held(start, index, held_since, said)
             left = started + step.seconds - self.clock()
@@ -268,14 +268,14 @@ class Controller:
     # -- measures ------------------------------------------------------------------------------------------
 
     def _queries(self, start: dict) -> dict[str, str]:
-        return signals.queries(self.model, start["candidate"], start["stable"])
+        return analysis.queries(self.model, start["candidate"], start["stable"])
 
     def _measure(self, start: dict) -> dict:
         return {name: self.prometheus.value(expr) for name, expr in self._queries(start).items()}
 
     def _counters(self, start: dict) -> dict:
         queries = self._queries(start)
-        return {name: self.prometheus.value(queries[name]) or 0.0 for name in signals.COUNTERS}
+        return {name: self.prometheus.value(queries[name]) or 0.0 for name in analysis.COUNTERS}
 
     # -- the two ends --------------------------------------------------------------------------------------
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainserve.evidence.flips import wilson_upper
 from trainserve.rollout.plan import CANARY, SHADOW, Step
+from trainserve.stats.proportions import wilson_upper
 
 PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
 # The statuses that are not the server's fault, as trainserve:proxy_errors:ratio_rate5m reads them
