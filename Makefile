@@ -108,6 +108,12 @@ promote: ## Gated rollout: candidate -> eval (non-inferior to stable by MAX_DROP
 	$(COMPOSE) --profile promote run --rm promote-eval
 	$(COMPOSE) --profile promote run --rm promote
 
+.PHONY: rollout
+rollout: ## Progressive rollout on live traffic through the capture proxy: candidate -> gated eval -> shadow, canary steps judged by Prometheus -> stable, or rolled back
+	$(COMPOSE) --profile promote run --rm candidate
+	$(COMPOSE) --profile promote run --rm promote-eval
+	$(COMPOSE) --profile promote run --rm rollout
+
 .PHONY: rollback
 rollback: ## Gated rollout: label `stable` back to the previous stable version (kept loaded)
 	$(COMPOSE) --profile promote run --rm rollback
