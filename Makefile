@@ -196,6 +196,9 @@ bench: venv ## Benchmarks (ratios against baselines, printed; never pass/fail)
 	$(BIN)/python bench/capture_cost.py
 	$(BIN)/python bench/soak_versions.py
 	$(BIN)/python bench/promote_defaults.py
+	$(BIN)/python bench/drift_false_alarms.py
+	$(BIN)/python bench/live_eval.py
+	$(BIN)/python bench/shadow_cost.py
 
 # One export per image, from the same lock: eval is the core install (no TensorFlow); the GPU image keeps its
 # base's TensorFlow (no tensorflow-cpu); serve.txt is serve-local with the CPU TensorFlow (the test stand-in).
