@@ -12,8 +12,8 @@ import pytest
 
 from conftest import DIRECT, MONITORING, install_version
 from serving_fixtures import predict_request, stubs
+from trainserve.exposition import UNKNOWN_MODEL
 from trainserve.model_server_config import render_model_config, single_model_config
-from trainserve.serving.metrics import UNKNOWN_MODEL
 
 pytestmark = pytest.mark.unit
 

@@ -6,32 +6,31 @@ from __future__ import annotations
 
 from trainserve.capture.proxy_metrics import ProxyMetrics
 from trainserve.capture.upstream import SIDES, UpstreamLog
+from trainserve.exposition import CONTENT_TYPE, header, label_set
 from trainserve.traffic.metrics import writer_lines
 from trainserve.traffic.writer import TrafficWriter
 
 LIVE_PATH = "/monitoring/capture/healthz"
 READY_PATH = "/monitoring/capture/readyz"
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
 UPSTREAM_FAILURES = ":trainserve:capture:upstream_failures"
 UPSTREAM_UP = ":trainserve:capture:upstream_up"
 
 
 def upstream_lines(upstream: UpstreamLog) -> list[str]:
     """What the proxy counts besides its writer's records: failures to reach TF Serving."""
-    lines = [
-        f"# HELP {UPSTREAM_FAILURES} Calls (readiness checks included) that did not reach TF Serving, by side.",
-        f"# TYPE {UPSTREAM_FAILURES} counter",
-    ]
-    lines += [f'{UPSTREAM_FAILURES}{{side="{side}"}} {upstream.failures[side]}' for side in SIDES]
-    lines += [f"# HELP {UPSTREAM_UP} 1 when the last call of a side reached TF Serving.", f"# TYPE {UPSTREAM_UP} gauge"]
-    lines += [f'{UPSTREAM_UP}{{side="{side}"}} {int(upstream.up(side))}' for side in SIDES]
+    lines = header(
+        UPSTREAM_FAILURES, "counter", "Calls (readiness checks included) that did not reach TF Serving, by side."
+    )
+    lines += [f"{UPSTREAM_FAILURES}{label_set(('side',), (side,))} {upstream.failures[side]}" for side in SIDES]
+    lines += header(UPSTREAM_UP, "gauge", "1 when the last call of a side reached TF Serving.")
+    lines += [f"{UPSTREAM_UP}{label_set(('side',), (side,))} {int(upstream.up(side))}" for side in SIDES]
     return lines
 
 
 def metrics_page(prefix: str, writer: TrafficWriter, upstream: UpstreamLog, proxy: ProxyMetrics):
     def page() -> tuple[int, str, bytes]:
         lines = writer_lines({prefix: writer}) + upstream_lines(upstream) + proxy.lines()
-        return 200, METRICS_CONTENT_TYPE, ("\n".join(lines) + "\n").encode()
+        return 200, CONTENT_TYPE, ("\n".join(lines) + "\n").encode()
 
     return page
 

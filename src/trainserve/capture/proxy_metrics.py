@@ -14,9 +14,10 @@ stable.
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections import Counter
+
+from trainserve.exposition import UNKNOWN_MODEL, Histogram, header, label_set
 
 P = ":trainserve:proxy:"
 REQUEST_COUNT, REQUEST_LATENCY = P + "request_count", P + "request_latency"
@@ -28,44 +29,7 @@ SHADOW_ABS_DIFF_SUM, SHADOW_LATENCY, SHADOW_QUEUED = (
 )
 CANARY_PERCENT, SHADOW_PERCENT = P + "canary_percent", P + "shadow_percent"
 ROUTING_RELOADS, ROUTING_REFUSED = P + "routing_reloads", P + "routing_refused"
-LATENCY_BUCKETS = tuple(10 * 1.8**i for i in range(33))  # serve-local's and TF Serving's: Exponential(10, 1.8, 33)
 SHADOW_OUTCOMES = ("compared", "dropped_queue_full", "error", "cut")
-UNKNOWN_MODEL = "<unknown>"  # failed calls for a model that never answered: one series for all, as serve-local
-_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
-
-
-def _labels(names: tuple[str, ...], values: tuple, extra: str = "") -> str:
-    parts = [f'{n}="{str(v).translate(_ESCAPES)}"' for n, v in zip(names, values)] + ([extra] if extra else [])
-    return "{" + ",".join(parts) + "}"
-
-
-class Histogram:
-    """Cumulative buckets, sum and count per label values."""
-
-    def __init__(self, name: str, help_text: str, label_names: tuple[str, ...]):
-        self.name, self.help_text, self.label_names = name, help_text, label_names
-        self._cells: dict[tuple, list] = {}
-        self._lock = threading.Lock()
-
-    def observe(self, value: float, *labels: str) -> None:
-        with self._lock:
-            cell = self._cells.setdefault(labels, [[0] * (len(LATENCY_BUCKETS) + 1), 0.0])
-            cell[0][bisect.bisect_left(LATENCY_BUCKETS, value)] += 1
-            cell[1] += value
-
-    def lines(self) -> list[str]:
-        with self._lock:
-            cells = sorted((labels, list(counts), total) for labels, (counts, total) in self._cells.items())
-        out = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]
-        for labels, counts, total in cells:
-            running = 0
-            for bound, count in zip((*LATENCY_BUCKETS, float("inf")), counts):
-                running += count
-                le = 'le="+Inf"' if bound == float("inf") else f'le="{bound:g}"'
-                out.append(f"{self.name}_bucket{_labels(self.label_names, labels, le)} {running}")
-            out.append(f"{self.name}_sum{_labels(self.label_names, labels)} {total!r}")
-            out.append(f"{self.name}_count{_labels(self.label_names, labels)} {running}")
-        return out
 
 
 class ProxyMetrics:
@@ -128,14 +92,16 @@ class ProxyMetrics:
         with self._lock:
             requests, shadow = sorted(self.requests.items()), dict(self.shadow)
             pairs, flips, abs_diff = dict(self.pairs), dict(self.flips), dict(self.abs_diff)
-        out = _counter(REQUEST_COUNT, "Calls answered through the proxy, by the version that answered.")
-        out += [f"{REQUEST_COUNT}{_labels(self.REQUEST_LABELS, k)} {n}" for k, n in requests]
+        out = header(REQUEST_COUNT, "counter", "Calls answered through the proxy, by the version that answered.")
+        out += [f"{REQUEST_COUNT}{label_set(self.REQUEST_LABELS, k)} {n}" for k, n in requests]
         out += self.latency.lines()
-        out += _counter(SHADOW_REQUESTS, "Shadow copies of stable requests, by outcome (version: the candidate's).")
+        out += header(
+            SHADOW_REQUESTS, "counter", "Shadow copies of stable requests, by outcome (version: the candidate's)."
+        )
         models = sorted({k[:2] for k in shadow} | set(pairs))
         for key in models:  # every outcome, 0 included: a rate over a missing series is no rate at all
             out += [
-                f"{SHADOW_REQUESTS}{_labels((*self.SHADOW_LABELS, 'outcome'), (*key, o))} {shadow.get((*key, o), 0)}"
+                f"{SHADOW_REQUESTS}{label_set((*self.SHADOW_LABELS, 'outcome'), (*key, o))} {shadow.get((*key, o), 0)}"
                 for o in SHADOW_OUTCOMES
             ]
         for name, counts, text in (
@@ -143,34 +109,32 @@ class ProxyMetrics:
             (SHADOW_FLIPS, flips, "Compared examples whose top class differs (classification)."),
             (SHADOW_ABS_DIFF_SUM, abs_diff, "Sum of |candidate - stable| over compared outputs (regression)."),
         ):
-            out += _counter(name, text)
-            out += [f"{name}{_labels(self.SHADOW_LABELS, k)} {counts.get(k, 0)!r}" for k in models]
+            out += header(name, "counter", text)
+            out += [f"{name}{label_set(self.SHADOW_LABELS, k)} {counts.get(k, 0)!r}" for k in models]
         out += self.shadow_latency.lines()
-        out += _gauge(SHADOW_QUEUED, "Shadow copies waiting to be sent.") + [f"{SHADOW_QUEUED} {self.queued()}"]
+        out += header(SHADOW_QUEUED, "gauge", "Shadow copies waiting to be sent.") + [
+            f"{SHADOW_QUEUED} {self.queued()}"
+        ]
         return out + self._routing_lines()
 
     def _routing_lines(self) -> list[str]:
         router = self.router
         if router is None:
             return []
-        out = _gauge(CANARY_PERCENT, "Share of stable requests the candidate answers, from the routing file.")
+        out = header(CANARY_PERCENT, "gauge", "Share of stable requests the candidate answers, from the routing file.")
         routes = sorted(router.routing.models.items())
         out += [
-            f"{CANARY_PERCENT}{_labels(self.SHADOW_LABELS, (m, r.candidate))} {r.canary_percent:g}" for m, r in routes
+            f"{CANARY_PERCENT}{label_set(self.SHADOW_LABELS, (m, r.candidate))} {r.canary_percent:g}" for m, r in routes
         ]
-        out += _gauge(SHADOW_PERCENT, "Share of stable requests also sent to the candidate, from the routing file.")
+        out += header(
+            SHADOW_PERCENT, "gauge", "Share of stable requests also sent to the candidate, from the routing file."
+        )
         out += [
-            f"{SHADOW_PERCENT}{_labels(self.SHADOW_LABELS, (m, r.candidate))} {r.shadow_percent:g}" for m, r in routes
+            f"{SHADOW_PERCENT}{label_set(self.SHADOW_LABELS, (m, r.candidate))} {r.shadow_percent:g}" for m, r in routes
         ]
-        out += _counter(ROUTING_RELOADS, "Routing file contents read, by outcome (applied, refused).")
+        out += header(ROUTING_RELOADS, "counter", "Routing file contents read, by outcome (applied, refused).")
         out += [f'{ROUTING_RELOADS}{{outcome="{o}"}} {n}' for o, n in sorted(router.reloads.items())]
-        out += _gauge(ROUTING_REFUSED, "1 while the routing file on disk is refused and the previous routing kept.")
+        out += header(
+            ROUTING_REFUSED, "gauge", "1 while the routing file on disk is refused and the previous routing kept."
+        )
         return out + [f"{ROUTING_REFUSED} {int(router.refused is not None)}"]
-
-
-def _counter(name: str, text: str) -> list[str]:
-    return [f"# HELP {name} {text}", f"# TYPE {name} counter"]
-
-
-def _gauge(name: str, text: str) -> list[str]:
-    return [f"# HELP {name} {text}", f"# TYPE {name} gauge"]

@@ -13,40 +13,22 @@ series per version, labelled with its state and error code) are serve-local's ow
 canary's errors and latency are seen apart from stable's; "" when no version was resolved (an unknown model or
 version, a status call), which Prometheus stores as the label being absent.
 
-The page follows the text exposition format (prometheus.io/docs/instrumenting/exposition_formats): label
-values escape backslash, double quote and line feed, HELP text backslash and line feed. TF Serving's exporter
-(util/prometheus_exporter.cc) escapes only the first two, and labels request_count with whatever name a
-request asked for; here a name no configured model has is counted as UNKNOWN_MODEL, so clients cannot grow
-the page without bound.
+The page is written by trainserve.exposition. TF Serving labels request_count with whatever name a request asked
+for; here a name no configured model has is counted as UNKNOWN_MODEL, so clients cannot grow the page without
+bound.
 """
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
+from trainserve.exposition import LATENCY_BUCKETS, Histogram, header, label_set
 from trainserve.serving.manager import ModelManager, State
 
-CONTENT_TYPE = "text/plain; version=0.0.4"
 PREFIX = ":tensorflow:serving"
-LATENCY_BUCKETS = tuple(10 * 1.8**i for i in range(33))  # Buckets::Exponential(10, 1.8, 33)
 BATCH_BUCKETS = tuple(2.0**i for i in range(15))  # 1 .. 16384 rows
-# The model_name of requests for a model that is not configured: one series for all of them.
-UNKNOWN_MODEL = "<unknown>"
-
-_LABEL_VALUE_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
-_HELP_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n"})
-
-
-def _labels(names: tuple[str, ...], values: tuple[str, ...], extra: str = "") -> str:
-    parts = [f'{n}="{v.translate(_LABEL_VALUE_ESCAPES)}"' for n, v in zip(names, values)] + ([extra] if extra else [])
-    return "{" + ",".join(parts) + "}" if parts else ""
-
-
-def _header(name: str, kind: str, help_text: str) -> list[str]:
-    return [f"# HELP {name} {help_text.translate(_HELP_ESCAPES)}", f"# TYPE {name} {kind}"]
 
 
 class RequestCounter:
@@ -66,39 +48,6 @@ class RequestCounter:
         """The counts sorted by their labels, so the exposition is stable between scrapes."""
         with self._lock:
             return sorted(self._counts.items())
-
-
-@dataclass
-class Histogram:
-    """A Prometheus histogram per label values: cumulative buckets, sum and count."""
-
-    name: str
-    help_text: str
-    label_names: tuple[str, ...]
-    bounds: tuple[float, ...]
-    _cells: dict[tuple[str, ...], list] = field(default_factory=dict, init=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
-
-    def observe(self, value: float, *labels: str) -> None:
-        with self._lock:
-            cell = self._cells.setdefault(labels, [[0] * (len(self.bounds) + 1), 0.0])
-            cell[0][bisect.bisect_left(self.bounds, value)] += 1
-            cell[1] += value
-
-    def lines(self) -> list[str]:
-        with self._lock:
-            cells = sorted((labels, list(counts), total) for labels, (counts, total) in self._cells.items())
-        out = _header(self.name, "histogram", self.help_text)
-        for labels, counts, total in cells:
-            running = 0
-            for bound, count in zip((*self.bounds, float("inf")), counts):
-                running += count
-                le = 'le="+Inf"' if bound == float("inf") else f'le="{bound:g}"'
-                out.append(f"{self.name}_bucket{_labels(self.label_names, labels, le)} {running}")
-            # Every digit (TF Serving rounds to 6): a rounded sum moves in steps, and rate() with it.
-            out.append(f"{self.name}_sum{_labels(self.label_names, labels)} {total!r}")
-            out.append(f"{self.name}_count{_labels(self.label_names, labels)} {running}")
-        return out
 
 
 @dataclass
@@ -145,17 +94,17 @@ class ServingMetrics:
 
 
 def prometheus_text(metrics: ServingMetrics, manager: ModelManager, batching: bool = False) -> str:
-    lines = _header(f"{PREFIX}:request_count", "counter", "The total number of requests.")
+    lines = header(f"{PREFIX}:request_count", "counter", "The total number of requests.")
     for labels, count in metrics.requests.snapshot():
-        lines.append(f"{PREFIX}:request_count{_labels(RequestCounter.LABELS, labels)} {count}")
+        lines.append(f"{PREFIX}:request_count{label_set(RequestCounter.LABELS, labels)} {count}")
     lines += metrics.request_latency.lines()
     if batching:
         lines += metrics.input_batch_size.lines() + metrics.processed_batch_size.lines()
         lines += metrics.padding_size.lines()
     versions = ":trainserve:serve_local:available_versions"
-    lines += _header(versions, "gauge", "Versions of each configured model AVAILABLE now.")
+    lines += header(versions, "gauge", "Versions of each configured model AVAILABLE now.")
     for name, model in sorted(manager.models.items()):
-        lines.append(f"{versions}{_labels(('model_name',), (name,))} {len(model.available())}")
+        lines.append(f"{versions}{label_set(('model_name',), (name,))} {len(model.available())}")
     return "\n".join(lines + version_state_lines(manager)) + "\n"
 
 
@@ -165,11 +114,11 @@ def version_state_lines(manager: ModelManager) -> list[str]:
     on purpose (END, OK) are left out: GetModelStatus keeps them all, but a series each would grow the page with
     every version ever published."""
     name = ":trainserve:serve_local:version_state"
-    lines = _header(name, "gauge", "1 for each version of each configured model, labelled with its state.")
+    lines = header(name, "gauge", "1 for each version of each configured model, labelled with its state.")
     for model_name, model in sorted(manager.models.items()):
         for version, state in sorted(list(model.versions.items())):
             if state.state == State.END and not state.error_message:
                 continue
             values = (model_name, str(version), State.Name(state.state), state.error_code)
-            lines.append(f"{name}{_labels(('model_name', 'version', 'state', 'error_code'), values)} 1")
+            lines.append(f"{name}{label_set(('model_name', 'version', 'state', 'error_code'), values)} 1")
     return lines

@@ -21,13 +21,13 @@ import numpy as np
 from google.protobuf import json_format
 
 from trainserve.errors import first_line
+from trainserve.exposition import CONTENT_TYPE
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.protos import predict_pb2
 from trainserve.protos.get_model_status_pb2 import ModelVersionStatus
 from trainserve.serving.capture import Capture
 from trainserve.serving.grpc_api import predict_response
 from trainserve.serving.manager import VersionState
-from trainserve.serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from trainserve.serving.metrics import prometheus_text
 from trainserve.serving.rest_json import rest_inputs
 from trainserve.serving.servables import Servables, ServingError
@@ -212,7 +212,7 @@ class RestHandler(BaseHTTPRequestHandler):
             capture = servables.capture  # read once: a config reload may swap it
             if capture is not None:
                 text += "\n".join(capture.prometheus_lines()) + "\n"
-            return self._send(200, text.encode(), METRICS_CONTENT_TYPE)
+            return self._send(200, text.encode(), CONTENT_TYPE)
         self._handle(self._get)
 
     def _get(self):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import grpc
 
 from trainserve.errors import TrainserveError, first_line
+from trainserve.exposition import UNKNOWN_MODEL
 from trainserve.layout import DEFAULT_SIGNATURE
 from trainserve.protos import get_model_metadata_pb2
 from trainserve.savedmodel import LoadedModel, RunError, UnknownSignature
@@ -30,7 +31,7 @@ from trainserve.serving.batching import Arrays, BatchScheduler, QueueFull, shape
 from trainserve.serving.capture import Capture, ModelCapture
 from trainserve.serving.config import Batching
 from trainserve.serving.manager import ModelManager, NotFound, ServableHandle, UnknownLabel, VersionState
-from trainserve.serving.metrics import UNKNOWN_MODEL, ServingMetrics
+from trainserve.serving.metrics import ServingMetrics
 
 
 class ServingError(Exception):

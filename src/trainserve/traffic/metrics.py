@@ -4,6 +4,7 @@ offered = written + dropped + lost + pending), written records deleted since (by
 
 from __future__ import annotations
 
+from trainserve.exposition import header, label_set
 from trainserve.traffic.accounting import Accounting
 from trainserve.traffic.writer import TrafficWriter
 
@@ -15,7 +16,6 @@ LOST = _BASE + "records_lost"
 PENDING = _BASE + "records_pending"
 DELETED = _BASE + "records_deleted"
 SKIPPED = _BASE + "calls_skipped"
-_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
 
 # name, type, help, and how to read it from an Accounting: an int, or a dict of counts by reason
 _SERIES = (
@@ -29,22 +29,19 @@ _SERIES = (
 )
 
 
-def _label(name: str, value: str) -> str:
-    return f'{name}="{value.translate(_ESCAPES)}"'
-
-
 def writer_lines(writers: dict[str, TrafficWriter]) -> list[str]:
     """Every series for each writer, keyed by its filename_prefix, sorted so that scrapes are stable; each
     writer's counts are read once, so they add up within a scrape."""
     counts: dict[str, Accounting] = {prefix: writers[prefix].accounting() for prefix in sorted(writers)}
     lines = []
     for name, kind, text, read in _SERIES:
-        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        lines += header(name, kind, text)
         for prefix, accounting in counts.items():
             value = read(accounting)
-            where = _label("filename_prefix", prefix)
             if isinstance(value, dict):
-                lines += [f"{name}{{{where},{_label('reason', r)}}} {n}" for r, n in value.items()]
+                lines += [
+                    f"{name}{label_set(('filename_prefix', 'reason'), (prefix, r))} {n}" for r, n in value.items()
+                ]
             else:
-                lines.append(f"{name}{{{where}}} {value}")
+                lines.append(f"{name}{label_set(('filename_prefix',), (prefix,))} {value}")
     return lines
