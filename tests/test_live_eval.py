@@ -374,17 +374,6 @@ def test_the_labels_table_keeps_each_example_once_as_a_dictionary_would(tmp_path
         assert found == [label]
 
 
-def test_a_regression_model_is_refused_in_one_line(tmp_path, capsys):
-    write_traffic(tmp_path / "cap", requests=4)
-    write_labels(tmp_path / "labels.csv", [("req-0000", 0, 1, "web")])
-    (tmp_path / "m" / "versions").mkdir(parents=True)
-    record = {"task": {"kind": "regression", "classes": 0, "targets": 1}, "test_split": {}}
-    (tmp_path / "m" / "versions" / "1.json").write_text(json.dumps(record))
-    code, report, err = live_eval(tmp_path, "--labels", str(tmp_path / "labels.csv"), capsys=capsys)
-    errors = [line for line in err.splitlines() if "error:" in line]
-    assert code == 2 and report is None and len(errors) == 1 and "classification answers" in errors[0], err
-
-
 def test_one_score_per_example_is_class_ones_probability(tmp_path, capsys):
     """A binary model answering one sigmoid score: class 1 when it is above one half, as eval reads it."""
     rng = np.random.default_rng(4)

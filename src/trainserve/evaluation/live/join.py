@@ -8,6 +8,10 @@ Per version, each captured example (every row of every record) is exactly one of
 version answered is `labelled but not captured` (the request was not sampled, or its id is wrong). The same example
 answered by two versions (shadowed traffic, a retry that reached another version) is a pair: the gates compare on
 pairs where there are enough.
+
+A regression model (one target) is joined the same way: its labels are numbers, its answers `predictions`, and
+per label and version the join keeps the squared error (8 bytes; NaN: not answered), from which the pairs'
+differences of squared and absolute errors are summed.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ import numpy as np
 
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.live.calibration import Calibration, calibrate_version, flag_calibration, read_answers
-from trainserve.evaluation.live.config import LiveEvalConfig
+from trainserve.evaluation.live.config import LiveEvalConfig, drop_margin
 from trainserve.evaluation.live.labels import LabelTable, SliceCodes, example_key, read_labels, request_hash
 from trainserve.evaluation.live.tally import VersionTally
-from trainserve.layout import PROBABILITIES
+from trainserve.layout import PREDICTIONS, PROBABILITIES
 from trainserve.splits import read_version_record
 from trainserve.task import Task
 from trainserve.tensors import from_tensor_proto
@@ -42,7 +46,8 @@ class Joined:
     task: Task
     labels: LabelTable
     versions: dict[int, VersionTally] = field(default_factory=dict)
-    answered: dict[int, np.ndarray] = field(default_factory=dict)  # version -> per label: -1, 0 wrong, 1 right
+    # version -> per label: -1 not answered, 0 wrong, 1 right; regression: the squared error, NaN not answered
+    answered: dict[int, np.ndarray] = field(default_factory=dict)
     input_slices: dict[str, SliceCodes] = field(default_factory=dict)
     estimate_notes: dict[int, str] = field(default_factory=dict)  # version -> why it has no estimate
     reused: dict[int, dict] | None = None  # --calibrations: version -> calibration, read once
@@ -50,18 +55,26 @@ class Joined:
     before_since: int = 0  # this shard's records answered before it, not scored
     read: ReadSummary = field(default_factory=ReadSummary)
 
+    @property
+    def regression(self) -> bool:
+        return self.task.kind == "regression"
+
     def labelled_not_captured(self) -> int:
         if not self.answered:
             return int(len(self.labels.keys))
-        any_answer = np.any(np.stack([a >= 0 for a in self.answered.values()]), axis=0)
+        any_answer = np.any(np.stack([_was_answered(a) for a in self.answered.values()]), axis=0)
         return int(len(any_answer) - any_answer.sum())
 
     def pairs(self) -> list[dict]:
-        """Every two versions' answers to the same labelled examples: how many, and who alone was right."""
+        """Every two versions' answers to the same labelled examples: how many, and who alone was right; for
+        regression, the sums of the paired differences (first minus second) of squared and absolute errors."""
         out = []
         for first, second in itertools.combinations(sorted(self.answered), 2):
             a, b = self.answered[first], self.answered[second]
-            both = (a >= 0) & (b >= 0)
+            both = _was_answered(a) & _was_answered(b)
+            if self.regression:
+                out.append(_error_pair(first, second, a[both], b[both]))
+                continue
             out.append(
                 {
                     "versions": [first, second],
@@ -74,6 +87,25 @@ class Joined:
         return out
 
 
+def _was_answered(answered: np.ndarray) -> np.ndarray:
+    return ~np.isnan(answered) if answered.dtype.kind == "f" else answered != NOT_ANSWERED
+
+
+def _error_pair(first: int, second: int, a: np.ndarray, b: np.ndarray) -> dict:
+    """Paired differences of two versions' squared and absolute errors on the examples both answered."""
+    differences = {"squared_error": a - b, "absolute_error": np.sqrt(a) - np.sqrt(b)}
+    return {
+        "versions": [first, second],
+        "examples": len(a),
+        "first_only": 0,
+        "second_only": 0,
+        "both_right": 0,
+        "differences": {
+            kind: {"sum": float(d.sum()), "sum_sq": float(np.sum(d * d))} for kind, d in differences.items()
+        },
+    }
+
+
 def model_task(data_dir: Path | None, model: str, width: int) -> Task:
     """The task of the newest version recorded in `data_dir`; else `width` classes named by their index (two for
     one score: class 1's probability, as eval reads it)."""
@@ -83,10 +115,10 @@ def model_task(data_dir: Path | None, model: str, width: int) -> Task:
         record = read_version_record(data_dir, model, number) or {}
         if (record.get("task") or {}).get("kind"):
             task = Task.from_json(record["task"])
-            if task.kind != "classification":
+            if task.kind == "regression" and task.targets != 1:
                 raise TrainserveError(
-                    f"model {model!r} is a {task.kind} model ({versions}/{number}.json): live-eval scores "
-                    "classification answers (their probabilities) only"
+                    f"model {model!r} predicts {task.targets} targets ({versions}/{number}.json): live-eval scores "
+                    "a regression model of one target (one number per label)"
                 )
             return task
     classes = max(width, 2)
@@ -99,7 +131,8 @@ def join_capture(config: LiveEvalConfig, captures: list[Path]) -> Joined:
     read = ReadSummary()
     records = read_capture(captures, config.model, None, read)
     first = next(records)
-    task = model_task(config.data_dir, config.model, _probabilities(first).shape[1])
+    task = model_task(config.data_dir, config.model, _width(first))
+    _check_task(config, task)
     header = _header(config.labels)
     label_slices = tuple(s for s in config.slice if s in header)
     class_of = {name: i for i, name in enumerate(task.label_names)}
@@ -112,6 +145,7 @@ def join_capture(config: LiveEvalConfig, captures: list[Path]) -> Joined:
         task.classes,
         label_slices,
         config.shard,
+        regression=task.kind == "regression",
     )
     joined = Joined(task, labels, read=read)
     joined.input_slices = {s: SliceCodes(s) for s in config.slice if s not in header}
@@ -135,6 +169,45 @@ def _header(path: Path) -> list[str]:
         raise TrainserveError(f"--labels {path}: not a UTF-8 CSV file ({exc})") from None
 
 
+def _check_task(config: LiveEvalConfig, task: Task) -> None:
+    """One line for each flag that means nothing for this task, before the labels are read."""
+    regression = task.kind == "regression"
+    if regression and config.min_accuracy is not None:
+        raise TrainserveError(
+            "--min-accuracy: a regression model has no accuracy: expected --max-drop mse=X or mae=X against "
+            "another version"
+        )
+    if regression and (config.model_base_path is not None or config.calibrations is not None):
+        raise TrainserveError(
+            "--model-base-path/--calibrations: the label-free estimate needs class probabilities (confidence): "
+            "a regression model has none: expected neither"
+        )
+    if config.max_drop is not None:
+        metric = drop_margin(config.max_drop).metric
+        if regression != (metric != "accuracy"):
+            expected = "mse=X or mae=X" if regression else "an accuracy drop (0.02 or accuracy=0.02)"
+            raise TrainserveError(f"--max-drop {config.max_drop}: a {task.kind} model: expected {expected}")
+
+
+def _width(record: CapturedRequest) -> int:
+    """The width of the first answer: its probabilities, or 1 for a regression model's predictions."""
+    if PROBABILITIES not in record.response.outputs and PREDICTIONS in record.response.outputs:
+        return 1
+    return _probabilities(record).shape[1]
+
+
+def _predictions(record: CapturedRequest) -> np.ndarray:
+    """A regression answer: one number per example."""
+    outputs = record.response.outputs
+    if PREDICTIONS not in outputs:
+        raise TrainserveError(
+            f"request {record.request_id!r} (version {record.version}) was answered with outputs "
+            f"{', '.join(sorted(outputs)) or 'none'}: expected {PREDICTIONS!r} (a regression model's answer)"
+        )
+    values = from_tensor_proto(outputs[PREDICTIONS]).astype(np.float64)
+    return values.reshape(len(values) if values.ndim else 1, -1)[:, 0] if values.size else values.reshape(0)
+
+
 def _probabilities(record: CapturedRequest) -> np.ndarray:
     outputs = record.response.outputs
     if PROBABILITIES not in outputs:
@@ -150,12 +223,16 @@ def _side(joined: Joined, config: LiveEvalConfig, version: int) -> VersionTally:
     side = joined.versions.get(version)
     if side is None:
         calibration = _calibration(joined, config, version)
-        side = joined.versions[version] = VersionTally(version, joined.task.classes, calibration)
-        joined.answered[version] = np.full(len(joined.labels.keys), NOT_ANSWERED, np.int8)
+        side = joined.versions[version] = VersionTally(version, joined.task.classes, calibration, joined.regression)
+        empty = (np.nan, np.float64) if joined.regression else (NOT_ANSWERED, np.int8)
+        joined.answered[version] = np.full(len(joined.labels.keys), *empty)
     return side
 
 
 def _calibration(joined: Joined, config: LiveEvalConfig, version: int) -> Calibration | None:
+    if joined.regression:
+        joined.estimate_notes[version] = "a regression model: no label-free estimate (it needs class probabilities)"
+        return None
     if config.calibrations is not None:
         return _reused_calibration(joined, config, version)
     if config.model_base_path is None:
@@ -193,6 +270,9 @@ def _reused_calibration(joined: Joined, config: LiveEvalConfig, version: int) ->
 def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest) -> None:
     side = _side(joined, config, record.version)
     side.records += 1
+    if joined.regression:
+        _join_regression(joined, config, record, side)
+        return
     scores = _probabilities(record)
     if scores.shape[1] != joined.task.classes and not (scores.shape[1] == 1 and joined.task.classes == 2):
         raise TrainserveError(
@@ -229,6 +309,36 @@ def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest
             n_bins,
         )
 
+    _count_everywhere(joined, config, record, side, count, n, scored, at)
+
+
+def _lookup(joined: Joined, record: CapturedRequest, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's label index or -1, the duplicate rows: labelled examples this version had answered before)."""
+    keys = np.fromiter((example_key(record.request_id, row) for row in range(n)), np.uint64, n)
+    found = joined.labels.find(keys)
+    answered = _was_answered(joined.answered[record.version])
+    return found, (found >= 0) & answered[np.maximum(found, 0)]
+
+
+def _join_regression(joined: Joined, config: LiveEvalConfig, record: CapturedRequest, side: VersionTally) -> None:
+    """The regression join: the squared error of each scored row, counted per window and slice."""
+    predicted = _predictions(record)
+    n = len(predicted)
+    found, duplicate = _lookup(joined, record, n)
+    scored = (found >= 0) & ~duplicate
+    at = found[scored]
+    squared = (predicted[scored] - joined.labels.labels[at]) ** 2
+    joined.answered[record.version][at] = squared
+    side.duplicates += int(duplicate.sum())
+
+    def count(cell, rows: np.ndarray) -> None:
+        cell.add_errors(int(np.sum(rows)), squared[rows[scored]])
+
+    _count_everywhere(joined, config, record, side, count, n, scored, at)
+
+
+def _count_everywhere(joined, config, record, side: VersionTally, count, n: int, scored, at) -> None:
+    """`count` the record's rows into the version's overall cell, its window's and each slice value's."""
     every = np.ones(n, bool)
     count(side.overall, every)
     every_s = config.window_s
