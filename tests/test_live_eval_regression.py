@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import stats as scipy_stats
+from test_live_eval import T0, live_eval, write_labels
 
 from captures import capture_name, prediction_log, write_capture
-from test_live_eval import T0, live_eval, write_labels
 from trainserve.cli import main
 from trainserve.evaluation.live.gates import MIN_PAIRED
 from trainserve.evaluation.live.report import validate_report
@@ -119,9 +119,7 @@ def test_per_version_mse_and_mae_equal_numpy_on_the_recorded_answers(tmp_path, r
         assert section["duplicates"] == retried  # the retry's answer (one off) was not scored
         assert section["unlabelled"] == REQUESTS * ROWS + 15 * ROWS - len(labelled) - retried
         assert sum(w["examples"] for w in section["windows"]) == len(labelled)
-        assert sum(w["errors"]["squared_error"]["sum"] for w in section["windows"]) == pytest.approx(
-            np.sum(error**2)
-        )
+        assert sum(w["errors"]["squared_error"]["sum"] for w in section["windows"]) == pytest.approx(np.sum(error**2))
         web = [k for k in labelled if k[1] == 0]
         (web_cell,) = [c for c in section["slices"]["channel"] if c["value"] == "web"]
         web_error = np.array([predicted[(section["version"], *k)] - labelled[k] for k in web])

@@ -119,7 +119,7 @@ class LiveEvalConfig:
     max_drop: float | str | None = option(
         None,
         "fail (exit 1) when --version is shown worse than --baseline-version by more than this: an accuracy drop "
-        "(0.02), or METRIC=DROP[%] (accuracy=0.02; regression: mse=0.1, mae=5%%) (paired on the requests both "
+        "(0.02), or METRIC=DROP[%%] (accuracy=0.02; regression: mse=0.1, mae=5%%) (paired on the requests both "
         "answered, else unpaired)",
         parse=parse_drop,
     )

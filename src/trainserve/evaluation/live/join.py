@@ -25,14 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
+from trainserve.evaluation.live.answers import error_pair, input_values, predictions, probabilities, width
 from trainserve.evaluation.live.calibration import Calibration, calibrate_version, flag_calibration, read_answers
 from trainserve.evaluation.live.config import LiveEvalConfig, drop_margin
 from trainserve.evaluation.live.labels import LabelTable, SliceCodes, example_key, read_labels, request_hash
 from trainserve.evaluation.live.tally import VersionTally
-from trainserve.layout import PREDICTIONS, PROBABILITIES
 from trainserve.splits import read_version_record
 from trainserve.task import Task
-from trainserve.tensors import from_tensor_proto
 from trainserve.traffic.reader import CapturedRequest, ReadSummary, read_capture
 
 log = logging.getLogger(__name__)
@@ -73,7 +72,7 @@ class Joined:
             a, b = self.answered[first], self.answered[second]
             both = _was_answered(a) & _was_answered(b)
             if self.regression:
-                out.append(_error_pair(first, second, a[both], b[both]))
+                out.append(error_pair(first, second, a[both], b[both]))
                 continue
             out.append(
                 {
@@ -89,21 +88,6 @@ class Joined:
 
 def _was_answered(answered: np.ndarray) -> np.ndarray:
     return ~np.isnan(answered) if answered.dtype.kind == "f" else answered != NOT_ANSWERED
-
-
-def _error_pair(first: int, second: int, a: np.ndarray, b: np.ndarray) -> dict:
-    """Paired differences of two versions' squared and absolute errors on the examples both answered."""
-    differences = {"squared_error": a - b, "absolute_error": np.sqrt(a) - np.sqrt(b)}
-    return {
-        "versions": [first, second],
-        "examples": len(a),
-        "first_only": 0,
-        "second_only": 0,
-        "both_right": 0,
-        "differences": {
-            kind: {"sum": float(d.sum()), "sum_sq": float(np.sum(d * d))} for kind, d in differences.items()
-        },
-    }
 
 
 def model_task(data_dir: Path | None, model: str, width: int) -> Task:
@@ -131,7 +115,7 @@ def join_capture(config: LiveEvalConfig, captures: list[Path]) -> Joined:
     read = ReadSummary()
     records = read_capture(captures, config.model, None, read)
     first = next(records)
-    task = model_task(config.data_dir, config.model, _width(first))
+    task = model_task(config.data_dir, config.model, width(first))
     _check_task(config, task)
     header = _header(config.labels)
     label_slices = tuple(s for s in config.slice if s in header)
@@ -189,36 +173,6 @@ def _check_task(config: LiveEvalConfig, task: Task) -> None:
             raise TrainserveError(f"--max-drop {config.max_drop}: a {task.kind} model: expected {expected}")
 
 
-def _width(record: CapturedRequest) -> int:
-    """The width of the first answer: its probabilities, or 1 for a regression model's predictions."""
-    if PROBABILITIES not in record.response.outputs and PREDICTIONS in record.response.outputs:
-        return 1
-    return _probabilities(record).shape[1]
-
-
-def _predictions(record: CapturedRequest) -> np.ndarray:
-    """A regression answer: one number per example."""
-    outputs = record.response.outputs
-    if PREDICTIONS not in outputs:
-        raise TrainserveError(
-            f"request {record.request_id!r} (version {record.version}) was answered with outputs "
-            f"{', '.join(sorted(outputs)) or 'none'}: expected {PREDICTIONS!r} (a regression model's answer)"
-        )
-    values = from_tensor_proto(outputs[PREDICTIONS]).astype(np.float64)
-    return values.reshape(len(values) if values.ndim else 1, -1)[:, 0] if values.size else values.reshape(0)
-
-
-def _probabilities(record: CapturedRequest) -> np.ndarray:
-    outputs = record.response.outputs
-    if PROBABILITIES not in outputs:
-        raise TrainserveError(
-            f"request {record.request_id!r} (version {record.version}) was answered with outputs "
-            f"{', '.join(sorted(outputs)) or 'none'}: expected {PROBABILITIES!r} (a classification model's answer)"
-        )
-    scores = from_tensor_proto(outputs[PROBABILITIES])
-    return scores.reshape(len(scores), -1) if scores.ndim else scores.reshape(1, -1)
-
-
 def _side(joined: Joined, config: LiveEvalConfig, version: int) -> VersionTally:
     side = joined.versions.get(version)
     if side is None:
@@ -273,7 +227,7 @@ def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest
     if joined.regression:
         _join_regression(joined, config, record, side)
         return
-    scores = _probabilities(record)
+    scores = probabilities(record)
     if scores.shape[1] != joined.task.classes and not (scores.shape[1] == 1 and joined.task.classes == 2):
         raise TrainserveError(
             f"request {record.request_id!r} (version {record.version}) answered {scores.shape[1]} probabilities: "
@@ -281,10 +235,8 @@ def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest
         )
     log_p, confidence, predicted = read_answers(scores)
     n = len(predicted)
-    keys = np.fromiter((example_key(record.request_id, row) for row in range(n)), np.uint64, n)
-    found = joined.labels.find(keys)
+    found, duplicate = _lookup(joined, record, n)
     answered = joined.answered[record.version]
-    duplicate = (found >= 0) & (answered[np.maximum(found, 0)] != NOT_ANSWERED)
     scored = (found >= 0) & ~duplicate
     at = found[scored]
     truth = joined.labels.labels[at]
@@ -322,7 +274,7 @@ def _lookup(joined: Joined, record: CapturedRequest, n: int) -> tuple[np.ndarray
 
 def _join_regression(joined: Joined, config: LiveEvalConfig, record: CapturedRequest, side: VersionTally) -> None:
     """The regression join: the squared error of each scored row, counted per window and slice."""
-    predicted = _predictions(record)
+    predicted = predictions(record)
     n = len(predicted)
     found, duplicate = _lookup(joined, record, n)
     scored = (found >= 0) & ~duplicate
@@ -350,24 +302,6 @@ def _count_everywhere(joined, config, record, side: VersionTally, count, n: int,
         for code in np.unique(values[scored]):
             count(side.slice_cell(column, joined.labels.slices[column].values[code]), values == code)
     for column, codes in joined.input_slices.items():
-        values = _input_values(record, column, n)
+        values = input_values(record, column, n)
         for value in dict.fromkeys(values):
             count(side.slice_cell(column, codes.values[codes.code(value)]), values == value)
-
-
-def _input_values(record: CapturedRequest, name: str, n: int) -> np.ndarray:
-    """The request input `name`, one text value per example; one error line when it is not that."""
-    if name not in record.request.inputs:
-        raise TrainserveError(
-            f"--slice {name}: neither a labels-file column nor an input of request {record.request_id!r} "
-            f"(inputs: {', '.join(sorted(record.request.inputs))})"
-        )
-    array = from_tensor_proto(record.request.inputs[name])
-    array = array.reshape(1) if array.ndim == 0 else array
-    if array.size != n:
-        raise TrainserveError(
-            f"--slice {name}: input shaped {list(array.shape)} in request {record.request_id!r}: expected one value "
-            f"per example ({n})"
-        )
-    flat = array.reshape(n)
-    return np.array([v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat], dtype=object)

@@ -124,9 +124,7 @@ def _add_version(merged: Merged, section: dict) -> None:
     if side is None:
         cal = section["calibration"]
         calibration = None if cal is None else Calibration.from_json(cal)
-        side = merged.versions[v] = VersionTally(
-            v, merged.task.classes, calibration, merged.task.kind == "regression"
-        )
+        side = merged.versions[v] = VersionTally(v, merged.task.classes, calibration, merged.task.kind == "regression")
         if section["estimate_note"]:
             merged.estimate_notes[v] = section["estimate_note"]
     side.records += section["records"]
