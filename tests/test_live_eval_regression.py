@@ -106,6 +106,8 @@ def test_per_version_mse_and_mae_equal_numpy_on_the_recorded_answers(tmp_path, r
     assert "2 labels-file row(s) skipped: unparseable label" in err and "Traceback" not in err
     assert report["labels"]["duplicate_rows"] == 3 and report["labels"]["conflicting_examples"] == 1
     assert report["join"]["labelled_not_captured"] == 1
+    page = (tmp_path / "out" / "live.html").read_text()
+    assert "mse over time" in page and 'id="live-v2"' in page and "no label-free estimate" in page
     for section in report["versions"]:
         error = errors_of(predicted, labelled, section["version"])
         cell = section["overall"]
