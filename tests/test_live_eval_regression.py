@@ -198,3 +198,13 @@ def test_flags_that_mean_nothing_for_regression_are_refused_in_one_line(tmp_path
     code, report, err = live_eval(tmp_path, "--labels", str(tmp_path / "labels.csv"), *flags, capsys=capsys)
     errors = [line for line in err.splitlines() if "error:" in line]
     assert code == 2 and report is None and len(errors) == 1 and said in errors[0], err
+
+
+def test_a_regression_model_of_two_targets_is_refused_in_one_line(tmp_path, capsys):
+    write_regression_traffic(tmp_path)
+    record = {"task": {"kind": "regression", "classes": 0, "targets": 2}, "test_split": {}}
+    (tmp_path / "m" / "versions" / "1.json").write_text(json.dumps(record))
+    write_labels(tmp_path / "labels.csv", [("req-0000", 0, "1.5", "web")])
+    code, report, err = live_eval(tmp_path, "--labels", str(tmp_path / "labels.csv"), capsys=capsys)
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and report is None and len(errors) == 1 and "predicts 2 targets" in errors[0], err

@@ -43,7 +43,12 @@ def predictions(record: CapturedRequest) -> np.ndarray:
             f"{', '.join(sorted(outputs)) or 'none'}: expected {PREDICTIONS!r} (a regression model's answer)"
         )
     values = from_tensor_proto(outputs[PREDICTIONS]).astype(np.float64)
-    return values.reshape(len(values) if values.ndim else 1, -1)[:, 0] if values.size else values.reshape(0)
+    if values.ndim > 2 or (values.ndim == 2 and values.shape[1] != 1):
+        raise TrainserveError(
+            f"request {record.request_id!r} (version {record.version}) answered {PREDICTIONS!r} shaped "
+            f"{list(values.shape)}: expected one number per example ([N] or [N, 1])"
+        )
+    return values.reshape(-1)
 
 
 def probabilities(record: CapturedRequest) -> np.ndarray:
