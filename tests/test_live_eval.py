@@ -403,3 +403,13 @@ def test_since_leaves_out_the_answers_given_before_it_and_counts_them(tmp_path, 
     for section in report["versions"]:
         assert min(w["start"] for w in section["windows"]) == T0 + 15 * 3600 - (T0 + 15 * 3600) % 3600
         assert section["records"] == 30 + 7
+
+
+def test_max_drop_takes_eval_s_metric_form_for_accuracy_and_refuses_an_error_metric(tmp_path, traffic, capsys):
+    labels = str(tmp_path / "labels.csv")
+    _, bare, _ = live_eval(tmp_path, "--labels", labels, "--max-drop", "0.2", capsys=capsys)
+    _, named, _ = live_eval(tmp_path, "--labels", labels, "--max-drop", "accuracy=0.2", capsys=capsys)
+    assert named["gates"][0]["interval"] == bare["gates"][0]["interval"]
+    assert named["gates"][0]["verdict"] == bare["gates"][0]["verdict"]
+    code, _, err = live_eval(tmp_path, "--labels", labels, "--max-drop", "mse=0.1", capsys=capsys)
+    assert code == 2 and "a classification model: expected an accuracy drop" in err

@@ -54,9 +54,10 @@ def parse_drop(text: str) -> float | str:
     """`0.02` (accuracy, a share), or eval's METRIC=DROP[%] (`accuracy=0.02`, `mse=0.1`, `mae=5%`)."""
     if "=" not in text:
         return share(text)
-    (margin,) = parse_margins(text) or (None,)
-    if margin is None or "," in text:
+    margins = parse_margins(text)
+    if len(margins) != 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected one METRIC=DROP, e.g. accuracy=0.02 or mse=0.1")
+    margin = margins[0]
     if margin.metric not in ("accuracy", *REGRESSION_DROPS):
         raise argparse.ArgumentTypeError(
             f"{text!r}: live-eval compares accuracy (classification) or {', '.join(REGRESSION_DROPS)} (regression)"

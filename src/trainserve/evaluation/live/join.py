@@ -268,8 +268,10 @@ def _lookup(joined: Joined, record: CapturedRequest, n: int) -> tuple[np.ndarray
     """(each row's label index or -1, the duplicate rows: labelled examples this version had answered before)."""
     keys = np.fromiter((example_key(record.request_id, row) for row in range(n)), np.uint64, n)
     found = joined.labels.find(keys)
-    answered = _was_answered(joined.answered[record.version])
-    return found, (found >= 0) & answered[np.maximum(found, 0)]
+    if not len(joined.labels.keys):
+        return found, np.zeros(n, bool)
+    before = joined.answered[record.version][np.maximum(found, 0)]  # only this record's rows: O(n), not O(labels)
+    return found, (found >= 0) & _was_answered(before)
 
 
 def _join_regression(joined: Joined, config: LiveEvalConfig, record: CapturedRequest, side: VersionTally) -> None:
