@@ -60,7 +60,8 @@ def parse_drop(text: str) -> float | str:
     margin = margins[0]
     if margin.metric not in ("accuracy", *REGRESSION_DROPS):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: live-eval compares accuracy (classification) or {', '.join(REGRESSION_DROPS)} (regression)"
+            f"{text!r}: live-eval compares accuracy (classification) or {', '.join(REGRESSION_DROPS)} (regression): "
+            "expected one of those"
         )
     return margin.describe()
 
