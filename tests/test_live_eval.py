@@ -374,17 +374,6 @@ def test_the_labels_table_keeps_each_example_once_as_a_dictionary_would(tmp_path
         assert found == [label]
 
 
-def test_a_regression_model_is_refused_in_one_line(tmp_path, capsys):
-    write_traffic(tmp_path / "cap", requests=4)
-    write_labels(tmp_path / "labels.csv", [("req-0000", 0, 1, "web")])
-    (tmp_path / "m" / "versions").mkdir(parents=True)
-    record = {"task": {"kind": "regression", "classes": 0, "targets": 1}, "test_split": {}}
-    (tmp_path / "m" / "versions" / "1.json").write_text(json.dumps(record))
-    code, report, err = live_eval(tmp_path, "--labels", str(tmp_path / "labels.csv"), capsys=capsys)
-    errors = [line for line in err.splitlines() if "error:" in line]
-    assert code == 2 and report is None and len(errors) == 1 and "classification answers" in errors[0], err
-
-
 def test_one_score_per_example_is_class_ones_probability(tmp_path, capsys):
     """A binary model answering one sigmoid score: class 1 when it is above one half, as eval reads it."""
     rng = np.random.default_rng(4)
@@ -414,3 +403,13 @@ def test_since_leaves_out_the_answers_given_before_it_and_counts_them(tmp_path, 
     for section in report["versions"]:
         assert min(w["start"] for w in section["windows"]) == T0 + 15 * 3600 - (T0 + 15 * 3600) % 3600
         assert section["records"] == 30 + 7
+
+
+def test_max_drop_takes_eval_s_metric_form_for_accuracy_and_refuses_an_error_metric(tmp_path, traffic, capsys):
+    labels = str(tmp_path / "labels.csv")
+    _, bare, _ = live_eval(tmp_path, "--labels", labels, "--max-drop", "0.2", capsys=capsys)
+    _, named, _ = live_eval(tmp_path, "--labels", labels, "--max-drop", "accuracy=0.2", capsys=capsys)
+    assert named["gates"][0]["interval"] == bare["gates"][0]["interval"]
+    assert named["gates"][0]["verdict"] == bare["gates"][0]["verdict"]
+    code, _, err = live_eval(tmp_path, "--labels", labels, "--max-drop", "mse=0.1", capsys=capsys)
+    assert code == 2 and "a classification model: expected an accuracy drop" in err

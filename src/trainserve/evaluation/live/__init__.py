@@ -4,9 +4,11 @@ Every captured record holds the request, the answer the client got, the version 
 the client sent (`x-request-id`). Scoring those answers against late labels needs no server: it is a join. No
 request is sent anywhere; the answers scored are the recorded ones.
 
-Module order: config (flags) -> labels (the labels file, read once into compact sorted arrays) -> calibration
+Module order: config (flags) -> labels (the labels file, read once into compact sorted arrays) -> answers (what a
+record holds: probabilities, or a regression model's predictions) -> calibration
 (the label-free estimate: confidence-based performance estimation, calibrated on the version's held-out split)
 -> tally (additive counts: per version, window and slice) -> join (stream the capture, join, count) -> gates
 (--min-accuracy, --max-drop, paired or unpaired) -> report (JSON, table) -> html -> merge (shards) -> the command
 (in evaluation/commands.py). Inside the evaluation stage: it uses eval's metric and interval functions.
+A regression model (one target) is scored the same way: MSE, RMSE and MAE with intervals, no label-free estimate.
 """

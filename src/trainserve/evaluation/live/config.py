@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from trainserve.errors import TrainserveError
+from trainserve.evaluation.noninferiority import Margin, parse_margins
 from trainserve.files import ensure_writable_dir
 from trainserve.options import option, positive_int, share
 from trainserve.shards import Shard, parse_shard
@@ -46,6 +47,32 @@ def since_seconds(text: str, now: float) -> int:
     return int(when.timestamp())
 
 
+REGRESSION_DROPS = ("mse", "mae")  # the metrics --max-drop compares for regression: means of per-example errors
+
+
+def parse_drop(text: str) -> float | str:
+    """`0.02` (accuracy, a share), or eval's METRIC=DROP[%] (`accuracy=0.02`, `mse=0.1`, `mae=5%`)."""
+    if "=" not in text:
+        return share(text)
+    margins = parse_margins(text)
+    if len(margins) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected one METRIC=DROP, e.g. accuracy=0.02 or mse=0.1")
+    margin = margins[0]
+    if margin.metric not in ("accuracy", *REGRESSION_DROPS):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: live-eval compares accuracy (classification) or {', '.join(REGRESSION_DROPS)} (regression): "
+            "expected one of those"
+        )
+    return margin.describe()
+
+
+def drop_margin(value: float | str) -> Margin:
+    """--max-drop as a margin: a bare number is an accuracy drop (what it always meant)."""
+    if isinstance(value, int | float):
+        return Margin("accuracy", float(value))
+    return parse_margins(value)[0]
+
+
 def parse_since(text: str) -> str:
     try:
         since_seconds(text, 0)
@@ -67,7 +94,10 @@ class LiveEvalConfig:
         "the labels file's column holding the example's row within a batched request (0 for the first); "
         "without this column every label is for row 0",
     )
-    label_column: str = option("label", "the labels file's column holding the true class (an index or a name)")
+    label_column: str = option(
+        "label",
+        "the labels file's column holding the true class (an index or a name); for a regression model the true number",
+    )
     model: str = option("digits", "the model whose captured answers are scored")
     data_dir: Path | None = option(
         Path("data"), "where training wrote each version's record and held-out split (DIR/<model>/versions/)"
@@ -84,14 +114,16 @@ class LiveEvalConfig:
     )
     min_accuracy: float | None = option(
         None,
-        "fail (exit 1) when a version's live accuracy is shown below this (its interval's upper end)",
+        "fail (exit 1) when a version's live accuracy is shown below this (its interval's upper end); "
+        "classification only",
         parse=share,
     )
-    max_drop: float | None = option(
+    max_drop: float | str | None = option(
         None,
-        "fail (exit 1) when --version's accuracy is shown lower than --baseline-version's by more than this "
-        "(paired on the requests both answered, else unpaired)",
-        parse=share,
+        "fail (exit 1) when --version is shown worse than --baseline-version by more than this: an accuracy drop "
+        "(0.02), or METRIC=DROP[%%] (accuracy=0.02; regression: mse=0.1, mae=5%%) (paired on the requests both "
+        "answered, else unpaired)",
+        parse=parse_drop,
     )
     version: int | None = option(
         None, "the version the gates judge (default: the newest one captured)", parse=positive_int

@@ -6,12 +6,22 @@ shown to hold, shown to fail, or inconclusive (too few labels yet; `--inconclusi
 of paired proportions (Tango's interval widened to agree with McNemar's exact test, as eval's comparison uses) on
 the examples both answered. Where fewer than MIN_PAIRED were, it is unpaired: Newcombe's hybrid score interval
 from the two versions' Wilson intervals, over each version's own labelled examples. The report says which.
+
+For a regression model `--max-drop mse=X` (or mae=X, or X% of the baseline's value) judges the rise of the mean
+squared (absolute) error: paired, Student's t interval of the mean per-example difference on the examples both
+answered; unpaired, Welch's interval of the difference of the two means (each over its own labelled examples,
+degrees of freedom by Welch-Satterthwaite). Both come from additive sums, so merged shards judge alike.
 """
 
 from __future__ import annotations
 
+import math
+
 from trainserve.errors import TrainserveError
+from trainserve.evaluation.live.config import drop_margin
+from trainserve.evaluation.live.tally import mean_and_variance, mean_interval_from_sums
 from trainserve.evidence.decision import non_inferiority
+from trainserve.stats.distributions import t_quantile
 from trainserve.stats.proportions import newcombe_interval, paired_proportion_interval, wilson_interval
 
 MIN_PAIRED = 30
@@ -105,6 +115,67 @@ def max_drop_gate(
     }
 
 
+def welch_interval(a: dict, b: dict, level: float) -> tuple[float, float] | tuple[None, None]:
+    """Welch's interval of mean(a) - mean(b), two independent samples given as {n, sum, sum_sq}."""
+    if a["n"] < 2 or b["n"] < 2:
+        return None, None
+    (mean_a, var_a), (mean_b, var_b) = (mean_and_variance(s["n"], s["sum"], s["sum_sq"]) for s in (a, b))
+    share_a, share_b = var_a / a["n"], var_b / b["n"]
+    se = math.sqrt(share_a + share_b)
+    if se == 0:
+        return mean_a - mean_b, mean_a - mean_b
+    df = se**4 / (share_a**2 / (a["n"] - 1) + share_b**2 / (b["n"] - 1))
+    half = t_quantile(1 - (1 - level) / 2, df) * se
+    return mean_a - mean_b - half, mean_a - mean_b + half
+
+
+def error_drop_gate(
+    candidate: dict, baseline: dict, pair: dict | None, margin, level: float, inconclusive: str
+) -> dict:
+    """The rise of `candidate`'s mean error (mse or mae) over `baseline`'s, paired where there are enough pairs;
+    judged as eval's --max-drop is: non-inferior when the interval's worse end stays within the margin."""
+    metric = margin.metric
+    kind = "squared_error" if metric == "mse" else "absolute_error"
+    paired = pair is not None and pair["examples"] >= MIN_PAIRED
+    c, b = candidate["overall"], baseline["overall"]
+    if paired:
+        n, sums = pair["examples"], pair["differences"][kind]
+        sign = 1 if pair["versions"][0] == candidate["version"] else -1  # the pair holds first minus second
+        ends = mean_interval_from_sums(n, sums["sum"], sums["sum_sq"], level)
+        difference = sign * sums["sum"] / n
+        low, high = (None, None) if ends is None else sorted(sign * e for e in ends)
+        method = f"paired on {n} examples both answered (Student's t interval of the per-example difference)"
+    else:
+        sides = [{"n": s["examples"], **s["errors"][kind]} for s in (c, b)]
+        difference = None if not (c["examples"] and b["examples"]) else c[metric] - b[metric]
+        low, high = welch_interval(*sides, level)
+        shared = pair["examples"] if pair else 0
+        method = f"unpaired ({shared} examples answered by both, fewer than {MIN_PAIRED}; Welch's interval)"
+    allowed = margin.absolute(b[metric] or 0.0)
+    # Lower is better: the gain is minus the rise, so the gain's interval is the rise's, negated and swapped.
+    verdict = non_inferiority(None if high is None else -high, None if low is None else -low, allowed)
+    passed = verdict == "non-inferior" or (verdict == "inconclusive" and inconclusive == "pass")
+    change = "n/a" if difference is None else f"{difference:+.4g}"
+    bounds = "n/a" if low is None else f"[{low:+.4g}, {high:+.4g}]"
+    return {
+        "kind": "max-drop",
+        "metric": metric,
+        "version": candidate["version"],
+        "baseline_version": baseline["version"],
+        "threshold": margin.drop,
+        "relative": margin.relative,
+        "margin": allowed,
+        "paired": paired,
+        "method": method,
+        "value": difference,
+        "interval": None if low is None else [low, high],
+        "verdict": verdict,
+        "passed": passed,
+        "said": f"version {candidate['version']} vs {baseline['version']}: {metric} change {change} {bounds}, "
+        f"{method}: {verdict} with a margin of {margin.describe().partition('=')[2]} (allowed rise {allowed:.4g})",
+    }
+
+
 def judge_gates(config, sections: dict[int, dict], pairs: list[dict]) -> list[dict]:
     candidate, baseline = judged_versions(config, sections)
     gates = []
@@ -112,9 +183,17 @@ def judge_gates(config, sections: dict[int, dict], pairs: list[dict]) -> list[di
         gates.append(min_accuracy_gate(sections[candidate], config.min_accuracy, config.level, config.inconclusive))
     if config.max_drop is not None and candidate is not None:
         pair = next((p for p in pairs if set(p["versions"]) == {candidate, baseline}), None)
-        gates.append(
-            max_drop_gate(
-                sections[candidate], sections[baseline], pair, config.max_drop, config.level, config.inconclusive
+        margin = drop_margin(config.max_drop)
+        if margin.metric == "accuracy":
+            gates.append(
+                max_drop_gate(
+                    sections[candidate], sections[baseline], pair, margin.drop, config.level, config.inconclusive
+                )
             )
-        )
+        else:
+            gates.append(
+                error_drop_gate(
+                    sections[candidate], sections[baseline], pair, margin, config.level, config.inconclusive
+                )
+            )
     return gates

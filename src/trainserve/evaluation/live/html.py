@@ -1,5 +1,6 @@
 """live-eval.html beside the JSON report: the verdict, the join's counts, the labels file's problems, per version
-the realised accuracy over time with its interval drawn and the label-free estimate beside it, and the slices."""
+the realised accuracy over time with its interval drawn and the label-free estimate beside it, and the slices.
+A regression model's page shows MSE and MAE with their intervals instead (MSE over time), and no estimate."""
 
 from __future__ import annotations
 
@@ -26,10 +27,14 @@ def render_html(report: dict) -> str:
     body = [html_page.verdict(report["passed"] if report["gates"] else None, said)]
     body.append(_join_table(report))
     body += [f'<p class="labels">{html_page.escape(line)}</p>' for line in report_warnings(report)]
+    metric = _headline(report)
     if any(s["windows"] for s in report["versions"]):
-        body.append(html_page.figure(lambda out: plot_over_time(report, out), "accuracy over time", "plot-over-time"))
+        body.append(html_page.figure(lambda out: plot_over_time(report, out), f"{metric} over time", "plot-over-time"))
     for section in report["versions"]:
-        body.append(_section(section, report["settings"]["window"]))
+        if metric == "mse":
+            body.append(_error_section(section, report["settings"]["window"]))
+        else:
+            body.append(_section(section, report["settings"]["window"]))
     footer = (
         f"trainserve {report['trainserve']}, {report['created']}, labels {report['labels']['path']}, "
         f"join on {report['join']['key']}; no request was sent: the answers are the recorded ones"
@@ -50,6 +55,35 @@ def _join_table(report: dict) -> str:
         ["examples given conflicting labels (not scored)", labels["conflicting_examples"]],
     ]
     return html_page.table(["the join", "count"], rows, caption=f"join on {j['key']}", ident="join")
+
+
+def _headline(report: dict) -> str:
+    """The metric drawn over time: accuracy, or a regression model's MSE."""
+    return "mse" if report["task"]["kind"] == "regression" else "accuracy"
+
+
+def _interval_of(cell: dict, metric: str) -> list[float] | None:
+    return cell["interval"] if metric == "accuracy" else cell[f"{metric}_interval"]
+
+
+def _error_section(section: dict, window: str) -> str:
+    """A regression version: MSE, RMSE and MAE with their intervals, per window and per slice value."""
+    v = section["version"]
+    header = ["window (UTC)", "answers", "labelled", "mse", "interval", "rmse", "mae", "interval"]
+
+    def row(name: str, cell: dict) -> list:
+        said = [(f"[{e[0]:.4g}, {e[1]:.4g}]" if (e := _interval_of(cell, m)) else None) for m in ("mse", "mae")]
+        return [name, cell["captured"], cell["examples"], cell["mse"], said[0], cell["rmse"], cell["mae"], said[1]]
+
+    rows = [row(_when(w["start"], window), w) for w in section["windows"]] + [row("all", section["overall"])]
+    parts = [f"<h2>Version {v}</h2>", f"<p>{html_page.escape(section['estimate_note'] or '')}</p>"]
+    parts.append(html_page.table(header, rows, ident=f"live-v{v}"))
+    for column, cells in section["slices"].items():
+        ident = f"slice-v{v}-{column}"
+        parts.append(
+            html_page.table([column, *header[1:]], [row(c["value"], c) for c in cells], caption=column, ident=ident)
+        )
+    return "".join(parts)
 
 
 def _section(section: dict, window: str) -> str:
@@ -108,25 +142,27 @@ def _when(start: int, window: str) -> str:
 
 
 def plot_over_time(report: dict, out) -> None:
-    """Realised accuracy per window and version (points, interval bars), the estimate beside it (dashed)."""
+    """Realised accuracy (a regression model's MSE) per window and version (points, interval bars), the estimate
+    beside it (dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    metric = _headline(report)
     fig, ax = plt.subplots(figsize=(9, 4))
     for i, section in enumerate(report["versions"]):
         color = f"C{i % 10}"
         windows = section["windows"]
         when = [datetime.datetime.fromtimestamp(w["start"], datetime.UTC) for w in windows]
-        scored = [(t, w) for t, w in zip(when, windows) if w["accuracy"] is not None]
+        scored = [(t, w) for t, w in zip(when, windows) if _interval_of(w, metric) is not None]
         if scored:
             ax.errorbar(
                 [t for t, _ in scored],
-                [w["accuracy"] for _, w in scored],
+                [w[metric] for _, w in scored],
                 yerr=[
-                    [w["accuracy"] - w["interval"][0] for _, w in scored],
-                    [w["interval"][1] - w["accuracy"] for _, w in scored],
+                    [w[metric] - _interval_of(w, metric)[0] for _, w in scored],
+                    [_interval_of(w, metric)[1] - w[metric] for _, w in scored],
                 ],
                 fmt="o-",
                 color=color,
@@ -150,11 +186,12 @@ def plot_over_time(report: dict, out) -> None:
                 alpha=0.12,
             )
     ax.set_xlabel("window start (UTC)")
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel(metric)
     settings = report["settings"]
-    ax.set_title(f"{report['model']}: accuracy per {settings['window']} window ({settings['level']:.0%} intervals)")
+    ax.set_title(f"{report['model']}: {metric} per {settings['window']} window ({settings['level']:.0%} intervals)")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left", fontsize="small")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower left" if metric == "accuracy" else "upper left", fontsize="small")
     fig.autofmt_xdate()
     fig.tight_layout()
     fig.savefig(out, dpi=100, format="png")

@@ -8,6 +8,10 @@ Per version, each captured example (every row of every record) is exactly one of
 version answered is `labelled but not captured` (the request was not sampled, or its id is wrong). The same example
 answered by two versions (shadowed traffic, a retry that reached another version) is a pair: the gates compare on
 pairs where there are enough.
+
+A regression model (one target) is joined the same way: its labels are numbers, its answers `predictions`, and
+per label and version the join keeps the squared error (8 bytes; NaN: not answered), from which the pairs'
+differences of squared and absolute errors are summed.
 """
 
 from __future__ import annotations
@@ -21,14 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
+from trainserve.evaluation.live.answers import error_pair, input_values, predictions, probabilities, width
 from trainserve.evaluation.live.calibration import Calibration, calibrate_version, flag_calibration, read_answers
-from trainserve.evaluation.live.config import LiveEvalConfig
+from trainserve.evaluation.live.config import LiveEvalConfig, drop_margin
 from trainserve.evaluation.live.labels import LabelTable, SliceCodes, example_key, read_labels, request_hash
 from trainserve.evaluation.live.tally import VersionTally
-from trainserve.layout import PROBABILITIES
 from trainserve.splits import read_version_record
 from trainserve.task import Task
-from trainserve.tensors import from_tensor_proto
 from trainserve.traffic.reader import CapturedRequest, ReadSummary, read_capture
 
 log = logging.getLogger(__name__)
@@ -42,7 +45,8 @@ class Joined:
     task: Task
     labels: LabelTable
     versions: dict[int, VersionTally] = field(default_factory=dict)
-    answered: dict[int, np.ndarray] = field(default_factory=dict)  # version -> per label: -1, 0 wrong, 1 right
+    # version -> per label: -1 not answered, 0 wrong, 1 right; regression: the squared error, NaN not answered
+    answered: dict[int, np.ndarray] = field(default_factory=dict)
     input_slices: dict[str, SliceCodes] = field(default_factory=dict)
     estimate_notes: dict[int, str] = field(default_factory=dict)  # version -> why it has no estimate
     reused: dict[int, dict] | None = None  # --calibrations: version -> calibration, read once
@@ -50,18 +54,26 @@ class Joined:
     before_since: int = 0  # this shard's records answered before it, not scored
     read: ReadSummary = field(default_factory=ReadSummary)
 
+    @property
+    def regression(self) -> bool:
+        return self.task.kind == "regression"
+
     def labelled_not_captured(self) -> int:
         if not self.answered:
             return int(len(self.labels.keys))
-        any_answer = np.any(np.stack([a >= 0 for a in self.answered.values()]), axis=0)
+        any_answer = np.any(np.stack([_was_answered(a) for a in self.answered.values()]), axis=0)
         return int(len(any_answer) - any_answer.sum())
 
     def pairs(self) -> list[dict]:
-        """Every two versions' answers to the same labelled examples: how many, and who alone was right."""
+        """Every two versions' answers to the same labelled examples: how many, and who alone was right; for
+        regression, the sums of the paired differences (first minus second) of squared and absolute errors."""
         out = []
         for first, second in itertools.combinations(sorted(self.answered), 2):
             a, b = self.answered[first], self.answered[second]
-            both = (a >= 0) & (b >= 0)
+            both = _was_answered(a) & _was_answered(b)
+            if self.regression:
+                out.append(error_pair(first, second, a[both], b[both]))
+                continue
             out.append(
                 {
                     "versions": [first, second],
@@ -74,6 +86,10 @@ class Joined:
         return out
 
 
+def _was_answered(answered: np.ndarray) -> np.ndarray:
+    return ~np.isnan(answered) if answered.dtype.kind == "f" else answered != NOT_ANSWERED
+
+
 def model_task(data_dir: Path | None, model: str, width: int) -> Task:
     """The task of the newest version recorded in `data_dir`; else `width` classes named by their index (two for
     one score: class 1's probability, as eval reads it)."""
@@ -83,10 +99,10 @@ def model_task(data_dir: Path | None, model: str, width: int) -> Task:
         record = read_version_record(data_dir, model, number) or {}
         if (record.get("task") or {}).get("kind"):
             task = Task.from_json(record["task"])
-            if task.kind != "classification":
+            if task.kind == "regression" and task.targets != 1:
                 raise TrainserveError(
-                    f"model {model!r} is a {task.kind} model ({versions}/{number}.json): live-eval scores "
-                    "classification answers (their probabilities) only"
+                    f"model {model!r} predicts {task.targets} targets ({versions}/{number}.json): live-eval scores "
+                    "a regression model of one target (one number per label)"
                 )
             return task
     classes = max(width, 2)
@@ -99,7 +115,8 @@ def join_capture(config: LiveEvalConfig, captures: list[Path]) -> Joined:
     read = ReadSummary()
     records = read_capture(captures, config.model, None, read)
     first = next(records)
-    task = model_task(config.data_dir, config.model, _probabilities(first).shape[1])
+    task = model_task(config.data_dir, config.model, width(first))
+    _check_task(config, task)
     header = _header(config.labels)
     label_slices = tuple(s for s in config.slice if s in header)
     class_of = {name: i for i, name in enumerate(task.label_names)}
@@ -112,6 +129,7 @@ def join_capture(config: LiveEvalConfig, captures: list[Path]) -> Joined:
         task.classes,
         label_slices,
         config.shard,
+        regression=task.kind == "regression",
     )
     joined = Joined(task, labels, read=read)
     joined.input_slices = {s: SliceCodes(s) for s in config.slice if s not in header}
@@ -135,27 +153,40 @@ def _header(path: Path) -> list[str]:
         raise TrainserveError(f"--labels {path}: not a UTF-8 CSV file ({exc})") from None
 
 
-def _probabilities(record: CapturedRequest) -> np.ndarray:
-    outputs = record.response.outputs
-    if PROBABILITIES not in outputs:
+def _check_task(config: LiveEvalConfig, task: Task) -> None:
+    """One line for each flag that means nothing for this task, before the labels are read."""
+    regression = task.kind == "regression"
+    if regression and config.min_accuracy is not None:
         raise TrainserveError(
-            f"request {record.request_id!r} (version {record.version}) was answered with outputs "
-            f"{', '.join(sorted(outputs)) or 'none'}: expected {PROBABILITIES!r} (a classification model's answer)"
+            "--min-accuracy: a regression model has no accuracy: expected --max-drop mse=X or mae=X against "
+            "another version"
         )
-    scores = from_tensor_proto(outputs[PROBABILITIES])
-    return scores.reshape(len(scores), -1) if scores.ndim else scores.reshape(1, -1)
+    if regression and (config.model_base_path is not None or config.calibrations is not None):
+        raise TrainserveError(
+            "--model-base-path/--calibrations: the label-free estimate needs class probabilities (confidence): "
+            "a regression model has none: expected neither"
+        )
+    if config.max_drop is not None:
+        metric = drop_margin(config.max_drop).metric
+        if regression != (metric != "accuracy"):
+            expected = "mse=X or mae=X" if regression else "an accuracy drop (0.02 or accuracy=0.02)"
+            raise TrainserveError(f"--max-drop {config.max_drop}: a {task.kind} model: expected {expected}")
 
 
 def _side(joined: Joined, config: LiveEvalConfig, version: int) -> VersionTally:
     side = joined.versions.get(version)
     if side is None:
         calibration = _calibration(joined, config, version)
-        side = joined.versions[version] = VersionTally(version, joined.task.classes, calibration)
-        joined.answered[version] = np.full(len(joined.labels.keys), NOT_ANSWERED, np.int8)
+        side = joined.versions[version] = VersionTally(version, joined.task.classes, calibration, joined.regression)
+        empty = (np.nan, np.float64) if joined.regression else (NOT_ANSWERED, np.int8)
+        joined.answered[version] = np.full(len(joined.labels.keys), *empty)
     return side
 
 
 def _calibration(joined: Joined, config: LiveEvalConfig, version: int) -> Calibration | None:
+    if joined.regression:
+        joined.estimate_notes[version] = "a regression model: no label-free estimate (it needs class probabilities)"
+        return None
     if config.calibrations is not None:
         return _reused_calibration(joined, config, version)
     if config.model_base_path is None:
@@ -193,7 +224,10 @@ def _reused_calibration(joined: Joined, config: LiveEvalConfig, version: int) ->
 def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest) -> None:
     side = _side(joined, config, record.version)
     side.records += 1
-    scores = _probabilities(record)
+    if joined.regression:
+        _join_regression(joined, config, record, side)
+        return
+    scores = probabilities(record)
     if scores.shape[1] != joined.task.classes and not (scores.shape[1] == 1 and joined.task.classes == 2):
         raise TrainserveError(
             f"request {record.request_id!r} (version {record.version}) answered {scores.shape[1]} probabilities: "
@@ -201,10 +235,8 @@ def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest
         )
     log_p, confidence, predicted = read_answers(scores)
     n = len(predicted)
-    keys = np.fromiter((example_key(record.request_id, row) for row in range(n)), np.uint64, n)
-    found = joined.labels.find(keys)
+    found, duplicate = _lookup(joined, record, n)
     answered = joined.answered[record.version]
-    duplicate = (found >= 0) & (answered[np.maximum(found, 0)] != NOT_ANSWERED)
     scored = (found >= 0) & ~duplicate
     at = found[scored]
     truth = joined.labels.labels[at]
@@ -229,6 +261,38 @@ def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest
             n_bins,
         )
 
+    _count_everywhere(joined, config, record, side, count, n, scored, at)
+
+
+def _lookup(joined: Joined, record: CapturedRequest, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's label index or -1, the duplicate rows: labelled examples this version had answered before)."""
+    keys = np.fromiter((example_key(record.request_id, row) for row in range(n)), np.uint64, n)
+    found = joined.labels.find(keys)
+    if not len(joined.labels.keys):
+        return found, np.zeros(n, bool)
+    before = joined.answered[record.version][np.maximum(found, 0)]  # only this record's rows: O(n), not O(labels)
+    return found, (found >= 0) & _was_answered(before)
+
+
+def _join_regression(joined: Joined, config: LiveEvalConfig, record: CapturedRequest, side: VersionTally) -> None:
+    """The regression join: the squared error of each scored row, counted per window and slice."""
+    predicted = predictions(record)
+    n = len(predicted)
+    found, duplicate = _lookup(joined, record, n)
+    scored = (found >= 0) & ~duplicate
+    at = found[scored]
+    squared = (predicted[scored] - joined.labels.labels[at]) ** 2
+    joined.answered[record.version][at] = squared
+    side.duplicates += int(duplicate.sum())
+
+    def count(cell, rows: np.ndarray) -> None:
+        cell.add_errors(int(np.sum(rows)), squared[rows[scored]])
+
+    _count_everywhere(joined, config, record, side, count, n, scored, at)
+
+
+def _count_everywhere(joined, config, record, side: VersionTally, count, n: int, scored, at) -> None:
+    """`count` the record's rows into the version's overall cell, its window's and each slice value's."""
     every = np.ones(n, bool)
     count(side.overall, every)
     every_s = config.window_s
@@ -240,24 +304,6 @@ def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest
         for code in np.unique(values[scored]):
             count(side.slice_cell(column, joined.labels.slices[column].values[code]), values == code)
     for column, codes in joined.input_slices.items():
-        values = _input_values(record, column, n)
+        values = input_values(record, column, n)
         for value in dict.fromkeys(values):
             count(side.slice_cell(column, codes.values[codes.code(value)]), values == value)
-
-
-def _input_values(record: CapturedRequest, name: str, n: int) -> np.ndarray:
-    """The request input `name`, one text value per example; one error line when it is not that."""
-    if name not in record.request.inputs:
-        raise TrainserveError(
-            f"--slice {name}: neither a labels-file column nor an input of request {record.request_id!r} "
-            f"(inputs: {', '.join(sorted(record.request.inputs))})"
-        )
-    array = from_tensor_proto(record.request.inputs[name])
-    array = array.reshape(1) if array.ndim == 0 else array
-    if array.size != n:
-        raise TrainserveError(
-            f"--slice {name}: input shaped {list(array.shape)} in request {record.request_id!r}: expected one value "
-            f"per example ({n})"
-        )
-    flat = array.reshape(n)
-    return np.array([v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat], dtype=object)

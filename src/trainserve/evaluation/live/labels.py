@@ -3,11 +3,13 @@ a million labels take tens of megabytes and the capture, however long, is stream
 
 Format: CSV with a header. `--key` (request_id) holds the request id the client sent as `x-request-id`;
 `--row-column` (request_row), where present, the example's row within a batched request (0 for the first;
-`trainserve capture export` writes both); `--label-column` (label) the true class, as its index or its name.
+`trainserve capture export` writes both); `--label-column` (label) the true class, as its index or its name, or
+for a regression model the true number.
 Other columns may be named by `--slice`.
 
 Bad rows are counted by kind, never a traceback, and the rest are scored: `missing id`, `bad row index`,
-`unparseable label` (neither an integer nor a class name), `unknown class` (an index the model does not have).
+`unparseable label` (neither an integer nor a class name; for regression, not a finite number), `unknown class`
+(an index the model does not have).
 Two rows for one example: agreeing ones count once (`duplicate`), disagreeing ones are not scored at all
 (`conflicting`: which would be true?).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +65,8 @@ class SliceCodes:
 
 @dataclass
 class LabelTable:
-    """The labels of one shard, sorted by key: `keys` uint64, `labels` int32, `slices` {column: int32 codes}."""
+    """The labels of one shard, sorted by key: `keys` uint64, `labels` int32 (float64 for regression), `slices`
+    {column: int32 codes}."""
 
     keys: np.ndarray
     labels: np.ndarray
@@ -100,12 +104,15 @@ def read_labels(
     classes: int,
     slices: tuple[str, ...] = (),
     shard: Shard | None = None,
+    regression: bool = False,
 ) -> LabelTable:
     """Read `path` (this shard's requests only). `class_of` maps a class name to its index; an integer label
-    must lie in [0, classes). One error line when the header lacks a named column."""
+    must lie in [0, classes); a regression label is any finite number. One error line when the header lacks a
+    named column."""
     shard = shard or Shard()
     keys: list[int] = []
-    labels: list[int] = []
+    labels: list = []
+    parse = _number_of if regression else lambda text: _class_of(text, class_of, classes)
     codes = {c: SliceCodes(c) for c in slices}
     coded: dict[str, list[int]] = {c: [] for c in slices}
     bad: Counter = Counter()
@@ -129,7 +136,7 @@ def read_labels(
                 if row is None:
                     bad["bad row index"] += 1
                     continue
-                label, kind = _class_of((record.get(label_column) or "").strip(), class_of, classes)
+                label, kind = parse((record.get(label_column) or "").strip())
                 if kind:
                     bad[kind] += 1
                     continue
@@ -141,7 +148,7 @@ def read_labels(
         raise TrainserveError(f"--labels {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except csv.Error as exc:
         raise TrainserveError(f"--labels {path}: not a CSV file ({exc})") from None
-    return _table(keys, labels, codes, coded, rows, bad, has_rows)
+    return _table(keys, np.array(labels, np.float64 if regression else np.int32), codes, coded, rows, bad, has_rows)
 
 
 def _check_header(path: Path, header: list[str], key: str, label_column: str, slices: tuple[str, ...]) -> None:
@@ -174,9 +181,17 @@ def _class_of(text: str, class_of: dict[str, int], classes: int) -> tuple[int, s
     return int(value), None
 
 
-def _table(keys, labels, codes, coded, rows, bad, has_rows) -> LabelTable:
+def _number_of(text: str) -> tuple[float, str | None]:
+    """(the true number, None), or (nan, "unparseable label") for text that is no finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        return math.nan, "unparseable label"
+    return (value, None) if math.isfinite(value) else (math.nan, "unparseable label")
+
+
+def _table(keys, labels_a: np.ndarray, codes, coded, rows, bad, has_rows) -> LabelTable:
     keys_a = np.array(keys, np.uint64)
-    labels_a = np.array(labels, np.int32)
     coded_a = {c: np.array(v, np.int32) for c, v in coded.items()}
     order = np.argsort(keys_a, kind="stable")
     keys_a, labels_a = keys_a[order], labels_a[order]

@@ -111,6 +111,10 @@ def _sum_pairs(reports: list[dict]) -> list[dict]:
             into = sums.setdefault(key, {"versions": list(key), **dict.fromkeys(PAIR_COUNTS, 0)})
             for field_name in PAIR_COUNTS:
                 into[field_name] += pair[field_name]
+            for kind, added in pair.get("differences", {}).items():  # regression: paired error differences
+                total = into.setdefault("differences", {}).setdefault(kind, {"sum": 0.0, "sum_sq": 0.0})
+                total["sum"] += added["sum"]
+                total["sum_sq"] += added["sum_sq"]
     return [sums[k] for k in sorted(sums)]
 
 
@@ -120,7 +124,7 @@ def _add_version(merged: Merged, section: dict) -> None:
     if side is None:
         cal = section["calibration"]
         calibration = None if cal is None else Calibration.from_json(cal)
-        side = merged.versions[v] = VersionTally(v, merged.task.classes, calibration)
+        side = merged.versions[v] = VersionTally(v, merged.task.classes, calibration, merged.task.kind == "regression")
         if section["estimate_note"]:
             merged.estimate_notes[v] = section["estimate_note"]
     side.records += section["records"]

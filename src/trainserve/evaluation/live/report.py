@@ -134,6 +134,8 @@ def write_report(report: dict, path: Path) -> Path:
 
 
 def live_table(report: dict) -> str:
+    if report["task"]["kind"] == "regression":
+        return _regression_table(report)
     j = report["join"]
     lines = [
         f"live-eval {report['model']}: {j['joined']} answers joined to labels, {j['unlabelled']} unlabelled, "
@@ -153,6 +155,44 @@ def live_table(report: dict) -> str:
     for gate in report["gates"]:
         lines.append(f"gate {'PASS' if gate['passed'] else 'FAIL'}: {gate['said']}")
     return "\n".join(lines)
+
+
+def _joined_line(report: dict) -> str:
+    j = report["join"]
+    return (
+        f"live-eval {report['model']}: {j['joined']} answers joined to labels, {j['unlabelled']} unlabelled, "
+        f"{j['duplicates']} duplicate answers, {j['labelled_not_captured']} labels without a captured answer "
+        f"(join on {j['key']})"
+    )
+
+
+def _regression_table(report: dict) -> str:
+    """A regression model's table: MSE and MAE with their intervals (no accuracy, no label-free estimate)."""
+    lines = [
+        _joined_line(report),
+        f"  {'':>16} {'labelled':>8} {'unlabelled':>10} {'mse':>10} {'interval':>23} {'mae':>10} {'interval':>23}",
+    ]
+    for s in report["versions"]:
+        lines.append(_error_row(f"v{s['version']}", s["overall"], s["joined"], s["unlabelled"]))
+        windows = s["windows"] if len(s["windows"]) > 1 else []
+        if len(windows) > TABLE_WINDOWS:
+            lines.append(f"    ... {len(windows) - TABLE_WINDOWS} earlier windows in the report")
+        for w in windows[-TABLE_WINDOWS:]:
+            start = datetime.datetime.fromtimestamp(w["start"], datetime.UTC).strftime("%Y-%m-%d %H:%M")
+            lines.append(_error_row(start, w, w["examples"], w["captured"] - w["examples"]))
+    lines.append("  (a regression model: no label-free estimate; it needs class probabilities)")
+    for gate in report["gates"]:
+        lines.append(f"gate {'PASS' if gate['passed'] else 'FAIL'}: {gate['said']}")
+    return "\n".join(lines)
+
+
+def _error_row(name: str, cell: dict, joined: int, unlabelled: int) -> str:
+    said = []
+    for metric in ("mse", "mae"):
+        ends = cell[f"{metric}_interval"]
+        said.append("" if cell[metric] is None else f"{cell[metric]:.4g}")
+        said.append("" if ends is None else f"[{ends[0]:.4g}, {ends[1]:.4g}]")
+    return f"  {name:>16} {joined:>8} {unlabelled:>10} {said[0]:>10} {said[1]:>23} {said[2]:>10} {said[3]:>23}"
 
 
 def _row(name: str, cell: dict, joined: int, unlabelled: int) -> str:

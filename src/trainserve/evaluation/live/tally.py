@@ -1,15 +1,40 @@
 """Additive counts of scored answers, so that windows, slices and shards combine exactly: a `Cell` per version
-and window, per version and slice value, and one per version overall (with its confusion matrix)."""
+and window, per version and slice value, and one per version overall (with its confusion matrix).
+
+Regression cells keep, per error kind (squared, absolute), the sum and the sum of squares of the per-example
+errors: MSE and MAE are their means, and Student's t interval of a mean (trainserve.stats.means.mean_interval,
+eval's interval of a loss) needs only those two sums, so a window, a slice and a merged shard stay exact in
+bounded memory. RMSE's interval is the square root of MSE's ends (the root is monotone)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from trainserve.evaluation.live.calibration import Calibration, estimate
 from trainserve.evaluation.metrics import per_class
+from trainserve.stats.distributions import t_quantile
 from trainserve.stats.proportions import wilson_interval
+
+ERRORS = ("squared_error", "absolute_error")  # regression: per kind, the sums [sum, sum of squares] a cell keeps
+METRIC_OF = {"squared_error": "mse", "absolute_error": "mae"}
+
+
+def mean_and_variance(n: int, total: float, total_sq: float) -> tuple[float, float]:
+    """The mean and the sample variance (ddof 1; 0 for fewer than 2) of n values from their two sums."""
+    centre = total / n
+    return centre, max(total_sq - n * centre * centre, 0.0) / (n - 1) if n > 1 else 0.0
+
+
+def mean_interval_from_sums(n: int, total: float, total_sq: float, level: float) -> list[float] | None:
+    """Student's t interval of a mean, as mean_interval computes it from the values; None for fewer than 2."""
+    if n < 2:
+        return None
+    centre, variance = mean_and_variance(n, total, total_sq)
+    half = t_quantile(1 - (1 - level) / 2, n - 1) * math.sqrt(variance / n)
+    return [centre - half, centre + half]
 
 
 @dataclass
@@ -23,6 +48,7 @@ class Cell:
     loss_sum: float = 0.0
     bins_all: np.ndarray | None = None
     bins_labelled: np.ndarray | None = None
+    errors: dict[str, list[float]] | None = None  # regression: kind -> [sum, sum of squares]
 
     def add(self, captured: int, hits: np.ndarray, losses: np.ndarray, bins_all, bins_labelled, n_bins: int) -> None:
         self.captured += captured
@@ -35,8 +61,24 @@ class Cell:
             self.bins_all += np.bincount(bins_all, minlength=n_bins)
             self.bins_labelled += np.bincount(bins_labelled, minlength=n_bins)
 
+    def add_errors(self, captured: int, squared: np.ndarray) -> None:
+        """Regression: `captured` answered examples, `squared` the squared errors of those scored (one target, so
+        the absolute error is the root)."""
+        self.captured += captured
+        self.examples += len(squared)
+        self.loss_sum += float(squared.sum())
+        self.errors = self.errors or {kind: [0.0, 0.0] for kind in ERRORS}
+        for kind, values in (("squared_error", squared), ("absolute_error", np.sqrt(squared))):
+            self.errors[kind][0] += float(values.sum())
+            self.errors[kind][1] += float(np.sum(values * values))
+
     def merge(self, raw: dict) -> None:
         """Add a report's cell (its raw counts)."""
+        if "errors" in raw:
+            self.errors = self.errors or {kind: [0.0, 0.0] for kind in ERRORS}
+            for kind in ERRORS:
+                self.errors[kind][0] += raw["errors"][kind]["sum"]
+                self.errors[kind][1] += raw["errors"][kind]["sum_sq"]
         self.captured += raw["captured"]
         self.examples += raw["examples"]
         self.correct += raw["correct"]
@@ -70,6 +112,32 @@ class Cell:
             cell["estimate_labelled"] = estimate(calibration, self.bins_labelled, level)
         return cell
 
+    def regression_json(self, level: float) -> dict:
+        """Raw sums and what they say: MSE, RMSE and MAE with Student's t intervals; no accuracy, no estimate."""
+        n, sums = self.examples, self.errors or {kind: [0.0, 0.0] for kind in ERRORS}
+        cell = {
+            "captured": self.captured,
+            "examples": n,
+            "correct": 0,
+            "loss_sum": self.loss_sum,
+            "bins_all": None,
+            "bins_labelled": None,
+            "accuracy": None,
+            "interval": None,
+            "loss": self.loss_sum / n if n else None,
+            "estimate": None,
+            "estimate_labelled": None,
+            "errors": {kind: {"sum": total, "sum_sq": total_sq} for kind, (total, total_sq) in sums.items()},
+        }
+        for kind, (total, total_sq) in sums.items():
+            metric = METRIC_OF[kind]
+            cell[metric] = total / n if n else None
+            cell[f"{metric}_interval"] = mean_interval_from_sums(n, total, total_sq, level)
+        mse, ends = cell["mse"], cell["mse_interval"]
+        cell["rmse"] = None if mse is None else math.sqrt(mse)
+        cell["rmse_interval"] = None if ends is None else [math.sqrt(max(e, 0.0)) for e in ends]
+        return cell
+
 
 @dataclass
 class VersionTally:
@@ -78,6 +146,7 @@ class VersionTally:
     version: int
     classes: int
     calibration: Calibration | None = None
+    regression: bool = False
     records: int = 0
     duplicates: int = 0  # answers to an example this version had already answered (not scored again)
     overall: Cell = field(default_factory=Cell)
@@ -94,6 +163,9 @@ class VersionTally:
     def slice_cell(self, column: str, value: str) -> Cell:
         return self.slices.setdefault(column, {}).setdefault(value, Cell())
 
+    def cell_json(self, cell: Cell, level: float) -> dict:
+        return cell.regression_json(level) if self.regression else cell.to_json(self.calibration, level)
+
     def to_json(self, label_names: list[str], window_s: int | None, level: float) -> dict:
         c, cal = self.overall, self.calibration
         return {
@@ -103,15 +175,15 @@ class VersionTally:
             "joined": c.examples,
             "unlabelled": c.captured - c.examples - self.duplicates,
             "duplicates": self.duplicates,
-            "overall": c.to_json(cal, level),
+            "overall": self.cell_json(c, level),
             "per_class": per_class(self.confusion, label_names),
             "confusion_matrix": self.confusion.tolist(),
             "windows": [
-                {"start": start, "end": None if window_s is None else start + window_s, **cell.to_json(cal, level)}
+                {"start": start, "end": None if window_s is None else start + window_s, **self.cell_json(cell, level)}
                 for start, cell in sorted(self.windows.items())
             ],
             "slices": {
-                column: [{"value": value, **cell.to_json(cal, level)} for value, cell in sorted(cells.items())]
+                column: [{"value": value, **self.cell_json(cell, level)} for value, cell in sorted(cells.items())]
                 for column, cells in sorted(self.slices.items())
             },
             "calibration": None if cal is None else cal.to_json(),
