@@ -55,6 +55,7 @@ def load_point(target: str, report: Path, window_s: float, batch: int, *mode: st
     """One `trainserve load` point (synthetic inputs) in its own process: its report's point."""
     command = [sys.executable, "-m", "trainserve", "load", "--server", target, "--model", "bench"]
     command += ["--batch-sizes", str(batch), "--window-s", str(window_s), "--report", str(report), *mode]
+    command += ["--mark-origin=false"]  # load's calls are recorded like any client's: capture's whole cost
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"trainserve load against {target} failed ({proc.returncode}):\n{proc.stderr}")

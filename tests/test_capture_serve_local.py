@@ -20,17 +20,19 @@ from scipy.stats import binomtest
 from conftest import (
     DIRECT,
     MONITORING,
+    QUICK_SWEEP,
     assert_one_line_error,
     free_port,
     install_version,
     predict_count,
     run_cli,
 )
+from trainserve.cli import main
 from trainserve.model_server_config import render_model_config, single_model_config
 from trainserve.protos import prediction_log_pb2
 from trainserve.serving import capture
 from trainserve.tfrecord import DamagedRecord, iter_records
-from trainserve.traffic.metrics import DROPPED, WRITTEN
+from trainserve.traffic.metrics import DROPPED, SKIPPED, WRITTEN
 from trainserve.traffic.records import prediction_log
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
@@ -74,6 +76,8 @@ def capture_counts(server) -> dict[str, int]:
             counts["written"] = int(line.rsplit(" ", 1)[1])
         elif line.startswith(DROPPED):
             counts[line.split('reason="')[1].split('"')[0]] = int(line.rsplit(" ", 1)[1])
+        elif line.startswith(SKIPPED):
+            counts["skipped"] = int(line.rsplit(" ", 1)[1])
     return counts
 
 
@@ -121,6 +125,19 @@ def test_every_call_is_logged_at_rate_one_and_replays_to_the_same_bytes(logged_m
         # The record holds the answer as it crossed the wire: rebuilt around the replayed bytes, it is the record.
         assert prediction_log(meta, request, answer) == record
     channel.close()
+
+
+@pytest.mark.integration
+def test_trainserve_load_is_left_out_unless_told_to_be_captured(logged_m):
+    server = logged_m(1.0)
+    load = ["load", "--server", server.target, "--model", "m", "--batch-sizes", "1", *QUICK_SWEEP]
+    assert main(load) == 0
+    marked = predict_count(server)
+    server.wait_for(lambda: capture_counts(server).get("skipped") == marked, "load's calls skipped")
+    assert main([*load, "--mark-origin=false"]) == 0  # measuring what capture costs: recorded like any client's
+    unmarked = predict_count(server) - marked
+    server.wait_for(lambda: capture_counts(server)["written"] == unmarked, "the unmarked calls written")
+    assert capture_counts(server)["skipped"] == marked and marked > 0 and unmarked > 0
 
 
 @pytest.mark.integration

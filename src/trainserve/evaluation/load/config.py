@@ -13,7 +13,7 @@ from typing import Literal
 
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.config import ClientOptions
-from trainserve.options import key_values, number_list, option, positive_int
+from trainserve.options import key_values, number_list, option, parse_bool, positive_int
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8)  # the sweep when neither --concurrency nor --rate is given
 StabilityLatency = Literal["avg", "p99"]
@@ -69,6 +69,12 @@ class LoadConfig(ClientOptions):
         parse=parse_fill,
     )
     seed: int = option(0, "seed of the Poisson arrivals and the synthetic inputs")
+    mark_origin: bool = option(
+        True,
+        "send x-trainserve-origin: load, so that no capture records these calls (false: captured like any "
+        "client's, e.g. to measure what capture costs)",
+        parse=parse_bool,
+    )
     during: str | None = option(
         None,
         "run COMMAND under one steady load (one --concurrency or --rate, one --batch-sizes) and report the "
