@@ -218,7 +218,7 @@ class Controller:
                     "model %s: the proxy's counters went back (a restart): counting again from here", self.model
                 )
             counts = analysis.step_counts(values, counters)
-            found = analysis.checks(step, flips, counts, values, self.gate, ended)
+            found = analysis.checks(step, flips, counts, values, self.gate)
             decision = analysis.decide(found, ended)
             self._append(
                 CHECK,
