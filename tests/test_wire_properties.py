@@ -27,7 +27,7 @@ from conftest import DIRECT
 from serving_fixtures import InProcessServer
 from trainserve.protos import predict_pb2, tensor_pb2, types_pb2
 from trainserve.protos.prediction_service_pb2_grpc import PredictionServiceStub
-from trainserve.serving.rest_api import json_string
+from trainserve.serving.rest_api import json_string, json_value
 from trainserve.tensors import to_tensor_proto
 from wire_model import save_wire_model
 
@@ -363,3 +363,11 @@ def test_every_rest_body_gets_the_models_answer_or_a_client_error(wire, case):
         assert status == 200, answer
         assert_same(rest_outputs(answer), wire.direct(well_formed))
     wire.check_still_serving()
+
+
+def test_fixed_width_bytes_outputs_are_written_as_json_strings():
+    """A scalar string output reaches the REST answer as numpy bytes_ (dtype S), not objects: text or base64 all
+    the same (it was a 500, 'bytes is not JSON serializable')."""
+    assert json.dumps(json_value(np.array(b"arrived"))) == '"arrived"'
+    assert json.dumps(json_value(np.array([b"a", b"\xff"]))) == '["a", {"b64": "/w=="}]'
+    assert json.dumps(json_value(np.array([b"a"]), "raw_bytes")) == '[{"b64": "YQ=="}]'

@@ -66,7 +66,9 @@ BYTES_SUFFIX = "_bytes"  # DT_STRING outputs named so are always written as base
 def json_value(array: np.ndarray, name: str = ""):
     """An output array as JSON. DT_STRING values are text when they are UTF-8 (and `name` does not end in
     _bytes), else {"b64": ...}: JSON strings cannot hold arbitrary bytes."""
-    if array.dtype == object:  # keeps the shape: a [N, K] string output is N rows of K strings, as in TF Serving
+    # DT_STRING arrives as objects, or as fixed-width bytes (a scalar string output): both are written as strings,
+    # keeping the shape (a [N, K] string output is N rows of K strings, as in TF Serving).
+    if array.dtype == object or array.dtype.kind == "S":
         as_b64 = name.endswith(BYTES_SUFFIX)
         return np.vectorize(lambda v: json_string(v, as_b64), otypes=[object])(array).tolist()
     return array.tolist()
