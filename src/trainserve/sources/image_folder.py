@@ -175,12 +175,6 @@ def held_out_per_class(labels: np.ndarray, fraction: float, seed: int, where: Pa
     return np.flatnonzero(~test_mask), np.flatnonzero(test_mask)
 
 
-def held_out_by_hash(scan: FolderScan, split: HashedSplit, root: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(training indexes, test indexes) by each file's keyed hash; refused when a class would have no image to
-    train on (a class with none held out is only logged: its share is in the record and the training log)."""
-    return split_by_digest(scan.file_digests, split, str(root), (scan.labels, scan.class_names))
-
-
 def load_image_folder(
     root: Path, image: ImageFormat, test_fraction: float, seed: int, skip_bad: bool, split: HashedSplit | None = None
 ) -> Dataset:
@@ -190,7 +184,8 @@ def load_image_folder(
     if split is None:
         train, test = held_out_per_class(scan.labels, test_fraction, seed, root)
     else:
-        train, test = held_out_by_hash(scan, split, root)
+        # Refused when a class would have no image to train on; each class's held-out share goes to the record.
+        train, test = split_by_digest(scan.file_digests, split, str(root), (scan.labels, scan.class_names))
     dataset = build_dataset(
         root.name or str(root),
         {IMAGE_BYTES: scan.paths[train]},
