@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainserve import html_page, plots
-from trainserve.drift.report import non_finite_said, unprofiled_lines
+from trainserve.drift.report import non_finite_said, unprofiled_lines, verdict_said
 from trainserve.files import write_file_atomic
 
 PLOTTED = 6  # per version: the most drifted features
@@ -50,7 +50,7 @@ def _section(section: dict) -> str:
             r.get("mean_shift_sd"),
             r["traffic_count"],
             non_finite_said(r),
-            {"drifted": "DRIFT", "stable": "stable", "too few": "too few to tell"}[r["verdict"]],
+            verdict_said(r),
         ]
         for r in section["features"]
     ]

@@ -95,7 +95,7 @@ def drift_table(report: dict) -> str:
             lines.append(
                 f"  {r['feature'][:28]:<28} {r['kind']:<11} {_number(r['psi'], '.4f'):>8} "
                 f"{_number((r['noise'] or {}).get('psi'), '.3f'):>7} {_number(r['js_distance'], '.4f'):>8} "
-                f"{_number(r['unseen_share'], '.1%'):>8} {_shift(r):>11} {non_finite_said(r):>9}  {_verdict(r)}"
+                f"{_number(r['unseen_share'], '.1%'):>8} {_shift(r):>11} {non_finite_said(r):>9}  {verdict_said(r)}"
             )
         if section["uncompared_inputs"]:
             lines.append(f"  not in the training profile: {', '.join(section['uncompared_inputs'])}")
@@ -120,5 +120,6 @@ def _shift(row: dict) -> str:
     return "" if value is None else f"{value:+.2f} sd"
 
 
-def _verdict(row: dict) -> str:
+def verdict_said(row: dict) -> str:
+    """The row's verdict as the table and the page say it."""
     return {"drifted": "DRIFT", "stable": "stable", "too few": "too few to tell"}[row["verdict"]]
