@@ -114,9 +114,7 @@ def csv_row_digests(header: Sequence[str], body: Sequence[Sequence[str]], key: s
         return np.array([_sha256(row[column].encode()) for row in body], DIGEST_DTYPE)
     order = sorted(range(len(header)), key=lambda i: header[i])
     names = [header[i] for i in order]
-    return np.array(
-        [_sha256(json.dumps([names, [row[i] for i in order]]).encode()) for row in body], DIGEST_DTYPE
-    ).reshape(len(body))
+    return np.array([_sha256(json.dumps([names, [row[i] for i in order]]).encode()) for row in body], DIGEST_DTYPE)
 
 
 def file_digests(paths: Iterable[str | Path]) -> np.ndarray:
@@ -133,7 +131,7 @@ def array_row_digests(inputs: dict[str, np.ndarray], labels: np.ndarray) -> np.n
     def digest(i: int) -> bytes:
         return _sha256(*(part for (_, a), head in zip(columns, heads) for part in (head, a[i].tobytes())))
 
-    return np.array([digest(i) for i in range(len(labels))], DIGEST_DTYPE).reshape(len(labels))
+    return np.array([digest(i) for i in range(len(labels))], DIGEST_DTYPE)
 
 
 def class_fractions(labels: np.ndarray, held_out: np.ndarray, names: Sequence[str]) -> dict[str, float]:

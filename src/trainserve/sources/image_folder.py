@@ -112,8 +112,7 @@ def scan_image_folder(root: Path, skip_bad: bool = False) -> FolderScan:
         log.warning("%s: %d image file(s) that do not decode left out: %s", root, len(bad), ", ".join(bad))
     paths = np.array([str(p) for p, _ in kept], dtype=str)
     labels = np.array([label for _, label in kept], np.int64)
-    digests = np.array(each, DIGEST_DTYPE).reshape(len(each))
-    return FolderScan(paths, labels, names, digest.hexdigest(), digests, other, bad)
+    return FolderScan(paths, labels, names, digest.hexdigest(), np.array(each, DIGEST_DTYPE), other, bad)
 
 
 def _decode_all(paths: list[Path], root: Path) -> list[str | None]:
