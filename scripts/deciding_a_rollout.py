@@ -110,30 +110,23 @@ def record(out: Path) -> None:
 
 
 def _comparison(case: str, outcomes, **options) -> dict:
-    from trainserve.evaluation.comparison import summarize
+    from trainserve.evaluation.comparison import per_example, summarize
     from trainserve.evaluation.metrics import task_metrics
     from trainserve.evaluation.plan import Plan
-    from trainserve.evaluation.records import Tally
+    from trainserve.evaluation.records import BatchAnswer, Tally
     from trainserve.task import Task
 
     truth = outcomes[f"{case}/truth"]
     task = Task("classification", classes=10, label_names=tuple(str(c) for c in range(10)))
-    tallies = tuple(Tally(Plan((), task, "probabilities"), task_metrics(task, 5)) for _ in range(2))
-    values = tuple(_per_example(outcomes[f"{case}/{who}"], truth) for who in ("candidate", "baseline"))
+    plan = Plan((), task, "probabilities")
+    tallies = tuple(Tally(plan, task_metrics(task, 5)) for _ in range(2))
+    # What eval derives per example from a served answer, from the recorded answers.
+    answers = (
+        BatchAnswer(0, truth, outcomes[f"{case}/{who}"], None, 0.0, 0, None) for who in ("candidate", "baseline")
+    )
+    values = tuple(per_example(answer, plan, tally.quality) for answer, tally in zip(answers, tallies))
     versions = (3, 1) if case == "seed" else (2, 1)
     return summarize("1", versions, tallies, values, 0.05, 0, **options)
-
-
-def _per_example(probabilities: np.ndarray, truth: np.ndarray) -> dict:
-    """What eval derives per example from a served answer (comparison.per_example, for probabilities)."""
-    log_p = np.log(np.clip(probabilities.astype(np.float64), 1e-12, 1.0))
-    top = np.argpartition(-log_p, 4, axis=1)[:, :5]
-    return {
-        "accuracy": (log_p.argmax(axis=1) == truth).astype(np.float64),
-        "top_k_accuracy": np.any(top == truth[:, None], axis=1).astype(np.float64),
-        "loss": -log_p[np.arange(len(truth)), truth],
-        "truth": truth,
-    }
 
 
 def _gate_line(comparison: dict, margin: str) -> str:

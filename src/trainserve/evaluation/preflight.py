@@ -97,10 +97,14 @@ def preflight(
         if require_power:
             raise TrainserveError(f"{said}: --require-power refuses; expected a larger margin or more examples")
         log.warning("%s", said)
+    return _planning(n, discordance, "assumed" if assumed else "observed", smallest)
+
+
+def _planning(n: int, discordance: float, source: str, smallest: float) -> dict:
     return {
         "examples": n,
         "discordance": discordance,
-        "discordance_source": "assumed" if assumed else "observed",
+        "discordance_source": source,
         "power": POWER,
         "one_sided_alpha": ALPHA,
         "smallest_margin": smallest,
@@ -115,14 +119,7 @@ def observed_power(planned: dict, comparison: dict) -> dict:
     if discordant:
         n = sum(discordant.values())
         share = (discordant["candidate_only"] + discordant["baseline_only"]) / n if n else 0.0
-        said["observed"] = {
-            "examples": n,
-            "discordance": share,
-            "discordance_source": "observed",
-            "power": POWER,
-            "one_sided_alpha": ALPHA,
-            "smallest_margin": decidable_margin(n, share),
-        }
+        said["observed"] = _planning(n, share, "observed", decidable_margin(n, share))
     return said
 
 

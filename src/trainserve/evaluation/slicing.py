@@ -148,7 +148,7 @@ def slice_table(
     for row, pair, p in zip(rows, chosen, adjusted):
         row["p_adjusted"] = p
         row["significant"] = p < alpha
-        row["interval"] = _interval(kind, pair, row["examples"], level, seed)
+        row["interval"] = _interval(row, pair, level, seed)
         if margin is not None:
             row["verdict"] = slice_verdict(row, margin.absolute(row["baseline"] or 0.0), kind == "classification")
     rows.sort(key=lambda r: (r["p_adjusted"], r["p_value"], r["name"]))
@@ -196,14 +196,14 @@ def _per_target(values: tuple[dict, dict]) -> list[tuple[np.ndarray, np.ndarray]
     return [(mine[:, t], theirs[:, t]) for t in range(mine.shape[1])]
 
 
-def _interval(kind: str, pair: tuple[np.ndarray, np.ndarray], n: int, level: float, seed: int) -> list:
-    """The slice's difference at the family's level: the paired score interval, or the bootstrap-t of the mean
-    difference of squared errors; [None, None] when the slice is too small for any."""
-    mine, theirs = pair
-    if kind == "classification":
-        mine, theirs = mine.astype(bool), theirs.astype(bool)
-        b, c = int(np.sum(mine & ~theirs)), int(np.sum(~mine & theirs))
+def _interval(row: dict, pair: tuple[np.ndarray, np.ndarray], level: float, seed: int) -> list:
+    """The slice's difference at the family's level: the paired score interval from the row's discordant counts,
+    or the bootstrap-t of the mean difference of squared errors; [None, None] when the slice is too small."""
+    n, discordant = row["examples"], row.get("discordant")
+    if discordant is not None:
+        b, c = discordant["candidate_only"], discordant["baseline_only"]
         return list(paired_proportion_interval(b, c, n, level)) if n else [None, None]
+    mine, theirs = pair
     low, high = bootstrap_t_interval(mine - theirs, level, seed=seed)
     return [low, high] if np.isfinite(low) and np.isfinite(high) else [None, None]
 

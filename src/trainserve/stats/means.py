@@ -9,6 +9,8 @@ library only (the eval image has no scipy; the tests check each against scipy's 
   bootstrap-t's ends follow the skew (second-order accurate) and keep it near 2.5 %.
 - A paired percentile bootstrap for a statistic that is no plain mean (RMSE, the root of one): resample the
   examples (the same ones for both versions), recompute each version's statistic, take the percentiles.
+- From additive sums (n, sum, sum of squares) alone, so windows and merged shards stay exact: Student's t
+  interval of a mean, and Welch's interval of the difference of two independent means.
 """
 
 from __future__ import annotations
@@ -94,3 +96,32 @@ def bootstrap_interval(
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(np.concatenate(differences), [tail, 100 - tail])
     return float(low), float(high)
+
+
+def mean_and_variance(n: int, total: float, total_sq: float) -> tuple[float, float]:
+    """The mean and the sample variance (ddof 1; 0 for fewer than 2) of n values from their two sums."""
+    centre = total / n
+    return centre, max(total_sq - n * centre * centre, 0.0) / (n - 1) if n > 1 else 0.0
+
+
+def mean_interval_from_sums(n: int, total: float, total_sq: float, level: float) -> list[float] | None:
+    """Student's t interval of a mean, as mean_interval computes it from the values; None for fewer than 2."""
+    if n < 2:
+        return None
+    centre, variance = mean_and_variance(n, total, total_sq)
+    half = t_quantile(1 - (1 - level) / 2, n - 1) * math.sqrt(variance / n)
+    return [centre - half, centre + half]
+
+
+def welch_interval(a: dict, b: dict, level: float) -> tuple[float, float] | tuple[None, None]:
+    """Welch's interval of mean(a) - mean(b), two independent samples given as {n, sum, sum_sq}."""
+    if a["n"] < 2 or b["n"] < 2:
+        return None, None
+    (mean_a, var_a), (mean_b, var_b) = (mean_and_variance(s["n"], s["sum"], s["sum_sq"]) for s in (a, b))
+    share_a, share_b = var_a / a["n"], var_b / b["n"]
+    se = math.sqrt(share_a + share_b)
+    if se == 0:
+        return mean_a - mean_b, mean_a - mean_b
+    df = se**4 / (share_a**2 / (a["n"] - 1) + share_b**2 / (b["n"] - 1))
+    half = t_quantile(1 - (1 - level) / 2, df) * se
+    return mean_a - mean_b - half, mean_a - mean_b + half

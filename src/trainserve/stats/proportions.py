@@ -26,10 +26,7 @@ def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float,
     """Wilson's score interval of a proportion `successes` of `n` ([0, 1] when n is 0: nothing was seen)."""
     if n <= 0:
         return (0.0, 1.0)
-    z, p = two_sided_z(level), successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    centre, half = _wilson_centre_and_half(successes, n, two_sided_z(level))
     low = 0.0 if successes <= 0 else max(0.0, centre - half)
     return low, 1.0 if successes >= n else min(1.0, centre + half)
 
@@ -39,11 +36,15 @@ def wilson_upper(count: int, n: int, alpha: float) -> float:
     coverage near the nominal level for small counts, where the normal (Wald) bound collapses to 0 at 0 flips."""
     if n == 0:
         return 1.0
-    z = z_quantile(1 - alpha)
-    p = count / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    centre, half = _wilson_centre_and_half(count, n, z_quantile(1 - alpha))
     return min(1.0, centre + half)
+
+
+def _wilson_centre_and_half(successes: int, n: int, z: float) -> tuple[float, float]:
+    """The centre and half-width of Wilson's score interval at normal quantile `z` (n > 0)."""
+    p, denominator = successes / n, 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    return centre, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
 
 
 def tango_statistic(candidate_only: int, baseline_only: int, n: int, delta: float) -> float:

@@ -149,7 +149,7 @@ def calibrate_version(
 ) -> Calibration:
     """Run `version`'s SavedModel (in process, TensorFlow on CPU) over its held-out split, named by its record in
     `data_dir`, and fit the map. One error line when the record, the split or the version is missing."""
-    from trainserve.layout import SPLIT_INPUTS, SPLIT_LABELS, split_input_names
+    from trainserve.layout import DEFAULT_SIGNATURE, SPLIT_INPUTS, SPLIT_LABELS, split_input_names
     from trainserve.savedmodel import LoadedModel
     from trainserve.splits import read_version_record, version_record_path
 
@@ -170,20 +170,13 @@ def calibrate_version(
         names = split_input_names(npz.files)
         inputs = {n: npz[f"{SPLIT_INPUTS}/{n}"] for n in names} if names else {None: npz[SPLIT_INPUTS]}
         labels = npz[SPLIT_LABELS].astype(np.int64).reshape(-1)
-    loaded = LoadedModel(version_dir)
     recorded = (record or {}).get("signature")
-    signature = recorded.get("name", "serving_default") if isinstance(recorded, dict) else "serving_default"
-    wanted, _ = loaded.signature(signature)
-    if None in inputs:
-        inputs = {next(iter(wanted)): inputs[None]}
-    probabilities = np.concatenate(
-        [
-            loaded.run(signature, {k: v[start : start + 256] for k, v in inputs.items()}, ["probabilities"])[
-                "probabilities"
-            ]
-            for start in range(0, len(labels), 256)
-        ]
-    )
+    signature = recorded.get("name", DEFAULT_SIGNATURE) if isinstance(recorded, dict) else DEFAULT_SIGNATURE
+    loaded = LoadedModel(version_dir)
+    try:
+        probabilities = _run_in_batches(loaded, signature, inputs, len(labels))
+    finally:
+        loaded.close()
     calibration = fit_calibration(version, probabilities, labels, max_ece)
     log.info(
         "version %d calibrated on %d held-out examples: ECE %.4f, accuracy %.4f",
@@ -193,3 +186,19 @@ def calibrate_version(
         calibration.held_out_accuracy,
     )
     return calibration
+
+
+def _run_in_batches(loaded, signature: str, inputs: dict, n: int, batch: int = 256) -> np.ndarray:
+    """The version's probabilities over the n held-out examples, `batch` at a time; a split stored under one
+    unnamed input feeds the signature's only input."""
+    if None in inputs:
+        wanted, _ = loaded.signature(signature)
+        inputs = {next(iter(wanted)): inputs[None]}
+    return np.concatenate(
+        [
+            loaded.run(signature, {k: v[start : start + batch] for k, v in inputs.items()}, ["probabilities"])[
+                "probabilities"
+            ]
+            for start in range(0, n, batch)
+        ]
+    )

@@ -15,13 +15,10 @@ degrees of freedom by Welch-Satterthwaite). Both come from additive sums, so mer
 
 from __future__ import annotations
 
-import math
-
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.live.config import drop_margin
-from trainserve.evaluation.live.tally import mean_and_variance, mean_interval_from_sums
 from trainserve.evidence.decision import non_inferiority
-from trainserve.stats.distributions import t_quantile
+from trainserve.stats.means import mean_interval_from_sums, welch_interval
 from trainserve.stats.proportions import newcombe_interval, paired_proportion_interval, wilson_interval
 
 MIN_PAIRED = 30
@@ -113,20 +110,6 @@ def max_drop_gate(
         "said": f"version {candidate['version']} vs {baseline['version']}: accuracy change {change} {bounds}, "
         f"{method}: {verdict} with a margin of {margin:g}",
     }
-
-
-def welch_interval(a: dict, b: dict, level: float) -> tuple[float, float] | tuple[None, None]:
-    """Welch's interval of mean(a) - mean(b), two independent samples given as {n, sum, sum_sq}."""
-    if a["n"] < 2 or b["n"] < 2:
-        return None, None
-    (mean_a, var_a), (mean_b, var_b) = (mean_and_variance(s["n"], s["sum"], s["sum_sq"]) for s in (a, b))
-    share_a, share_b = var_a / a["n"], var_b / b["n"]
-    se = math.sqrt(share_a + share_b)
-    if se == 0:
-        return mean_a - mean_b, mean_a - mean_b
-    df = se**4 / (share_a**2 / (a["n"] - 1) + share_b**2 / (b["n"] - 1))
-    half = t_quantile(1 - (1 - level) / 2, df) * se
-    return mean_a - mean_b - half, mean_a - mean_b + half
 
 
 def error_drop_gate(

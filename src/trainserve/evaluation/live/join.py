@@ -30,7 +30,7 @@ from trainserve.evaluation.live.calibration import Calibration, calibrate_versio
 from trainserve.evaluation.live.config import LiveEvalConfig, drop_margin
 from trainserve.evaluation.live.labels import LabelTable, SliceCodes, example_key, read_labels, request_hash
 from trainserve.evaluation.live.tally import VersionTally
-from trainserve.splits import read_version_record
+from trainserve.splits import VERSIONS, read_version_record
 from trainserve.task import Task
 from trainserve.traffic.reader import CapturedRequest, ReadSummary, read_capture
 
@@ -93,7 +93,7 @@ def _was_answered(answered: np.ndarray) -> np.ndarray:
 def model_task(data_dir: Path | None, model: str, width: int) -> Task:
     """The task of the newest version recorded in `data_dir`; else `width` classes named by their index (two for
     one score: class 1's probability, as eval reads it)."""
-    versions = Path(data_dir or ".") / model / "versions"
+    versions = Path(data_dir or ".") / model / VERSIONS
     numbers = sorted((int(p.stem) for p in versions.glob("*.json") if p.stem.isdigit()), reverse=True)
     for number in numbers:
         record = read_version_record(data_dir, model, number) or {}

@@ -15,26 +15,11 @@ import numpy as np
 
 from trainserve.evaluation.live.calibration import Calibration, estimate
 from trainserve.evaluation.metrics import per_class
-from trainserve.stats.distributions import t_quantile
+from trainserve.stats.means import mean_interval_from_sums
 from trainserve.stats.proportions import wilson_interval
 
 ERRORS = ("squared_error", "absolute_error")  # regression: per kind, the sums [sum, sum of squares] a cell keeps
 METRIC_OF = {"squared_error": "mse", "absolute_error": "mae"}
-
-
-def mean_and_variance(n: int, total: float, total_sq: float) -> tuple[float, float]:
-    """The mean and the sample variance (ddof 1; 0 for fewer than 2) of n values from their two sums."""
-    centre = total / n
-    return centre, max(total_sq - n * centre * centre, 0.0) / (n - 1) if n > 1 else 0.0
-
-
-def mean_interval_from_sums(n: int, total: float, total_sq: float, level: float) -> list[float] | None:
-    """Student's t interval of a mean, as mean_interval computes it from the values; None for fewer than 2."""
-    if n < 2:
-        return None
-    centre, variance = mean_and_variance(n, total, total_sq)
-    half = t_quantile(1 - (1 - level) / 2, n - 1) * math.sqrt(variance / n)
-    return [centre - half, centre + half]
 
 
 @dataclass
