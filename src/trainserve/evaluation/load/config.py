@@ -14,6 +14,7 @@ from typing import Literal
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.config import ClientOptions
 from trainserve.options import key_values, number_list, option, parse_bool, positive_int
+from trainserve.traffic.origin import LOAD
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8)  # the sweep when neither --concurrency nor --rate is given
 StabilityLatency = Literal["avg", "p99"]
@@ -88,6 +89,11 @@ class LoadConfig(ClientOptions):
         300.0, "with --during: at most this long after COMMAND for a version change to be seen and finish"
     )
     bucket_s: float = option(1.0, "with --during: seconds per point of the timeline")
+
+    @property
+    def origin(self) -> str | None:
+        """The origin header load's calls carry (traffic.origin), or None when --mark-origin=false."""
+        return LOAD if self.mark_origin else None
 
     def check(self) -> None:
         """Every flag judged before the first request."""

@@ -121,9 +121,7 @@ def run_during(config: LoadConfig) -> LoadResult:
     """The load with COMMAND in its middle; raises TrainserveError on bad input, before any Predict."""
     config.check()
     target = Target(config.model, config.version, config.label, config.signature)
-    client = ServingClient(
-        config.server, tls=config.tls, timeout=config.timeout, origin="load" if config.mark_origin else None
-    )
+    client = ServingClient(config.server, tls=config.tls, timeout=config.timeout, origin=config.origin)
     try:
         version = client.wait_until_available(target, config.wait)
         inputs = build_inputs(config, client, client.signature(target, version), target, version)

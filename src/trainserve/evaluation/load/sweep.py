@@ -30,9 +30,7 @@ def run_sweep(config: LoadConfig) -> LoadResult:
 
         return run_during(config)
     target = Target(config.model, config.version, config.label, config.signature)
-    client = ServingClient(
-        config.server, tls=config.tls, timeout=config.timeout, origin="load" if config.mark_origin else None
-    )
+    client = ServingClient(config.server, tls=config.tls, timeout=config.timeout, origin=config.origin)
     try:
         version = client.wait_until_available(target, config.wait)  # the version every point pins
         signature = client.signature(target, version)
