@@ -10,6 +10,7 @@ PredictResponse.model_spec = 2. A message field that occurs more than once is me
 from __future__ import annotations
 
 from trainserve.protos import model_pb2
+from trainserve.traffic.records import length_delimited
 
 REQUEST_SPEC, RESPONSE_SPEC = 1, 2
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
@@ -76,20 +77,10 @@ def answered_version(response: bytes) -> int | None:
     return spec.version.value if spec.HasField("version") else None
 
 
-def _length_delimited(number: int, payload: bytes) -> bytes:
-    tag, length, out = (number << 3) | _LENGTH_DELIMITED, len(payload), bytearray()
-    for value in (tag, length):
-        while value >= 0x80:
-            out.append((value & 0x7F) | 0x80)
-            value >>= 7
-        out.append(value)
-    return bytes(out) + payload
-
-
 def with_version(request: bytes, spec: model_pb2.ModelSpec, version: int) -> bytes:
     """`request` addressed to `version` instead of its label: the model_spec replaced, every other byte kept."""
     rewritten = model_pb2.ModelSpec()
     rewritten.CopyFrom(spec)
     rewritten.version.value = version  # the oneof: the label is cleared
     kept = [request[start:end] for field, start, _, end in _fields(request) if field != REQUEST_SPEC]
-    return _length_delimited(REQUEST_SPEC, rewritten.SerializeToString()) + b"".join(kept)
+    return length_delimited(REQUEST_SPEC, rewritten.SerializeToString()) + b"".join(kept)
