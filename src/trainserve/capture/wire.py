@@ -68,10 +68,15 @@ def request_spec(request: bytes) -> model_pb2.ModelSpec:
     return _spec(request, REQUEST_SPEC)
 
 
+def response_spec(response: bytes) -> model_pb2.ModelSpec:
+    """A Predict response's model_spec (raises WireError on bytes that are not a message)."""
+    return _spec(response, RESPONSE_SPEC)
+
+
 def answered_version(response: bytes) -> int | None:
     """The version a Predict response says answered it, None when the server left it out."""
     try:
-        spec = _spec(response, RESPONSE_SPEC)
+        spec = response_spec(response)
     except (WireError, ValueError):
         return None
     return spec.version.value if spec.HasField("version") else None
