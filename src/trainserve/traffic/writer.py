@@ -36,7 +36,6 @@ from trainserve.tfrecord import frame
 from trainserve.traffic.accounting import (
     CLOSED,
     DIRECTORY_GONE,
-    DROP_REASONS,
     ENCODE_ERROR,
     ORIGIN,
     QUEUE_FULL,
@@ -48,9 +47,7 @@ from trainserve.traffic.accounting import (
     Accounting,
     Ledger,
 )
-from trainserve.traffic.files import SUFFIX, CaptureFile, OwnedFiles, capture_file_name, new_token
-
-__all__ = ["DROP_REASONS", "ENCODE_ERROR", "MIB", "QUEUE_FULL", "SUFFIX", "TOO_LARGE", "WRITE_ERROR"]
+from trainserve.traffic.files import CaptureFile, OwnedFiles, capture_file_name, new_token
 
 log = logging.getLogger(__name__)
 
