@@ -32,9 +32,9 @@ from trainserve.errors import TrainserveError
 from trainserve.protos import predict_pb2, prediction_log_pb2
 from trainserve.shards import Shard
 from trainserve.tfrecord import DamagedRecord, iter_records
+from trainserve.traffic.files import SUFFIX
 
 log = logging.getLogger(__name__)
-SUFFIX = ".tfrecord"
 _FRAME_OVERHEAD = 16  # length (8), its CRC (4), the data's CRC (4)
 
 
