@@ -31,6 +31,7 @@ import numpy as np
 from capture_cost import wait_ready
 from loopback import DIRECT, free_port, start_serve_local, train_bench_model
 
+from trainserve.capture.routing import ModelRoute, Routing, write_routing
 from trainserve.protos import predict_pb2
 from trainserve.tensors import to_tensor_proto
 
@@ -152,14 +153,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         server, port, rest_port = serve_two_versions(tmp)
-        routing = tmp / "routing.json"
-        routing.write_text(
-            json.dumps(
-                {
-                    "schema": "trainserve.routing/1",
-                    "models": {"bench": {"candidate": 2, "shadow_percent": args.shadow_percent}},
-                }
-            )
+        routing = write_routing(
+            tmp / "routing.json", Routing({"bench": ModelRoute(2, shadow_percent=args.shadow_percent)})
         )
         processes = [server]
         try:

@@ -16,8 +16,9 @@ import pytest
 
 from trainserve.errors import TrainserveError
 from trainserve.tfrecord import DamagedRecord, frame, iter_records
+from trainserve.traffic.accounting import ENCODE_ERROR, QUEUE_FULL, WRITE_ERROR
 from trainserve.traffic.records import log_metadata, prediction_log, request_id
-from trainserve.traffic.writer import ENCODE_ERROR, MIB, QUEUE_FULL, WRITE_ERROR, TrafficWriter, WriterLimits, host_name
+from trainserve.traffic.writer import MIB, TrafficWriter, WriterLimits, host_name
 
 NAME = re.compile(
     r"^cap-(?P<host>.+)-(?P<pid>\d+)-(?P<token>[0-9a-f]{8})-(?P<stamp>\d{8}T\d{6})-(?P<seq>\d{5})\.tfrecord$"

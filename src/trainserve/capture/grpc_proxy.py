@@ -72,10 +72,10 @@ class Forwarder(grpc.GenericRpcHandler):
 
         async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             metadata = forwarded_metadata(context.invocation_metadata())
-            origin = origin_of(metadata) if capture is not None else None
+            origin = origin_of(metadata)
             sampled = capture is not None and origin is None and capture.sample()
             started = time.perf_counter()
-            spec, decision, sent = self._route(request, metadata) if api else (None, PASS, request)
+            spec, decision, sent = self._route(request, metadata, origin) if api else (None, PASS, request)
             call = None
             self.in_flight += 1  # on the event loop's one thread: no lock
             try:
@@ -105,7 +105,7 @@ class Forwarder(grpc.GenericRpcHandler):
             trailing = await call.trailing_metadata()
             if trailing:
                 context.set_trailing_metadata(tuple(trailing))
-            if origin is not None:
+            if capture is not None and origin is not None:
                 capture.own_call()
             elif sampled:
                 capture.log(request, response, metadata)
@@ -113,14 +113,14 @@ class Forwarder(grpc.GenericRpcHandler):
 
         return forward
 
-    def _route(self, request: bytes, metadata: tuple):
+    def _route(self, request: bytes, metadata: tuple, origin: str | None):
         """(the request's model_spec, where it goes, the bytes to send); a request that does not parse passes, and
-        so does trainserve's own (an eval or replay of `stable` measures stable)."""
+        so does trainserve's own (`origin` set: an eval or replay of `stable` measures stable)."""
         try:
             spec = request_spec(request)
         except (WireError, ValueError):
             return None, PASS, request
-        if origin_of(metadata) is not None:
+        if origin is not None:
             return spec, PASS, request
         headers = {key.lower(): value for key, value in metadata}
         decision = self.router.decide(spec.name, spec.version_label, lambda name: headers.get(name.lower()))

@@ -37,7 +37,7 @@ class Stopped:
     grpc_cut: int
     rest_cut: int
     records: Accounting
-    shadow_cut: int = 0
+    shadow_cut: int
 
     def summary(self) -> str:
         return (

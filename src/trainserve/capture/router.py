@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainserve.capture.routing import NO_ROUTING, STABLE_LABEL, Routing, RoutingError, parse_routing
+from trainserve.capture.routing import NO_ROUTING, STABLE_LABEL, Routing, RoutingError, parse_routing, routing_bytes
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +56,10 @@ class Router:
     def _read(self) -> bytes | None:
         """The file's bytes, read once (what is parsed is what is remembered as seen); None when absent."""
         try:
-            return self.path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
+            return routing_bytes(self.path)
+        except RoutingError:
             self._seen = UNREADABLE
-            raise RoutingError(
-                f"routing file {self.path}: cannot read it ({exc.strerror}): expected a readable file"
-            ) from None
+            raise
 
     def poll(self) -> bool:
         """Read the file once; returns whether the routing changed."""

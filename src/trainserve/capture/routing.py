@@ -128,15 +128,20 @@ def parse_routing(text: str | bytes, where: str = "routing file") -> Routing:
     return routing
 
 
-def read_routing(path: Path) -> Routing:
-    """The routing file at `path`, checked; NO_ROUTING when it does not exist."""
+def routing_bytes(path: Path) -> bytes | None:
+    """The routing file's bytes, None when it does not exist; RoutingError (one line) when it cannot be read."""
     try:
-        text = Path(path).read_bytes()
+        return Path(path).read_bytes()
     except FileNotFoundError:
-        return NO_ROUTING
+        return None
     except OSError as exc:
         raise RoutingError(f"routing file {path}: cannot read it ({exc.strerror}): expected a readable file") from None
-    return parse_routing(text, f"routing file {path}")
+
+
+def read_routing(path: Path) -> Routing:
+    """The routing file at `path`, checked; NO_ROUTING when it does not exist."""
+    text = routing_bytes(path)
+    return NO_ROUTING if text is None else parse_routing(text, f"routing file {path}")
 
 
 def write_routing(path: Path, routing: Routing) -> Path:

@@ -7,7 +7,7 @@ import random
 import time
 from collections.abc import Callable
 
-from trainserve.protos import predict_pb2
+from trainserve.capture.wire import request_spec, response_spec
 from trainserve.traffic.records import REQUEST_ID_HEADER, log_metadata, prediction_log, request_id
 from trainserve.traffic.writer import TrafficWriter
 
@@ -32,9 +32,9 @@ class ProxyCapture:
         when, rid, rate = time.time(), request_id(given if isinstance(given, str) else None), self.rate
 
         def record() -> bytes:
-            spec = predict_pb2.PredictResponse.FromString(response).model_spec
+            spec = response_spec(response)  # the tensors are skipped, not decoded
             if not spec.name:  # a server that leaves the answer's model_spec empty: what was asked
-                spec = predict_pb2.PredictRequest.FromString(request).model_spec
+                spec = request_spec(request)
             version = spec.version.value if spec.HasField("version") else None
             return prediction_log(
                 log_metadata(spec.name, version, spec.signature_name, rate, rid, when), request, response

@@ -17,6 +17,7 @@ import time
 import grpc
 import numpy as np
 
+from trainserve.capture.grpc_proxy import PREDICT
 from trainserve.capture.proxy_metrics import ProxyMetrics
 from trainserve.capture.wire import request_spec, with_version
 from trainserve.errors import TrainserveError
@@ -24,7 +25,6 @@ from trainserve.protos import predict_pb2
 from trainserve.tensors import from_tensor_proto
 
 log = logging.getLogger(__name__)
-PREDICT = "/tensorflow.serving.PredictionService/Predict"
 
 
 class Incomparable(ValueError):

@@ -16,12 +16,14 @@ from collections import Counter
 
 import grpc
 
+from trainserve.protos import get_model_status_pb2
+
 log = logging.getLogger(__name__)
 
 GRPC, REST = "gRPC", "REST"
 SIDES = (GRPC, REST)
 GET_MODEL_STATUS = "/tensorflow.serving.ModelService/GetModelStatus"
-AVAILABLE = 30  # ModelVersionStatus.State.AVAILABLE (tensorflow_serving/apis/get_model_status.proto)
+AVAILABLE = get_model_status_pb2.ModelVersionStatus.AVAILABLE
 # What TF Serving answers a status request about a model it does not know, or an empty one: it answered.
 ANSWERS = frozenset({grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT})
 PROBE_SECONDS = 2.0  # each readiness call's deadline: a whole check (gRPC, then REST) stays under 5 s
@@ -87,8 +89,6 @@ async def wait_reachable(channel: grpc.aio.Channel, wait_s: float | None) -> Non
 
 
 def status_request(model: str) -> bytes:
-    from trainserve.protos import get_model_status_pb2
-
     request = get_model_status_pb2.GetModelStatusRequest()
     if model:
         request.model_spec.name = model
@@ -98,8 +98,6 @@ def status_request(model: str) -> bytes:
 async def grpc_answers(channel: grpc.aio.Channel, model: str, wait_s: float) -> tuple[bool, str | None]:
     """(whether a GetModelStatus over `channel` reached TF Serving, why it is not ready: None when TF Serving
     answered and, where `model` is named, a version of it is AVAILABLE)."""
-    from trainserve.protos import get_model_status_pb2
-
     await wait_reachable(channel, min(wait_s, 1.0))
     try:
         answer = await channel.unary_unary(GET_MODEL_STATUS)(status_request(model), timeout=PROBE_SECONDS)

@@ -10,6 +10,7 @@ PredictResponse.model_spec = 2. A message field that occurs more than once is me
 from __future__ import annotations
 
 from trainserve.protos import model_pb2
+from trainserve.traffic.records import length_delimited
 
 REQUEST_SPEC, RESPONSE_SPEC = 1, 2
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
@@ -67,23 +68,18 @@ def request_spec(request: bytes) -> model_pb2.ModelSpec:
     return _spec(request, REQUEST_SPEC)
 
 
+def response_spec(response: bytes) -> model_pb2.ModelSpec:
+    """A Predict response's model_spec (raises WireError on bytes that are not a message)."""
+    return _spec(response, RESPONSE_SPEC)
+
+
 def answered_version(response: bytes) -> int | None:
     """The version a Predict response says answered it, None when the server left it out."""
     try:
-        spec = _spec(response, RESPONSE_SPEC)
+        spec = response_spec(response)
     except (WireError, ValueError):
         return None
     return spec.version.value if spec.HasField("version") else None
-
-
-def _length_delimited(number: int, payload: bytes) -> bytes:
-    tag, length, out = (number << 3) | _LENGTH_DELIMITED, len(payload), bytearray()
-    for value in (tag, length):
-        while value >= 0x80:
-            out.append((value & 0x7F) | 0x80)
-            value >>= 7
-        out.append(value)
-    return bytes(out) + payload
 
 
 def with_version(request: bytes, spec: model_pb2.ModelSpec, version: int) -> bytes:
@@ -92,4 +88,4 @@ def with_version(request: bytes, spec: model_pb2.ModelSpec, version: int) -> byt
     rewritten.CopyFrom(spec)
     rewritten.version.value = version  # the oneof: the label is cleared
     kept = [request[start:end] for field, start, _, end in _fields(request) if field != REQUEST_SPEC]
-    return _length_delimited(REQUEST_SPEC, rewritten.SerializeToString()) + b"".join(kept)
+    return length_delimited(REQUEST_SPEC, rewritten.SerializeToString()) + b"".join(kept)

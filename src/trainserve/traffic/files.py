@@ -56,9 +56,9 @@ class OwnedFiles:
         self.total = 0  # bytes in `files`, kept as they change (a sum per record would grow with the file count)
         self._lock_fd: int | None = None
 
-    @property
-    def lock_path(self) -> Path:
-        return self.directory / f".{self.prefix}-{self.host}-{self.token}.lock"
+    def lock_path(self, token: str) -> Path:
+        """The lock a writer of this host holds on its files while it runs."""
+        return self.directory / f".{self.prefix}-{self.host}-{token}.lock"
 
     def claim(self) -> None:
         """Make the directory and hold this writer's lock (again, after the directory was deleted)."""
@@ -67,13 +67,13 @@ class OwnedFiles:
             if os.fstat(self._lock_fd).st_nlink > 0:
                 return
             os.close(self._lock_fd)
-        self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock_fd = os.open(self.lock_path(self.token), os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)  # waits only while another writer's start-up check holds it
 
     def release(self) -> None:
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
-                self.lock_path.unlink()
+                self.lock_path(self.token).unlink()
             os.close(self._lock_fd)
             self._lock_fd = None
 
@@ -104,13 +104,13 @@ class OwnedFiles:
         self.total = sum(f.size for f in self.files)
         for token in (t for t, dead in owners.items() if dead and t is not None):
             with contextlib.suppress(OSError):
-                (self.directory / f".{self.prefix}-{self.host}-{token}.lock").unlink()
+                self.lock_path(token).unlink()
         return [f.path for f in self.files]
 
     def _held(self, token: str) -> bool:
         """Whether a live writer holds `token`'s lock."""
         try:
-            fd = os.open(self.directory / f".{self.prefix}-{self.host}-{token}.lock", os.O_RDWR)
+            fd = os.open(self.lock_path(token), os.O_RDWR)
         except FileNotFoundError:
             return False
         try:

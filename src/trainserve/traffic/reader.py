@@ -32,9 +32,9 @@ from trainserve.errors import TrainserveError
 from trainserve.protos import predict_pb2, prediction_log_pb2
 from trainserve.shards import Shard
 from trainserve.tfrecord import DamagedRecord, iter_records
+from trainserve.traffic.files import SUFFIX
 
 log = logging.getLogger(__name__)
-SUFFIX = ".tfrecord"
 _FRAME_OVERHEAD = 16  # length (8), its CRC (4), the data's CRC (4)
 
 
@@ -83,15 +83,14 @@ class AfterStart:
     """What the capture gained (or lost) while it was read, left out of the read: records appended to the files
     read (past their size at the start), files that appeared, files that went (rotated away) before they were read."""
 
-    records: int = 0
+    records: int = 0  # in the files grown and the new ones
     files_grown: int = 0
     files_new: int = 0
-    new_files_records: int = 0
     files_gone: int = 0
 
     def as_dict(self) -> dict:
         return {
-            "records": self.records + self.new_files_records,
+            "records": self.records,
             "files_grown": self.files_grown,
             "files_new": self.files_new,
             "files_gone": self.files_gone,
@@ -100,12 +99,11 @@ class AfterStart:
 
     def said(self) -> str | None:
         """One line for the log, or None when the capture did not change while it was read."""
-        total = self.records + self.new_files_records
-        if not (total or self.files_gone):
+        if not (self.records or self.files_gone):
             return None
         gone = f"; {self.files_gone} file(s) rotated away before they were read" if self.files_gone else ""
         return (
-            f"left out {total} record(s) written after the read began ({self.files_grown} file(s) grown, "
+            f"left out {self.records} record(s) written after the read began ({self.files_grown} file(s) grown, "
             f"{self.files_new} new){gone}: a read is of the capture as it was at its start"
         )
 
@@ -179,12 +177,11 @@ def _after_start(paths: list[Path], read_to: dict[Path, int]) -> AfterStart:
         if start is not None and start < 0:
             continue
         counted = count_frames(path, start or 0)
+        after.records += counted
         if start is None:
             after.files_new += 1
-            after.new_files_records += counted
         elif counted:
             after.files_grown += 1
-            after.records += counted
     return after
 
 

@@ -30,7 +30,8 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-def _field(number: int, payload: bytes) -> bytes:
+def length_delimited(number: int, payload: bytes) -> bytes:
+    """One length-delimited field (a message, bytes or a string) as it sits on the wire: tag, length, payload."""
     return _varint(number << 3 | _LENGTH_DELIMITED) + _varint(len(payload)) + payload
 
 
@@ -66,5 +67,5 @@ def prediction_log(metadata: logging_pb2.LogMetadata | bytes, request: bytes, re
     """A serialized PredictionLog {log_metadata, predict_log {request, response}} from serialized parts."""
     if not isinstance(metadata, bytes):
         metadata = metadata.SerializeToString()
-    predict_log = _field(_REQUEST, request) + _field(_RESPONSE, response)
-    return _field(_LOG_METADATA, metadata) + _field(_PREDICT_LOG, predict_log)
+    predict_log = length_delimited(_REQUEST, request) + length_delimited(_RESPONSE, response)
+    return length_delimited(_LOG_METADATA, metadata) + length_delimited(_PREDICT_LOG, predict_log)

@@ -36,7 +36,6 @@ from trainserve.tfrecord import frame
 from trainserve.traffic.accounting import (
     CLOSED,
     DIRECTORY_GONE,
-    DROP_REASONS,
     ENCODE_ERROR,
     ORIGIN,
     QUEUE_FULL,
@@ -48,9 +47,7 @@ from trainserve.traffic.accounting import (
     Accounting,
     Ledger,
 )
-from trainserve.traffic.files import SUFFIX, CaptureFile, OwnedFiles, capture_file_name, new_token
-
-__all__ = ["DROP_REASONS", "ENCODE_ERROR", "MIB", "QUEUE_FULL", "SUFFIX", "TOO_LARGE", "WRITE_ERROR"]
+from trainserve.traffic.files import CaptureFile, OwnedFiles, capture_file_name, new_token
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +205,7 @@ class TrafficWriter:
         while (item := self._queue.get()) is not _STOP and not self._ledger.settled:
             self._write_one(item)
             if self._queue.empty():
-                self._fault_cleared(QUEUE_FULL, "the queue drained", QUEUE_FULL)
+                self._fault_cleared(QUEUE_FULL, "the queue drained")
         self._close_file()
         self._files.release()
 
@@ -237,7 +234,7 @@ class TrafficWriter:
             self._failed(exc)
             self._ledger.outcome(dropped=WRITE_ERROR)
             return
-        self._fault_cleared(WRITE_ERROR, "writing again", WRITE_ERROR)
+        self._fault_cleared(WRITE_ERROR, "writing again")
         self._ledger.outcome(written=kept, lost=None if kept else DIRECTORY_GONE)
 
     def _append(self, record: bytes) -> bool:
@@ -319,15 +316,16 @@ class TrafficWriter:
                 exc.strerror or exc,
             )
 
-    def _fault_cleared(self, fault: str, what: str, reason: str) -> None:
+    def _fault_cleared(self, fault: str, what: str) -> None:
+        """Log once that `fault` (a drop reason) cleared, with the records it dropped meanwhile."""
         if fault in self._faults:
             since, before = self._faults.pop(fault)
             log.info(
                 "capture %s: %s; %d record(s) dropped (%s) over %.1f s",
                 self.prefix,
                 what,
-                self._ledger.dropped_so_far(reason) - before,
-                reason,
+                self._ledger.dropped_so_far(fault) - before,
+                fault,
                 time.monotonic() - since,
             )
 
