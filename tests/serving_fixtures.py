@@ -153,3 +153,20 @@ def serve_every_version(
     for version in versions:
         server.wait_available(model, version)
     return server
+
+
+def capture_proxy(upstream: Server, prefix: Path, uniform=None, **fields):
+    """`trainserve capture` in process in front of `upstream` (gRPC and REST), writing under `prefix`; `fields` are
+    ProxyConfig's (tls, routing_file, ...), `uniform` the sampling and routing draws (seeded in tests)."""
+    from trainserve.capture.config import ProxyConfig
+    from trainserve.capture.proxy import CaptureProxy
+
+    config = ProxyConfig(
+        upstream=upstream.target,
+        upstream_rest=upstream.rest.removeprefix("http://"),
+        port=0,
+        rest_port=0,
+        filename_prefix=str(prefix),
+        **fields,
+    )
+    return CaptureProxy(config, uniform=uniform)

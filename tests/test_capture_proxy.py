@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from test_tls import SERVICE, make_pki, mutual, ssl_config  # noqa: F401  (make_pki: the session's certificates)
 
 from conftest import DIRECT, Gate, install_version, save_gated_model
-from serving_fixtures import IMAGES, predict_request
-from trainserve.capture.config import ListenTls, ProxyConfig
+from serving_fixtures import IMAGES, capture_proxy, predict_request
+from trainserve.capture.config import ListenTls
 from trainserve.capture.pages import READY_PATH
 from trainserve.capture.proxy import CaptureProxy
 from trainserve.capture.rest_proxy import BadBody, read_chunked
@@ -98,15 +98,7 @@ def calls():
 
 
 def proxy_for(upstream, tmp_path: Path, **fields) -> CaptureProxy:
-    config = ProxyConfig(
-        upstream=upstream.target,
-        upstream_rest=upstream.rest.removeprefix("http://"),
-        port=0,
-        rest_port=0,
-        filename_prefix=str(tmp_path / "captures" / "proxy"),
-        **fields,
-    )
-    return CaptureProxy(config)
+    return capture_proxy(upstream, tmp_path / "captures" / "proxy", **fields)
 
 
 def records(directory: Path) -> list:

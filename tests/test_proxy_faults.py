@@ -21,8 +21,7 @@ import grpc
 import pytest
 
 from conftest import Gate, free_port, install_version, save_gated_model
-from serving_fixtures import InProcessServer, predict_request
-from trainserve.capture.config import ProxyConfig
+from serving_fixtures import InProcessServer, capture_proxy, predict_request
 from trainserve.capture.pages import READY_PATH
 from trainserve.capture.proxy import CaptureProxy
 from trainserve.tfrecord import iter_records
@@ -39,19 +38,6 @@ def serve_on(model_dir: Path, port: int, rest_port: int, *flags: str) -> InProce
     server.port, server.rest_port = port, rest_port
     server.target, server.rest = f"127.0.0.1:{port}", f"http://127.0.0.1:{rest_port}"
     return server
-
-
-def proxy_for(upstream: InProcessServer, prefix: Path, **fields) -> CaptureProxy:
-    return CaptureProxy(
-        ProxyConfig(
-            upstream=upstream.target,
-            upstream_rest=upstream.rest.removeprefix("http://"),
-            port=0,
-            rest_port=0,
-            filename_prefix=str(prefix),
-            **fields,
-        )
-    )
 
 
 def page(proxy: CaptureProxy, path: str) -> tuple[int, str]:
@@ -127,7 +113,7 @@ def test_an_upstream_outage_is_logged_once_readiness_follows_it_and_the_restarte
     port, rest_port = free_port(), free_port()
     server = serve_on(tmp_path / "m", port, rest_port, "--model_name=m", f"--model_base_path={tmp_path / 'm'}")
     server.wait_available("m", 1)
-    proxy = proxy_for(server, tmp_path / "captures" / "p", upstream_wait=0.25)
+    proxy = capture_proxy(server, tmp_path / "captures" / "p", upstream_wait=0.25)
     failed_grpc = failed_rest = 0
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{proxy.port}")
@@ -259,7 +245,7 @@ def test_sigterm_lets_a_rest_call_in_flight_finish_and_says_what_it_wrote(m_and_
 
 
 def test_calls_in_flight_past_the_grace_are_cut_and_queued_records_lost_counted(m_and_g, tmp_path, monkeypatch):
-    proxy = proxy_for(m_and_g, tmp_path / "captures" / "p")
+    proxy = capture_proxy(m_and_g, tmp_path / "captures" / "p")
     held, stuck = threading.Event(), threading.Event()
     real_write = writer_module.write_all
 
@@ -296,7 +282,7 @@ def test_calls_in_flight_past_the_grace_are_cut_and_queued_records_lost_counted(
 
 
 def test_trainserves_own_calls_are_forwarded_counted_and_never_recorded(m_and_g, tmp_path):
-    proxy = proxy_for(m_and_g, tmp_path / "captures" / "p")
+    proxy = capture_proxy(m_and_g, tmp_path / "captures" / "p")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{proxy.port}") as channel:
             own = [predict_code(channel, origin_metadata(REPLAY)) for _ in range(3)]
@@ -324,7 +310,7 @@ def on_disk(directory: Path) -> int:
     ids=["served-model", "any-answer", "unknown-model"],
 )
 def test_readiness_asks_for_the_named_model(m_and_g, tmp_path, model, status, reason):
-    proxy = proxy_for(m_and_g, tmp_path / "captures" / "p", ready_model=model)
+    proxy = capture_proxy(m_and_g, tmp_path / "captures" / "p", ready_model=model)
     try:
         answer = page(proxy, READY_PATH)
         metrics = page(proxy, "/monitoring/capture/metrics")[1]

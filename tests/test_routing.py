@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import DIRECT, install_version
-from serving_fixtures import IMAGES, predict_request, serve_every_version, stubs
+from serving_fixtures import IMAGES, capture_proxy, predict_request, serve_every_version, stubs
 from trainserve.capture.config import ProxyConfig
 from trainserve.capture.proxy import CaptureProxy
 from trainserve.capture.routing import SCHEMA, ModelRoute, Routing, write_routing
@@ -49,18 +49,15 @@ def proxy_for(two_versions, tmp_path):
         path = tmp_path / "routing.json"
         if routing is not None:
             write_routing(path, routing)
-        config = ProxyConfig(
-            upstream=two_versions.target,
-            upstream_rest=f"127.0.0.1:{two_versions.rest_port}",
-            port=0,
-            rest_port=0,
-            filename_prefix=str(tmp_path / "captures" / "c"),
+        proxy = capture_proxy(
+            two_versions,
+            tmp_path / "captures" / "c",
+            uniform=random.Random(SEED).random,
             sampling_rate=0.0,
             routing_file=path,
             routing_poll_seconds=3600,  # the tests poll themselves: an edit applies on `router.poll()`
             **flags,
         )
-        proxy = CaptureProxy(config, uniform=random.Random(SEED).random)
         proxies.append(proxy)
         return proxy
 
