@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
-from trainserve.options import option, positive_int
+from trainserve.options import option, positive_int, share
 from trainserve.tls import ClientTls
 
 CONFIG_HELP = "the ModelServerConfig text proto serving polls (--model_config_file); rewritten atomically"
@@ -102,13 +102,6 @@ class RollbackConfig:
         check_server(self.wait, self.tls)
 
 
-def _share(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{value}: expected a share between 0 and 1")
-    return value
-
-
 def _ratio(text: str) -> float:
     value = float(text)
     if value < 1:
@@ -128,7 +121,7 @@ class StepGate:
     """What each step of `trainserve rollout` must show before it advances (flags --gate-*, TRAINSERVE_GATE_*)."""
 
     max_error_increase: float = option(
-        0.01, "the candidate's server-error ratio may exceed stable's by at most this share", parse=_share
+        0.01, "the candidate's server-error ratio may exceed stable's by at most this share", parse=share
     )
     max_latency_ratio: float = option(
         1.5, "the candidate's p99 latency may be at most this times stable's", parse=_ratio
@@ -136,7 +129,7 @@ class StepGate:
     max_flip_rate: float = option(
         0.02,
         "the online flip rate's upper bound (shadow pairs whose top class differs) may be at most this",
-        parse=_share,
+        parse=share,
     )
     min_requests: int = option(
         200,
