@@ -219,12 +219,11 @@ class PairedReplay:
         """One line, and the end of the replay, once the server has not answered --unanswered pairs in a row: both
         sides UNAVAILABLE or DEADLINE_EXCEEDED (one side alone timing out is that version's error, not a gone one)."""
         gone = len(failed) == 2 and all(a.code in UNANSWERED for a in failed)
-        unanswered = failed if gone else []
-        self.unanswered_in_row = self.unanswered_in_row + 1 if unanswered else 0
+        self.unanswered_in_row = self.unanswered_in_row + 1 if gone else 0
         if self.unanswered_in_row >= self.config.unanswered:
             raise TrainserveError(
                 f"{self.config.server} stopped answering: {self.unanswered_in_row} request pairs in a row failed "
-                f"after {self.tally.requests} replayed ({unanswered[0]}): expected the server up for the whole replay"
+                f"after {self.tally.requests} replayed ({failed[0]}): expected the server up for the whole replay"
             )
 
     def _compare(self, candidate: Prediction, baseline: Prediction) -> None:
