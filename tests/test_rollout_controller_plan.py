@@ -29,13 +29,12 @@ from trainserve.rollout.analysis import (
     ROLLBACK,
     UNKNOWN,
     WATCH,
-    Gate,
     checks,
     decide,
     queries,
     step_counts,
 )
-from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
+from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig, StepGate
 from trainserve.rollout.config_file import history_path, read_config
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout
@@ -45,7 +44,7 @@ from trainserve.stats.proportions import wilson_upper
 
 pytestmark = pytest.mark.unit
 
-GATE = Gate(max_error_increase=0.01, max_latency_ratio=1.5, max_flip_rate=0.02, min_requests=100, alpha=0.05)
+GATE = StepGate(max_error_increase=0.01, max_latency_ratio=1.5, max_flip_rate=0.02, min_requests=100, alpha=0.05)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainserve.rollout.config import StepGate
 from trainserve.rollout.plan import CANARY, SHADOW, Step
 from trainserve.stats.proportions import wilson_upper
 
@@ -38,17 +39,6 @@ RATIOS = {
     "candidate_p99_seconds": "trainserve:proxy_latency_seconds:p99_rate5m{{{cand}}}",
     "stable_p99_seconds": "trainserve:proxy_latency_seconds:p99_rate5m{{{stable}}}",
 }
-
-
-@dataclass(frozen=True)
-class Gate:
-    """The thresholds a step is judged on (trainserve.rollout.config.StepGate, as numbers)."""
-
-    max_error_increase: float
-    max_latency_ratio: float
-    max_flip_rate: float
-    min_requests: int
-    alpha: float
 
 
 def queries(model: str, candidate: int, stable: int) -> dict[str, str]:
@@ -81,7 +71,7 @@ class Check:
     said: str
 
 
-def checks(step: Step, flips: bool, counts: dict[str, int], values: dict, gate: Gate) -> list[Check]:
+def checks(step: Step, flips: bool, counts: dict[str, int], values: dict, gate: StepGate) -> list[Check]:
     """The checks that apply to `step` (`flips`: a classifier's shadow pairs are being compared). Each passes,
     fails or knows nothing yet; `decide` weighs them by whether the step's time is up."""
     found = []
@@ -102,13 +92,13 @@ def decide(found: list[Check], ended: bool) -> str:
     return ADVANCE if all(c.result == PASS for c in found) else HOLD
 
 
-def _too_few(name: str, seen: int, gate: Gate, what: str) -> Check | None:
+def _too_few(name: str, seen: int, gate: StepGate, what: str) -> Check | None:
     if seen >= gate.min_requests:
         return None
     return Check(name, UNKNOWN, f"{seen} {what} this step, fewer than --gate-min-requests {gate.min_requests}")
 
 
-def _errors(counts: dict, values: dict, gate: Gate) -> Check:
+def _errors(counts: dict, values: dict, gate: StepGate) -> Check:
     """The candidate's server-error ratio on its own canary requests of the step (exact counts: a series born
     during the step is missed by rate() until its second sample), against stable's recording rule."""
     name = "error_ratio"
@@ -128,7 +118,7 @@ def _errors(counts: dict, values: dict, gate: Gate) -> Check:
     return Check(name, PASS if ok else FAIL, said)
 
 
-def _latency(counts: dict, values: dict, gate: Gate) -> Check:
+def _latency(counts: dict, values: dict, gate: StepGate) -> Check:
     name = "latency_p99"
     few = _too_few(name, counts["candidate_requests"], gate, "candidate requests")
     if few:
@@ -145,7 +135,7 @@ def _latency(counts: dict, values: dict, gate: Gate) -> Check:
     return Check(name, PASS if ok else FAIL, said)
 
 
-def _shadow_errors(counts: dict, values: dict, gate: Gate) -> Check:
+def _shadow_errors(counts: dict, values: dict, gate: StepGate) -> Check:
     """The candidate's errors on its shadow copies (requests), against stable's server-error ratio."""
     name = "shadow_errors"
     errors, sent = counts["shadow_errors"], counts["shadow_errors"] + counts["shadow_compared"]
@@ -164,7 +154,7 @@ def _shadow_errors(counts: dict, values: dict, gate: Gate) -> Check:
     return Check(name, PASS if ok else FAIL, said)
 
 
-def _flips(counts: dict, gate: Gate) -> Check:
+def _flips(counts: dict, gate: StepGate) -> Check:
     name = "flip_rate"
     flips, pairs = counts["shadow_flips"], counts["shadow_pairs"]
     few = _too_few(name, pairs, gate, "shadow pairs (examples)")

@@ -78,7 +78,7 @@ class Controller:
         self.clock, self.sleep = clock, sleep
         self.history = history_path(config.config)
         self.model = find_model(read_config(config.config), config.config, config.model).name
-        self.gate = analysis.Gate(**asdict(config.gate))
+        self.gate = config.gate
 
     # -- the run -------------------------------------------------------------------------------------------
 
