@@ -11,6 +11,7 @@ from pathlib import Path
 
 from trainserve.errors import TrainserveError
 from trainserve.options import option, positive_int, share
+from trainserve.rollout.plan import DEFAULT_PLAN, parse_plan
 from trainserve.tls import ClientTls
 
 CONFIG_HELP = "the ModelServerConfig text proto serving polls (--model_config_file); rewritten atomically"
@@ -139,20 +140,11 @@ class StepGate:
     alpha: float = option(0.05, "one-sided level of the flip rate's Wilson bound", parse=_alpha)
 
 
-def _plan(text: str):
-    from trainserve.rollout.plan import parse_plan
-
-    return parse_plan(text)
-
-
 def _seconds(text: str) -> float:
     value = float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value}: expected seconds > 0")
     return value
-
-
-DEFAULT_PLAN = "shadow 10m, 5% 10m, 25% 10m, 100%"
 
 
 @dataclass
@@ -173,7 +165,7 @@ class RolloutConfig:
     plan: object = option(
         DEFAULT_PLAN,
         "steps: `shadow [P%%] DURATION`, then `P%% DURATION` canary shares, ending with `100%%` (promote)",
-        parse=_plan,
+        parse=parse_plan,
     )
     prometheus: str | None = option(
         None, "Prometheus's URL, asked the proxy's series and recording rules between steps"
@@ -201,7 +193,7 @@ class RolloutConfig:
     def __post_init__(self):
         if isinstance(self.plan, str):
             try:
-                self.plan = _plan(self.plan)
+                self.plan = parse_plan(self.plan)
             except argparse.ArgumentTypeError as exc:
                 raise TrainserveError(f"--plan {exc}") from None
 
