@@ -101,19 +101,25 @@ def _too_few(name: str, seen: int, gate: StepGate, what: str) -> Check | None:
 def _errors(counts: dict, values: dict, gate: StepGate) -> Check:
     """The candidate's server-error ratio on its own canary requests of the step (exact counts: a series born
     during the step is missed by rate() until its second sample), against stable's recording rule."""
-    name = "error_ratio"
-    requests = counts["candidate_requests"]
-    few = _too_few(name, requests, gate, "candidate requests")
+    errors, requests = counts["candidate_errors"], counts["candidate_requests"]
+    return _error_increase("error_ratio", "server-error ratio", (errors, requests), "candidate requests", values, gate)
+
+
+def _error_increase(name: str, what: str, seen: tuple[int, int], unit: str, values: dict, gate: StepGate) -> Check:
+    """`seen` (errors, of how many `unit`) as a share, at most --gate-max-error-increase above stable's
+    server-error ratio."""
+    errors, total = seen
+    few = _too_few(name, total, gate, unit)
     if few:
         return few
     stable = values.get("stable_error_ratio")
     if stable is None:
         return Check(name, UNKNOWN, "no server-error ratio of stable yet")
-    candidate = counts["candidate_errors"] / requests
-    ok = candidate - stable <= gate.max_error_increase
+    share = errors / total
+    ok = share - stable <= gate.max_error_increase
     said = (
-        f"server-error ratio {candidate:.4f} ({counts['candidate_errors']} of {requests} this step) vs stable "
-        f"{stable:.4f}: increase {candidate - stable:.4f} {'<=' if ok else '>'} max {gate.max_error_increase:g}"
+        f"{what} {share:.4f} ({errors} of {total} this step) vs stable's server-error ratio {stable:.4f}: "
+        f"increase {share - stable:.4f} {'<=' if ok else '>'} max {gate.max_error_increase:g}"
     )
     return Check(name, PASS if ok else FAIL, said)
 
@@ -137,21 +143,9 @@ def _latency(counts: dict, values: dict, gate: StepGate) -> Check:
 
 def _shadow_errors(counts: dict, values: dict, gate: StepGate) -> Check:
     """The candidate's errors on its shadow copies (requests), against stable's server-error ratio."""
-    name = "shadow_errors"
     errors, sent = counts["shadow_errors"], counts["shadow_errors"] + counts["shadow_compared"]
-    few = _too_few(name, sent, gate, "shadow requests answered")
-    if few:
-        return few
-    stable = values.get("stable_error_ratio")
-    if stable is None:
-        return Check(name, UNKNOWN, "no server-error ratio of stable yet")
-    share = errors / sent
-    ok = share - stable <= gate.max_error_increase
-    said = (
-        f"shadow errors {errors} of {sent} ({share:.4f}) vs stable's server-error ratio {stable:.4f}: "
-        f"increase {share - stable:.4f} {'<=' if ok else '>'} max {gate.max_error_increase:g}"
-    )
-    return Check(name, PASS if ok else FAIL, said)
+    unit = "shadow requests answered"
+    return _error_increase("shadow_errors", "shadow error share", (errors, sent), unit, values, gate)
 
 
 def _flips(counts: dict, gate: StepGate) -> Check:
