@@ -33,7 +33,7 @@ def build_report(head: dict, tally: ReplayTally, settings: dict) -> dict:
         "requests": {"replayed": tally.requests, "paired": tally.paired, "examples": tally.examples},
         "errors": {side: dict(sorted(c.items())) for side, c in tally.errors.items()},
         "error_share": error_share(state),
-        "latency_ms": {side: latency_summary(tally, side) for side in ("candidate", "baseline")},
+        "latency_ms": {side: latency_summary(tally, side) for side in SIDES},
         "flips": flips(tally, head["class_names"], alpha) if head["task"] == "classification" else None,
         "probability_shift": shift_summary(tally) if head["task"] == "classification" else None,
         "regression_difference": difference_summary(tally) if head["task"] == "regression" else None,
@@ -163,7 +163,7 @@ def summary_table(report: dict) -> str:
     if report["regression_difference"] is not None:
         d = report["regression_difference"]
         lines.append(f"difference: mean {d['mean']:+.4g}, sd {d['sd']:.4g}, |d| p99 <= {d['abs_p99']:.4g}")
-    for side in ("candidate", "baseline"):
+    for side in SIDES:
         lat, err = report["latency_ms"][side], report["errors"][side]
         errors = ", ".join(f"{k} {v}" for k, v in err.items()) or "none"
         lines.append(f"{side}: latency p50 {lat['p50']:.2f} ms p99 {lat['p99']:.2f} ms; errors {errors}")

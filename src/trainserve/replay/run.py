@@ -28,6 +28,7 @@ import numpy as np
 from trainserve.client import RequestFailed, ServingClient, Signature, Target
 from trainserve.client.predict import Prediction, predict
 from trainserve.errors import TrainserveError
+from trainserve.evidence.flips import SIDES
 from trainserve.layout import LABEL_NAMES
 from trainserve.protos import predict_pb2
 from trainserve.replay.config import ReplayConfig
@@ -36,7 +37,6 @@ from trainserve.traffic.origin import REPLAY
 from trainserve.traffic.reader import CapturedRequest, ReadSummary, read_capture
 
 log = logging.getLogger(__name__)
-SIDES = ("candidate", "baseline")
 UNANSWERED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
