@@ -71,17 +71,17 @@ class Check:
     said: str
 
 
+def check_names(step: Step, flips: bool) -> list[str]:
+    """The checks that apply to `step`, by name (`flips`: a classifier's shadow pairs are being compared); what
+    `checks` judges and the dry run prints."""
+    names = {SHADOW: ["shadow_errors"], CANARY: ["error_ratio", "latency_p99"]}.get(step.kind, [])
+    return [*names, "flip_rate"] if flips else names
+
+
 def checks(step: Step, flips: bool, counts: dict[str, int], values: dict, gate: StepGate) -> list[Check]:
-    """The checks that apply to `step` (`flips`: a classifier's shadow pairs are being compared). Each passes,
-    fails or knows nothing yet; `decide` weighs them by whether the step's time is up."""
-    found = []
-    if step.kind == SHADOW:
-        found.append(_shadow_errors(counts, values, gate))
-    if step.kind == CANARY:
-        found += [_errors(counts, values, gate), _latency(counts, values, gate)]
-    if flips:
-        found.append(_flips(counts, gate))
-    return found
+    """The checks that apply to `step`. Each passes, fails or knows nothing yet; `decide` weighs them by whether
+    the step's time is up."""
+    return [_CHECKS[name](counts, values, gate) for name in check_names(step, flips)]
 
 
 def decide(found: list[Check], ended: bool) -> str:
@@ -148,7 +148,7 @@ def _shadow_errors(counts: dict, values: dict, gate: StepGate) -> Check:
     return _error_increase("shadow_errors", "shadow error share", (errors, sent), unit, values, gate)
 
 
-def _flips(counts: dict, gate: StepGate) -> Check:
+def _flips(counts: dict, values: dict, gate: StepGate) -> Check:
     name = "flip_rate"
     flips, pairs = counts["shadow_flips"], counts["shadow_pairs"]
     few = _too_few(name, pairs, gate, "shadow pairs (examples)")
@@ -168,3 +168,6 @@ def _flips(counts: dict, gate: StepGate) -> Check:
     # pairs decide it, or --max-hold pauses the rollout); it never advances, and a good candidate whose step was
     # too short for its bound is not rolled back.
     return Check(name, UNKNOWN, said)
+
+
+_CHECKS = {"shadow_errors": _shadow_errors, "error_ratio": _errors, "latency_p99": _latency, "flip_rate": _flips}
