@@ -29,14 +29,13 @@ from trainserve.rollout.analysis import (
     ROLLBACK,
     UNKNOWN,
     WATCH,
-    Gate,
     checks,
     decide,
     queries,
     step_counts,
 )
-from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
-from trainserve.rollout.config_file import history_path, read_config
+from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig, StepGate
+from trainserve.rollout.config_file import history_path, locked, read_config
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.plan import CANARY, PROMOTE, SHADOW, Step, parse_plan
@@ -45,7 +44,7 @@ from trainserve.stats.proportions import wilson_upper
 
 pytestmark = pytest.mark.unit
 
-GATE = Gate(max_error_increase=0.01, max_latency_ratio=1.5, max_flip_rate=0.02, min_requests=100, alpha=0.05)
+GATE = StepGate(max_error_increase=0.01, max_latency_ratio=1.5, max_flip_rate=0.02, min_requests=100, alpha=0.05)
 
 
 @pytest.mark.parametrize(
@@ -358,6 +357,16 @@ def test_bad_input_is_one_line_and_moves_nothing(site, capsys, more, fragment):
     before = snapshot(config)
     assert exit_code(args(config, report, *more)) == 2
     assert fragment in last_error(capsys)
+    assert snapshot(config) == before
+
+
+def test_a_second_controller_of_the_model_is_refused_at_once_and_moves_nothing(site, capsys):
+    config, report = site
+    before = snapshot(config)
+    with locked(config, "rollout-m.lock", "the first controller"):  # the lock a running controller holds
+        assert exit_code(args(config, report, "--prometheus", closed_port_url())) == 2
+    line = last_error(capsys)
+    assert "another `trainserve rollout` of model m holds" in line and ".models.config.rollout-m.lock" in line, line
     assert snapshot(config) == before
 
 

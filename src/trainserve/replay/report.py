@@ -24,7 +24,7 @@ TOP_FLIPS = 20
 def build_report(head: dict, tally: ReplayTally, settings: dict) -> dict:
     """`head`: what the run was (model, versions, capture); `settings`: max_flip_rate, max_error_rate, alpha and
     limit; the rest is derived from `tally`."""
-    alpha = settings["alpha"]
+    alpha, state = settings["alpha"], tally.state()
     report = {
         "schema": SCHEMA_ID,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -32,24 +32,25 @@ def build_report(head: dict, tally: ReplayTally, settings: dict) -> dict:
         **head,
         "requests": {"replayed": tally.requests, "paired": tally.paired, "examples": tally.examples},
         "errors": {side: dict(sorted(c.items())) for side, c in tally.errors.items()},
-        "error_share": error_share(tally),
-        "latency_ms": {side: latency_summary(tally, side) for side in ("candidate", "baseline")},
+        "error_share": error_share(state),
+        "latency_ms": {side: latency_summary(tally, side) for side in SIDES},
         "flips": flips(tally, head["class_names"], alpha) if head["task"] == "classification" else None,
         "probability_shift": shift_summary(tally) if head["task"] == "classification" else None,
         "regression_difference": difference_summary(tally) if head["task"] == "regression" else None,
         "settings": settings,
-        "tally": tally.state(),
+        "tally": state,
     }
     report["gates"] = gates(report, settings)
     report["passed"] = verdict(report["gates"])
     return report
 
 
-def error_share(tally: ReplayTally) -> dict:
-    shares = error_shares(tally.state())
+def error_share(state: dict) -> dict:
+    """Each side's own error share, from the tally's stored state (the counts the error gate is judged on)."""
+    shares = error_shares(state)
     return {
         **{side: shares.share(side) for side in SIDES},
-        "refused_by_both": tally.refused_by_both,
+        "refused_by_both": shares.refused_by_both,
         "what": "each side's failed requests, less those both refused as INVALID_ARGUMENT, of the requests replayed",
     }
 
@@ -162,7 +163,7 @@ def summary_table(report: dict) -> str:
     if report["regression_difference"] is not None:
         d = report["regression_difference"]
         lines.append(f"difference: mean {d['mean']:+.4g}, sd {d['sd']:.4g}, |d| p99 <= {d['abs_p99']:.4g}")
-    for side in ("candidate", "baseline"):
+    for side in SIDES:
         lat, err = report["latency_ms"][side], report["errors"][side]
         errors = ", ".join(f"{k} {v}" for k, v in err.items()) or "none"
         lines.append(f"{side}: latency p50 {lat['p50']:.2f} ms p99 {lat['p99']:.2f} ms; errors {errors}")

@@ -28,6 +28,7 @@ import numpy as np
 from trainserve.client import RequestFailed, ServingClient, Signature, Target
 from trainserve.client.predict import Prediction, predict
 from trainserve.errors import TrainserveError
+from trainserve.evidence.flips import SIDES
 from trainserve.layout import LABEL_NAMES
 from trainserve.protos import predict_pb2
 from trainserve.replay.config import ReplayConfig
@@ -36,7 +37,6 @@ from trainserve.traffic.origin import REPLAY
 from trainserve.traffic.reader import CapturedRequest, ReadSummary, read_capture
 
 log = logging.getLogger(__name__)
-SIDES = ("candidate", "baseline")
 UNANSWERED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
@@ -219,12 +219,11 @@ class PairedReplay:
         """One line, and the end of the replay, once the server has not answered --unanswered pairs in a row: both
         sides UNAVAILABLE or DEADLINE_EXCEEDED (one side alone timing out is that version's error, not a gone one)."""
         gone = len(failed) == 2 and all(a.code in UNANSWERED for a in failed)
-        unanswered = failed if gone else []
-        self.unanswered_in_row = self.unanswered_in_row + 1 if unanswered else 0
+        self.unanswered_in_row = self.unanswered_in_row + 1 if gone else 0
         if self.unanswered_in_row >= self.config.unanswered:
             raise TrainserveError(
                 f"{self.config.server} stopped answering: {self.unanswered_in_row} request pairs in a row failed "
-                f"after {self.tally.requests} replayed ({unanswered[0]}): expected the server up for the whole replay"
+                f"after {self.tally.requests} replayed ({failed[0]}): expected the server up for the whole replay"
             )
 
     def _compare(self, candidate: Prediction, baseline: Prediction) -> None:

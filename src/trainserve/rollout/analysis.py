@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainserve.rollout.config import StepGate
 from trainserve.rollout.plan import CANARY, SHADOW, Step
 from trainserve.stats.proportions import wilson_upper
 
@@ -38,17 +39,6 @@ RATIOS = {
     "candidate_p99_seconds": "trainserve:proxy_latency_seconds:p99_rate5m{{{cand}}}",
     "stable_p99_seconds": "trainserve:proxy_latency_seconds:p99_rate5m{{{stable}}}",
 }
-
-
-@dataclass(frozen=True)
-class Gate:
-    """The thresholds a step is judged on (trainserve.rollout.config.StepGate, as numbers)."""
-
-    max_error_increase: float
-    max_latency_ratio: float
-    max_flip_rate: float
-    min_requests: int
-    alpha: float
 
 
 def queries(model: str, candidate: int, stable: int) -> dict[str, str]:
@@ -81,17 +71,17 @@ class Check:
     said: str
 
 
-def checks(step: Step, flips: bool, counts: dict[str, int], values: dict, gate: Gate) -> list[Check]:
-    """The checks that apply to `step` (`flips`: a classifier's shadow pairs are being compared). Each passes,
-    fails or knows nothing yet; `decide` weighs them by whether the step's time is up."""
-    found = []
-    if step.kind == SHADOW:
-        found.append(_shadow_errors(counts, values, gate))
-    if step.kind == CANARY:
-        found += [_errors(counts, values, gate), _latency(counts, values, gate)]
-    if flips:
-        found.append(_flips(counts, gate))
-    return found
+def check_names(step: Step, flips: bool) -> list[str]:
+    """The checks that apply to `step`, by name (`flips`: a classifier's shadow pairs are being compared); what
+    `checks` judges and the dry run prints."""
+    names = {SHADOW: ["shadow_errors"], CANARY: ["error_ratio", "latency_p99"]}.get(step.kind, [])
+    return [*names, "flip_rate"] if flips else names
+
+
+def checks(step: Step, flips: bool, counts: dict[str, int], values: dict, gate: StepGate) -> list[Check]:
+    """The checks that apply to `step`. Each passes, fails or knows nothing yet; `decide` weighs them by whether
+    the step's time is up."""
+    return [_CHECKS[name](counts, values, gate) for name in check_names(step, flips)]
 
 
 def decide(found: list[Check], ended: bool) -> str:
@@ -102,33 +92,39 @@ def decide(found: list[Check], ended: bool) -> str:
     return ADVANCE if all(c.result == PASS for c in found) else HOLD
 
 
-def _too_few(name: str, seen: int, gate: Gate, what: str) -> Check | None:
+def _too_few(name: str, seen: int, gate: StepGate, what: str) -> Check | None:
     if seen >= gate.min_requests:
         return None
     return Check(name, UNKNOWN, f"{seen} {what} this step, fewer than --gate-min-requests {gate.min_requests}")
 
 
-def _errors(counts: dict, values: dict, gate: Gate) -> Check:
+def _errors(counts: dict, values: dict, gate: StepGate) -> Check:
     """The candidate's server-error ratio on its own canary requests of the step (exact counts: a series born
     during the step is missed by rate() until its second sample), against stable's recording rule."""
-    name = "error_ratio"
-    requests = counts["candidate_requests"]
-    few = _too_few(name, requests, gate, "candidate requests")
+    errors, requests = counts["candidate_errors"], counts["candidate_requests"]
+    return _error_increase("error_ratio", "server-error ratio", (errors, requests), "candidate requests", values, gate)
+
+
+def _error_increase(name: str, what: str, seen: tuple[int, int], unit: str, values: dict, gate: StepGate) -> Check:
+    """`seen` (errors, of how many `unit`) as a share, at most --gate-max-error-increase above stable's
+    server-error ratio."""
+    errors, total = seen
+    few = _too_few(name, total, gate, unit)
     if few:
         return few
     stable = values.get("stable_error_ratio")
     if stable is None:
         return Check(name, UNKNOWN, "no server-error ratio of stable yet")
-    candidate = counts["candidate_errors"] / requests
-    ok = candidate - stable <= gate.max_error_increase
+    share = errors / total
+    ok = share - stable <= gate.max_error_increase
     said = (
-        f"server-error ratio {candidate:.4f} ({counts['candidate_errors']} of {requests} this step) vs stable "
-        f"{stable:.4f}: increase {candidate - stable:.4f} {'<=' if ok else '>'} max {gate.max_error_increase:g}"
+        f"{what} {share:.4f} ({errors} of {total} this step) vs stable's server-error ratio {stable:.4f}: "
+        f"increase {share - stable:.4f} {'<=' if ok else '>'} max {gate.max_error_increase:g}"
     )
     return Check(name, PASS if ok else FAIL, said)
 
 
-def _latency(counts: dict, values: dict, gate: Gate) -> Check:
+def _latency(counts: dict, values: dict, gate: StepGate) -> Check:
     name = "latency_p99"
     few = _too_few(name, counts["candidate_requests"], gate, "candidate requests")
     if few:
@@ -145,26 +141,14 @@ def _latency(counts: dict, values: dict, gate: Gate) -> Check:
     return Check(name, PASS if ok else FAIL, said)
 
 
-def _shadow_errors(counts: dict, values: dict, gate: Gate) -> Check:
+def _shadow_errors(counts: dict, values: dict, gate: StepGate) -> Check:
     """The candidate's errors on its shadow copies (requests), against stable's server-error ratio."""
-    name = "shadow_errors"
     errors, sent = counts["shadow_errors"], counts["shadow_errors"] + counts["shadow_compared"]
-    few = _too_few(name, sent, gate, "shadow requests answered")
-    if few:
-        return few
-    stable = values.get("stable_error_ratio")
-    if stable is None:
-        return Check(name, UNKNOWN, "no server-error ratio of stable yet")
-    share = errors / sent
-    ok = share - stable <= gate.max_error_increase
-    said = (
-        f"shadow errors {errors} of {sent} ({share:.4f}) vs stable's server-error ratio {stable:.4f}: "
-        f"increase {share - stable:.4f} {'<=' if ok else '>'} max {gate.max_error_increase:g}"
-    )
-    return Check(name, PASS if ok else FAIL, said)
+    unit = "shadow requests answered"
+    return _error_increase("shadow_errors", "shadow error share", (errors, sent), unit, values, gate)
 
 
-def _flips(counts: dict, gate: Gate) -> Check:
+def _flips(counts: dict, values: dict, gate: StepGate) -> Check:
     name = "flip_rate"
     flips, pairs = counts["shadow_flips"], counts["shadow_pairs"]
     few = _too_few(name, pairs, gate, "shadow pairs (examples)")
@@ -184,3 +168,6 @@ def _flips(counts: dict, gate: Gate) -> Check:
     # pairs decide it, or --max-hold pauses the rollout); it never advances, and a good candidate whose step was
     # too short for its bound is not rolled back.
     return Check(name, UNKNOWN, said)
+
+
+_CHECKS = {"shadow_errors": _shadow_errors, "error_ratio": _errors, "latency_p99": _latency, "flip_rate": _flips}

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
-from trainserve.options import option, positive_int
+from trainserve.options import option, positive_int, share
+from trainserve.rollout.plan import DEFAULT_PLAN, parse_plan
 from trainserve.tls import ClientTls
 
 CONFIG_HELP = "the ModelServerConfig text proto serving polls (--model_config_file); rewritten atomically"
@@ -102,13 +103,6 @@ class RollbackConfig:
         check_server(self.wait, self.tls)
 
 
-def _share(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{value}: expected a share between 0 and 1")
-    return value
-
-
 def _ratio(text: str) -> float:
     value = float(text)
     if value < 1:
@@ -128,7 +122,7 @@ class StepGate:
     """What each step of `trainserve rollout` must show before it advances (flags --gate-*, TRAINSERVE_GATE_*)."""
 
     max_error_increase: float = option(
-        0.01, "the candidate's server-error ratio may exceed stable's by at most this share", parse=_share
+        0.01, "the candidate's server-error ratio may exceed stable's by at most this share", parse=share
     )
     max_latency_ratio: float = option(
         1.5, "the candidate's p99 latency may be at most this times stable's", parse=_ratio
@@ -136,7 +130,7 @@ class StepGate:
     max_flip_rate: float = option(
         0.02,
         "the online flip rate's upper bound (shadow pairs whose top class differs) may be at most this",
-        parse=_share,
+        parse=share,
     )
     min_requests: int = option(
         200,
@@ -146,20 +140,11 @@ class StepGate:
     alpha: float = option(0.05, "one-sided level of the flip rate's Wilson bound", parse=_alpha)
 
 
-def _plan(text: str):
-    from trainserve.rollout.plan import parse_plan
-
-    return parse_plan(text)
-
-
 def _seconds(text: str) -> float:
     value = float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value}: expected seconds > 0")
     return value
-
-
-DEFAULT_PLAN = "shadow 10m, 5% 10m, 25% 10m, 100%"
 
 
 @dataclass
@@ -180,7 +165,7 @@ class RolloutConfig:
     plan: object = option(
         DEFAULT_PLAN,
         "steps: `shadow [P%%] DURATION`, then `P%% DURATION` canary shares, ending with `100%%` (promote)",
-        parse=_plan,
+        parse=parse_plan,
     )
     prometheus: str | None = option(
         None, "Prometheus's URL, asked the proxy's series and recording rules between steps"
@@ -208,7 +193,7 @@ class RolloutConfig:
     def __post_init__(self):
         if isinstance(self.plan, str):
             try:
-                self.plan = _plan(self.plan)
+                self.plan = parse_plan(self.plan)
             except argparse.ArgumentTypeError as exc:
                 raise TrainserveError(f"--plan {exc}") from None
 

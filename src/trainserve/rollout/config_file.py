@@ -61,9 +61,10 @@ def write_config(path: Path, config) -> None:
 
 
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `<dir>/.<name>.lock` while reading, checking and rewriting the config."""
-    lock_path = Path(path).with_name(f".{Path(path).name}.lock")
+def locked(path: Path, role: str = "lock", holder: str | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on `<dir>/.<name>.<role>` while reading, checking and rewriting the config. With
+    `holder` (who else would hold it), a lock already held is refused at once, naming `holder`, not awaited."""
+    lock_path = Path(path).with_name(f".{Path(path).name}.{role}")
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
@@ -71,7 +72,10 @@ def locked(path: Path) -> Iterator[None]:
             f"cannot create the lock {lock_path} ({exc.strerror}): expected a writable directory for the config"
         ) from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if holder else 0))
+        except BlockingIOError:
+            raise TrainserveError(f"{holder} holds {lock_path}: expected one at a time") from None
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -15,11 +15,9 @@ Everything lands in the rollout history (trainserve.rollout.progress), from whic
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from trainserve.capture.routing import ModelRoute
 from trainserve.errors import TrainserveError
 from trainserve.rollout import analysis, moves
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
-from trainserve.rollout.config_file import find_model, history_path, read_config
+from trainserve.rollout.config_file import find_model, history_path, locked, read_config
 from trainserve.rollout.history import append_history, read_history
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.offline import evidence_of
@@ -78,7 +76,6 @@ class Controller:
         self.clock, self.sleep = clock, sleep
         self.history = history_path(config.config)
         self.model = find_model(read_config(config.config), config.config, config.model).name
-        self.gate = analysis.Gate(**asdict(config.gate))
 
     # -- the run -------------------------------------------------------------------------------------------
 
@@ -218,7 +215,7 @@ class Controller:
                     "model %s: the proxy's counters went back (a restart): counting again from here", self.model
                 )
             counts = analysis.step_counts(values, counters)
-            found = analysis.checks(step, flips, counts, values, self.gate)
+            found = analysis.checks(step, flips, counts, values, self.config.gate)
             decision = analysis.decide(found, ended)
             self._append(
                 CHECK,
@@ -307,21 +304,10 @@ class Controller:
     def _append(self, kind: str, start: dict, **fields) -> dict:
         return append_history(self.history, event(kind, self.model, start["candidate"], **fields))
 
-    @contextlib.contextmanager
-    def _only_controller(self) -> Iterator[None]:
+    def _only_controller(self) -> contextlib.AbstractContextManager[None]:
         """One controller per model and config: a second one is refused at once, not interleaved."""
-        path = Path(self.config.config).with_name(f".{Path(self.config.config).name}.rollout-{self.model}.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise TrainserveError(
-                    f"another `trainserve rollout` of model {self.model} holds {path}: expected one controller"
-                ) from None
-            yield
-        finally:
-            os.close(fd)
+        holder = f"another `trainserve rollout` of model {self.model}"
+        return locked(self.config.config, f"rollout-{self.model}.lock", holder)
 
 
 def candidate_of(config: RolloutConfig, labels: Rollout, model: str) -> int:

@@ -10,7 +10,7 @@ from trainserve.rollout.config_file import find_model, read_config
 from trainserve.rollout.controller import candidate_of
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.offline import evidence_of
-from trainserve.rollout.plan import PROMOTE, SHADOW
+from trainserve.rollout.plan import PROMOTE
 
 
 def dry_run(config: RolloutConfig) -> list[str]:
@@ -32,8 +32,7 @@ def dry_run(config: RolloutConfig) -> list[str]:
         if step.kind == PROMOTE:
             lines.append(f"step {i + 1}: 100%: promote (stable -> {version}), routing cleared")
             continue
-        names = ["shadow_errors"] if step.kind == SHADOW else ["error_ratio", "latency_p99"]
-        names += ["flip_rate"] if flips and plan.shadow_during(i) > 0 else []
+        names = analysis.check_names(step, flips and plan.shadow_during(i) > 0)
         lines.append(
             f"step {i + 1}: {step.words()}: shadow {plan.shadow_during(i):g}%, canary {plan.canary_during(i):g}%; "
             f"checks {', '.join(names)}"

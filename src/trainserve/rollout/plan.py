@@ -20,6 +20,7 @@ SHADOW, CANARY, PROMOTE = "shadow", "canary", "promote"
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smh])")
 _PERCENT = re.compile(r"(\d+(?:\.\d+)?)%")
+DEFAULT_PLAN = "shadow 10m, 5% 10m, 25% 10m, 100%"  # `trainserve rollout --plan`'s default, and the errors' example
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,10 @@ def parse_plan(text: str) -> Plan:
     """`shadow 10m, 5% 10m, 25% 10m, 100%` -> Plan; anything else is an error naming what was expected."""
     items = [item.strip() for item in text.split(",")]
     if not text.strip() or not all(items):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected steps separated by commas, such as {EXAMPLE!r}")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected steps separated by commas, such as {DEFAULT_PLAN!r}")
     steps = tuple(_parse_step(item) for item in items)
     _check_order(text, steps)
     return Plan(steps)
-
-
-EXAMPLE = "shadow 10m, 5% 10m, 25% 10m, 100%"
 
 
 def _parse_step(item: str) -> Step:
