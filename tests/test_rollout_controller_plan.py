@@ -20,24 +20,12 @@ from prometheus_server import RECORDS
 from trainserve.capture.routing import read_routing
 from trainserve.cli import build_parser, main
 from trainserve.options import config_from_args
-from trainserve.rollout.analysis import (
-    ADVANCE,
-    FAIL,
-    HOLD,
-    NOT_SERVER_ERRORS,
-    PASS,
-    ROLLBACK,
-    UNKNOWN,
-    WATCH,
-    checks,
-    decide,
-    queries,
-    step_counts,
-)
+from trainserve.rollout.analysis import ADVANCE, FAIL, HOLD, PASS, ROLLBACK, UNKNOWN, WATCH, checks, decide
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig, StepGate
 from trainserve.rollout.config_file import history_path, locked, read_config
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout
+from trainserve.rollout.measure import NOT_SERVER_ERRORS, queries, step_counts
 from trainserve.rollout.plan import CANARY, PROMOTE, SHADOW, Step, parse_plan
 from trainserve.rollout.steps import promote, stage_candidate
 from trainserve.stats.proportions import wilson_upper
@@ -92,7 +80,7 @@ def test_the_flip_bounds_are_the_wilson_bounds_and_close_to_the_exact_ones():
         upper = wilson_upper(flips, pairs, 0.05)
         exact_upper = beta.ppf(0.95, flips + 1, pairs - flips) if flips < pairs else 1.0
         assert abs(upper - exact_upper) < 0.01, (flips, pairs)
-        found = checks(Step(SHADOW, 100, 60), True, counts(pairs=pairs, flips=flips, compared=pairs), RATIOS, GATE)
+        found = checks(Step(SHADOW, 100, 60), True, counts(pairs=pairs, flips=flips, compared=pairs), RATIOS, GATE, {})
         flip = next(c for c in found if c.name == "flip_rate")
         assert f"{upper:.4f}]" in flip.said
 
@@ -220,7 +208,7 @@ CANARY_STEP, SHADOW_STEP = Step(CANARY, 5, 60), Step(SHADOW, 100, 60)
     ],
 )
 def test_a_step_is_judged_on_its_counts(step, flips, seen, values, ended, decision, results):
-    found = checks(step, flips, seen, values, GATE)
+    found = checks(step, flips, seen, values, GATE, {})
     assert [c.result for c in found] == results, [c.said for c in found]
     assert decide(found, ended) == decision
 

@@ -184,9 +184,9 @@ def test_a_proxy_killed_at_a_canary_step_is_replaced_and_the_rollout_goes_on_to_
 
 
 def down_checks(config: Path, after: int) -> list[dict]:
-    """The controller's checks recorded since the kill, up to the first that holds after one rebased its counts (the
+    """The controller's checks recorded since the kill, up to the first that holds after one re-based its counts (the
     proxy's counters vanished from Prometheus) with the step's time up: empty until that one is written."""
     checks = [e for e in read_history(history_path(config))[after:] if e.get("event") == "check"]
-    rebased = [i for i, check in enumerate(checks) if "rebased" in check]
+    rebased = [i for i, check in enumerate(checks) if "state" in check]
     held = [i for i, check in enumerate(checks) if rebased and i >= rebased[0] and check["decision"] == "hold"]
     return checks[: held[0] + 1] if held else []

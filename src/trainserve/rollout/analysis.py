@@ -1,11 +1,5 @@
-"""What the rollout controller asks Prometheus between steps, and the verdict the answers support.
+"""The verdict a step's counts support (what is counted, and how: trainserve.rollout.measure).
 
-The queries name the capture proxy's series and the repository's recording rules (monitoring/rules.yml):
-    counts   the proxy's counters summed over its replicas; a step's count is the difference from the sum when the
-             step began (kept in the history), exact where `increase()` would extrapolate, so a decision rests on
-             the requests and pairs actually seen
-    ratios   trainserve:proxy_errors:ratio_rate5m and trainserve:proxy_latency_seconds:p99_rate5m, the candidate's
-             against stable's
 The online flip rate's bound is the one-sided Wilson bound of the flips among the shadow pairs
 (trainserve.evidence.flips), as replay's gate uses. A check with too few requests knows nothing: the step holds.
 """
@@ -19,49 +13,7 @@ from trainserve.rollout.plan import CANARY, SHADOW, Step
 from trainserve.stats.proportions import wilson_upper
 
 PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
-# The statuses that are not the server's fault, as trainserve:proxy_errors:ratio_rate5m reads them
-# (monitoring/rules.yml; a test keeps the two equal).
-NOT_SERVER_ERRORS = "OK|INVALID_ARGUMENT|NOT_FOUND|CANCELLED"
 ADVANCE, ROLLBACK, HOLD, WATCH = "advance", "rollback", "hold", "watch"
-# Counters, summed over the proxy's replicas (a step's count: now minus the sum at the step's start).
-COUNTERS = {
-    "candidate_requests": ':trainserve:proxy:request_count{{{cand},route="canary"}}',  # its share of `stable`
-    "candidate_errors": ':trainserve:proxy:request_count{{{cand},route="canary",status!~"{ok}"}}',
-    "shadow_pairs": ":trainserve:proxy:shadow_pairs{{{cand}}}",
-    "shadow_flips": ":trainserve:proxy:shadow_flips{{{cand}}}",
-    "shadow_compared": ':trainserve:proxy:shadow_requests{{{cand},outcome="compared"}}',
-    "shadow_errors": ':trainserve:proxy:shadow_requests{{{cand},outcome="error"}}',
-    "shadow_dropped": ':trainserve:proxy:shadow_requests{{{cand},outcome="dropped_queue_full"}}',
-}
-RATIOS = {
-    "candidate_error_ratio": "trainserve:proxy_errors:ratio_rate5m{{{cand}}}",
-    "stable_error_ratio": "trainserve:proxy_errors:ratio_rate5m{{{stable}}}",
-    "candidate_p99_seconds": "trainserve:proxy_latency_seconds:p99_rate5m{{{cand}}}",
-    "stable_p99_seconds": "trainserve:proxy_latency_seconds:p99_rate5m{{{stable}}}",
-}
-
-
-def queries(model: str, candidate: int, stable: int) -> dict[str, str]:
-    """Every PromQL query of a check, by name: counters as `sum(...)`, ratios as `max(...)` (one series each)."""
-
-    def selector(version: int) -> str:
-        return f'model_name="{model}",version="{version}"'
-
-    names = {"cand": selector(candidate), "stable": selector(stable), "ok": NOT_SERVER_ERRORS}
-    return {
-        **{name: f"sum({expr.format(**names)})" for name, expr in COUNTERS.items()},
-        **{name: f"max({expr.format(**names)})" for name, expr in RATIOS.items()},
-    }
-
-
-def step_counts(now: dict[str, float | None], start: dict[str, float]) -> dict[str, int]:
-    """Each counter's count during the step. A sum below the step's start means a proxy restarted (its counters
-    began again at 0): the step's count restarts from there, so it is never negative (the caller re-bases)."""
-    return {name: int(round((now.get(name) or 0.0) - start.get(name, 0.0))) for name in COUNTERS}
-
-
-def reset(now: dict[str, float | None], start: dict[str, float]) -> bool:
-    return any((now.get(name) or 0.0) < start.get(name, 0.0) for name in COUNTERS)
 
 
 @dataclass(frozen=True)
@@ -78,9 +30,9 @@ def check_names(step: Step, flips: bool) -> list[str]:
     return [*names, "flip_rate"] if flips else names
 
 
-def checks(step: Step, flips: bool, counts: dict[str, int], values: dict, gate: StepGate) -> list[Check]:
+def checks(step: Step, flips: bool, counts: dict[str, int], values: dict, gate: StepGate, offline: dict) -> list[Check]:
     """The checks that apply to `step`. Each passes, fails or knows nothing yet; `decide` weighs them by whether
-    the step's time is up."""
+    the step's time is up. `offline`: what the candidate's offline evidence said (the START record's `offline`)."""
     return [_CHECKS[name](counts, values, gate) for name in check_names(step, flips)]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from trainserve.errors import TrainserveError
 from trainserve.options import option, positive_int, share
 from trainserve.rollout.plan import DEFAULT_PLAN, parse_plan
+from trainserve.rollout.targets import PROXY_JOB
 from trainserve.tls import ClientTls
 
 CONFIG_HELP = "the ModelServerConfig text proto serving polls (--model_config_file); rewritten atomically"
@@ -169,6 +170,9 @@ class RolloutConfig:
     )
     prometheus: str | None = option(
         None, "Prometheus's URL, asked the proxy's series and recording rules between steps"
+    )
+    proxy_job: str = option(
+        PROXY_JOB, "the scrape job (Prometheus `job` label) of the capture proxy's replicas, whose series are read"
     )
     report: Path | None = option(
         None, "the candidate's eval report, checked as promote checks it, before anything moves"

@@ -28,7 +28,8 @@ from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutCon
 from trainserve.rollout.config_file import find_model, history_path, locked, read_config
 from trainserve.rollout.history import append_history, read_history
 from trainserve.rollout.labels import Rollout
-from trainserve.rollout.offline import evidence_of
+from trainserve.rollout.measure import Meter
+from trainserve.rollout.offline import evidence_of, offline_summary
 from trainserve.rollout.plan import PROMOTE
 from trainserve.rollout.progress import (
     CHECK,
@@ -140,6 +141,7 @@ class Controller:
             flips=read.report["task"]["kind"] == "classification",
             report=str(read.path),
             report_sha256=read.sha256,
+            offline=offline_summary(read),
             gate=asdict(config.gate),
             prometheus=config.prometheus,
             routing_file=str(config.routing_file),
@@ -186,7 +188,7 @@ class Controller:
 
     def _enter(self, start: dict, index: int) -> tuple[int, float, dict]:
         """The step's origin of counts (the proxy's counters now, from Prometheus), recorded, then its routing."""
-        counters = self._ask(start, index, lambda: self._counters(start))
+        counters = self._ask(start, index, lambda: self._meter(start).origin())
         started = self.clock()
         self._append(STEP, start, step=index, words=self._words(index), started=started, counters=counters)
         self._route(start, index)
@@ -204,30 +206,28 @@ class Controller:
         """Look every --interval until the step advances (None) or fails (why, one line)."""
         step, plan = self.config.plan.steps[index], self.config.plan
         flips = start["flips"] and plan.shadow_during(index) > 0
+        meter, offline = self._meter(start), start.get("offline") or {}
         held_since = None
         while True:
             ended = self.clock() >= started + step.seconds
-            values = self._ask(start, index, lambda: self._measure(start))
-            rebased = None
-            if analysis.reset(values, counters):
-                counters = rebased = {name: values.get(name) or 0.0 for name in analysis.COUNTERS}
-                log.warning(
-                    "model %s: the proxy's counters went back (a restart): counting again from here", self.model
-                )
-            counts = analysis.step_counts(values, counters)
-            found = analysis.checks(step, flips, counts, values, self.config.gate)
+            look = self._ask(start, index, lambda state=counters: meter.look(state))
+            changed, counters = look.state != counters, look.state
+            found = analysis.checks(step, flips, look.counts, look.values, self.config.gate, offline)
             decision = analysis.decide(found, ended)
+            if look.unjudged and decision == analysis.ADVANCE:  # never advance on counts that may be incomplete
+                decision = analysis.HOLD
             self._append(
                 CHECK,
                 start,
                 step=index,
-                queries={n: {"query": q, "value": values.get(n)} for n, q in self._queries(start).items()},
-                counts=counts,
+                queries={n: {"query": q, "value": look.values.get(n)} for n, q in meter.queries.items()},
+                counts=look.counts,
                 checks=[asdict(c) for c in found],
                 decision=decision,
-                **({"rebased": rebased} if rebased else {}),
+                **({"state": counters} if changed else {}),
+                **({"unjudged": look.unjudged} if look.unjudged else {}),
             )
-            said = "; ".join(f"{c.name}: {c.said}" for c in found)
+            said = "; ".join([f"{c.name}: {c.said}" for c in found] + ([look.unjudged] if look.unjudged else []))
             log.info("model %s step %d (%s): %s (%s)", self.model, index + 1, self._words(index), decision, said)
             if decision == analysis.ROLLBACK:
                 return "; ".join(f"{c.name}: {c.said}" for c in found if c.result == analysis.FAIL)
@@ -264,15 +264,8 @@ class Controller:
 
     # -- measures ------------------------------------------------------------------------------------------
 
-    def _queries(self, start: dict) -> dict[str, str]:
-        return analysis.queries(self.model, start["candidate"], start["stable"])
-
-    def _measure(self, start: dict) -> dict:
-        return {name: self.prometheus.value(expr) for name, expr in self._queries(start).items()}
-
-    def _counters(self, start: dict) -> dict:
-        queries = self._queries(start)
-        return {name: self.prometheus.value(queries[name]) or 0.0 for name in analysis.COUNTERS}
+    def _meter(self, start: dict) -> Meter:
+        return Meter(self.prometheus, self.model, start["candidate"], start["stable"])
 
     # -- the two ends --------------------------------------------------------------------------------------
 

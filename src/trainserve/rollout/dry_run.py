@@ -4,7 +4,7 @@ nothing written: the evidence's verdict, each step's routing and checks, the Pro
 from __future__ import annotations
 
 from trainserve.errors import TrainserveError
-from trainserve.rollout import analysis
+from trainserve.rollout import analysis, measure
 from trainserve.rollout.config import RolloutConfig
 from trainserve.rollout.config_file import find_model, read_config
 from trainserve.rollout.controller import candidate_of
@@ -38,5 +38,5 @@ def dry_run(config: RolloutConfig) -> list[str]:
             f"checks {', '.join(names)}"
         )
     lines.append(f"queries (to {config.prometheus or 'PROMETHEUS'}, every {config.interval:g} s):")
-    lines += [f"  {name}: {q}" for name, q in analysis.queries(model.name, version, stable).items()]
+    lines += [f"  {name}: {q}" for name, q in measure.queries(model.name, version, stable).items()]
     return lines

@@ -28,3 +28,8 @@ def evidence_of(config: RolloutConfig, model: str, labels: Rollout, version: int
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise TrainserveError(f"{found[0].said}{more}: rollout not started (promote would refuse it too)")
     return read
+
+
+def offline_summary(read: ReadReport) -> dict:
+    """What the offline evidence says that the live checks compare against, for the START record."""
+    return {}

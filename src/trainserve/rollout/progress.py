@@ -4,7 +4,8 @@ the step it was in with the time it had left.
 Each event is one history line `{"action": "rollout", "event": ..., "model": ..., "candidate": ...}`:
     start        the offline evidence held; the plan, stable, the thresholds
     step         a step entered: its index, when (epoch seconds), the proxy's counters then (its counts' origin)
-    check        one look at Prometheus: every query with its value, the step's counts, each check, the decision
+    check        one look at Prometheus: every query with its value, the step's counts, each check, the decision,
+                 and the step's counting state when it changed (trainserve.rollout.measure)
     paused       held longer than --max-hold: the controller stopped, the routing left where it was
     rollback     decided (why); rolled-back once the routing is cleared and the `candidate` label dropped
     promote      decided; promoted once `stable` moved (promote's own history line beside it) and routing cleared
@@ -54,8 +55,8 @@ def in_progress(history: list[dict], model: str) -> Progress | None:
         if entry["event"] == STEP:
             progress.step, progress.step_started = entry["step"], entry["started"]
             progress.counters = dict(entry["counters"])
-        elif entry["event"] == CHECK and entry.get("rebased"):
-            progress.counters = dict(entry["rebased"])
+        elif entry["event"] == CHECK and entry.get("state"):
+            progress.counters = dict(entry["state"])
         elif entry["event"] in (ROLLBACK, PROMOTE):
             progress.pending = entry
     return progress

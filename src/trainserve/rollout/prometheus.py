@@ -39,6 +39,11 @@ class Prometheus:
         value = float(result[0]["value"][1])
         return None if math.isnan(value) else value
 
+    def series(self, expr: str) -> list[tuple[dict[str, str], float]]:
+        """Every series `expr` returns now, as (labels, value); NaN values left out."""
+        found = [(r["metric"], float(r["value"][1])) for r in self._query(expr)]
+        return [(labels, value) for labels, value in found if not math.isnan(value)]
+
     def _query(self, expr: str) -> list[dict]:
         url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
         try:
