@@ -4,7 +4,9 @@ as the upstream call's timeout, its metadata with it; TF Serving's status code, 
 back as they were. A sampled Predict is handed to the capture after its answer is on its way; one that carries
 `x-trainserve-origin` (trainserve's own replay, eval or load) is forwarded and counted, never recorded. A call that
 finds TF Serving unreachable waits up to `--upstream-wait` for it, and each that still fails is counted and logged
-(trainserve.capture.upstream)."""
+(trainserve.capture.upstream). A request for a model the routing file routes that names neither a version nor a
+label is sent as a `stable` request (its model_spec rewritten to the label), as TF Serving would otherwise answer it
+with its highest version, the candidate once staged (trainserve.capture.router)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ import grpc
 
 from trainserve.capture.proxy_metrics import ProxyMetrics
 from trainserve.capture.router import CANARY, PASS, Decision, Router
+from trainserve.capture.routing import STABLE_LABEL
 from trainserve.capture.sampling import ProxyCapture
 from trainserve.capture.upstream import GRPC, UpstreamLog, reconnect_options, wait_reachable
-from trainserve.capture.wire import WireError, answered_version, request_spec, with_version
+from trainserve.capture.wire import WireError, answered_version, request_spec, with_label, with_version
 from trainserve.traffic.origin import origin_of
 
 FORWARDED = ("/tensorflow.serving.PredictionService/", "/tensorflow.serving.ModelService/", "/grpc.health.v1.Health/")
@@ -114,8 +117,8 @@ class Forwarder(grpc.GenericRpcHandler):
         return forward
 
     def _route(self, request: bytes, metadata: tuple, origin: str | None):
-        """(the request's model_spec, where it goes, the bytes to send); a request that does not parse passes, and
-        so does trainserve's own (`origin` set: an eval or replay of `stable` measures stable)."""
+        """(the request's model_spec as sent, where it goes, the bytes to send); a request that does not parse
+        passes, and so does trainserve's own (`origin` set: an eval or replay of `stable` measures stable)."""
         try:
             spec = request_spec(request)
         except (WireError, ValueError):
@@ -123,9 +126,13 @@ class Forwarder(grpc.GenericRpcHandler):
         if origin is not None:
             return spec, PASS, request
         headers = {key.lower(): value for key, value in metadata}
-        decision = self.router.decide(spec.name, spec.version_label, lambda name: headers.get(name.lower()))
+        label = None if spec.HasField("version") else spec.version_label
+        decision = self.router.decide(spec.name, label, lambda name: headers.get(name.lower()))
         if decision.route == CANARY:
             return spec, decision, with_version(request, spec, decision.version)
+        if decision.as_stable:
+            sent = with_label(request, spec, STABLE_LABEL)
+            return request_spec(sent), decision, sent
         return spec, decision, request
 
     def _count(self, spec, decision: Decision, api: str, status: str, response: bytes | None, started: float) -> None:

@@ -52,7 +52,9 @@ class CaptureProxy:
     def __init__(self, config: ProxyConfig, uniform: Callable[[], float] | None = None):
         config.check()
         self.config = config
-        self.router = Router(config.routing_file, uniform)  # a bad routing file fails here, before any port opens
+        # A routing file it cannot follow is refused in one line (routing_refused 1): the proxy starts with no
+        # routing and follows the file once it is fixed, rather than crash-loop while the running replicas carry on.
+        self.router = Router(config.routing_file, uniform)
         listen = config.listen_tls
         credentials = (
             server_credentials(listen.cert, listen.key, listen.client_ca, "--listen-tls") if listen.enabled else None

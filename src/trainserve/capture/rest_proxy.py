@@ -2,7 +2,9 @@
 path, headers but the hop-by-hop ones, body, a chunked one included), the answer returned as it came; one kept-alive
 upstream connection per proxy thread. The proxy's own pages (counters, liveness, readiness) are served here and
 not forwarded. At stop, the requests in flight finish within the grace, as gRPC's do; those still running at its
-end are cut and counted."""
+end are cut and counted. Inference requests are routed as gRPC's are (a request naming no version and no label,
+for a routed model, is sent as `/labels/stable`) and counted by the version their label names, asked of TF
+Serving's REST metadata API (trainserve.capture.labels), since a REST answer does not say."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from trainserve.capture.labels import LabelVersions, label_version
 from trainserve.capture.proxy_metrics import ProxyMetrics
 from trainserve.capture.router import CANARY, PASS, Router
+from trainserve.capture.routing import STABLE_LABEL
 from trainserve.capture.upstream import REST, UpstreamLog
 from trainserve.traffic.origin import origin_of
 
@@ -98,6 +102,7 @@ class RestForwarder(BaseHTTPRequestHandler):
     inflight: InFlight
     router: Router
     metrics: ProxyMetrics
+    labels: LabelVersions
     local = threading.local()  # this thread's connection to TF Serving
     protocol_version = "HTTP/1.1"
 
@@ -150,29 +155,39 @@ class RestForwarder(BaseHTTPRequestHandler):
         self._reply(status, [(k, v) for k, v in answer_headers if k.lower() not in HOP_BY_HOP], data, reason)
 
     def _route(self, target):
-        """(where the request goes, the path sent upstream): a canary's label becomes the candidate's version."""
+        """(where the request goes, the path sent upstream): a canary's label becomes the candidate's version, and a
+        routed model's request naming neither a version nor a label is sent to `stable`."""
         if target is None:
             return PASS, self.path
-        model, _, label, verb = target.groups()
+        model, version, label, verb = target.groups()
         if origin_of(self.headers.items()) is not None:  # trainserve's own call: `stable` means stable
             return PASS, self.path
-        decision = self.router.decide(model, label or "", self.headers.get)
+        decision = self.router.decide(model, None if version else label or "", self.headers.get)
         if decision.route == CANARY:
             return decision, f"/v1/models/{model}/versions/{decision.version}:{verb}"
+        if decision.as_stable:
+            return decision, f"/v1/models/{model}/labels/{STABLE_LABEL}:{verb}"
         return decision, self.path
 
     def _count(self, target, decision, status: int, started: float) -> None:
         """Count an inference request by version: the one the path named, the candidate for a canary, else the
-        version last seen answering its label over gRPC (TF Serving's REST answer does not say)."""
+        version its label names (TF Serving's REST answer does not say)."""
         if target is None:
             return
         model, version, label, verb = target.groups()
         if decision.route == CANARY:
             version = str(decision.version)
         elif version is None:
-            version = self.metrics.label_versions.get((model, label or ""), "")
+            version = self._label_version(model, STABLE_LABEL if decision.as_stable else label or "", status == 200)
         micros = (time.perf_counter() - started) * 1e6
         self.metrics.request(model, version, verb, HTTP_CODES.get(status, "UNKNOWN"), decision.route, micros)
+
+    def _label_version(self, model: str, label: str, answered: bool) -> str:
+        """For an answered call, the version TF Serving's metadata API says `label` names (asked at most once per
+        LabelVersions.max_age_s); else, or when it does not say, the version last seen answering the label over
+        gRPC. Only answered calls ask, so names a client makes up are never asked about nor kept."""
+        asked = self.labels.version(model, label) if answered else None
+        return asked or self.metrics.label_versions.get((model, label), "")
 
     def _body(self) -> bytes | None:
         """The request's body, whole: by Content-Length, or chunk by chunk (forwarded with its length)."""
@@ -233,6 +248,7 @@ class RestProxy:
         attributes = {"upstream": upstream, "timeout_s": timeout_s, "pages": pages}
         attributes |= {"upstream_log": upstream_log, "inflight": self.inflight}
         attributes |= {"router": router or Router(None), "metrics": metrics or ProxyMetrics()}
+        self.labels = attributes["labels"] = LabelVersions(lambda model, label: label_version(upstream, model, label))
         self.server = ThreadingHTTPServer(("0.0.0.0", port), type("Forwarder", (RestForwarder,), attributes))
         self.server.daemon_threads = True  # an idle kept-alive connection must not hold the process at exit
         self.port = self.server.server_address[1]

@@ -1,10 +1,12 @@
 """The proxy's routing, followed from the routing file (trainserve.capture.routing) and decided per request.
 
-A thread polls the file every `--routing-poll-seconds`, as TF Serving polls its model config: a changed file that
-checks out replaces the routing at once for every later request; one that does not is refused in one log line
-(once per content) and the running routing is kept, as TF Serving keeps serving after a bad config. A file that is
-removed ends the routing. Each request addressed to `stable` draws once for the canary share (or hashes its
-sticky header) and once for the shadow share; a request answered by the candidate is never shadowed.
+The file is read at start and then by a thread every `--routing-poll-seconds`, as TF Serving polls its model
+config: a changed file that checks out replaces the routing at once for every later request; one that does not is
+refused in one log line (once per content), `routing_refused` is 1, and the running routing is kept (none, when
+the proxy starts on it), as TF Serving keeps serving after a bad config. A file that is removed ends the routing.
+Each request addressed to `stable` (or, for a routed model, to no version and no label: sent as `stable`) draws
+once for the canary share (or hashes its sticky header) and once for the shadow share; a request answered by the
+candidate is never shadowed.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ STABLE, CANARY, DIRECT = "stable", "canary", "direct"  # the `route` label of th
 
 @dataclass(frozen=True)
 class Decision:
-    """Where one request goes: `route`, the version it is rewritten to (canary), the version it is shadowed to."""
+    """Where one request goes: `route`, the version it is rewritten to (canary), the version it is shadowed to, and
+    whether it named no version and no label and is sent as a `stable` request (`as_stable`)."""
 
     route: str
     version: int | None = None
     shadow: int | None = None
+    as_stable: bool = False
 
 
 PASS = Decision(DIRECT)
@@ -48,10 +52,7 @@ class Router:
         self.reloads = {"applied": 0, "refused": 0}
         self._seen: bytes | None = None  # digest of the content last applied or refused
         self._stop = threading.Event()
-        if self.path is not None:
-            text = self._read()  # at start a bad file is an error: the proxy does not start
-            self.routing = NO_ROUTING if text is None else parse_routing(text, f"routing file {self.path}")
-            self._seen = _digest(text)
+        self.poll()  # a bad file at start is refused as at any poll: the proxy starts with no routing, and says so
 
     def _read(self) -> bytes | None:
         """The file's bytes, read once (what is parsed is what is remembered as seen); None when absent."""
@@ -102,16 +103,17 @@ class Router:
     def stop(self) -> None:
         self._stop.set()
 
-    def decide(self, model: str, label: str, sticky: Callable[[str], str | None]) -> Decision:
-        """`sticky(header)`: the request's value of a header, or None."""
-        route = self.routing.route(model) if label == STABLE_LABEL else None
+    def decide(self, model: str, label: str | None, sticky: Callable[[str], str | None]) -> Decision:
+        """`label`: the request's version label, "" when it names neither a version nor a label, None when it names
+        a version. `sticky(header)`: the request's value of a header, or None."""
+        route = self.routing.route(model) if label in (STABLE_LABEL, "") else None
         if route is None:
             return PASS
         value = sticky(route.sticky_header) if route.sticky_header else None
-        if route.canary_share(value, self.uniform()):
+        if route.canary_share(model, value, self.uniform()):
             return Decision(CANARY, route.candidate)
         shadow = route.candidate if route.shadow_percent and self.uniform() * 100 < route.shadow_percent else None
-        return Decision(STABLE, None, shadow)
+        return Decision(STABLE, None, shadow, as_stable=label == "")
 
 
 def _digest(text: bytes | None) -> bytes | None:

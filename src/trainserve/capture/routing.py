@@ -2,16 +2,22 @@
 
 One JSON file, written atomically (`write_routing`) by `trainserve rollout` or by a person, read by every replica of
 the proxy on each poll, as TF Serving polls its model config: all replicas follow one state, and a restart keeps it.
+Writers that change one model's route take the lock beside it (`update_routing`), so two controllers of two models
+never undo each other.
 
     {"schema": "trainserve.routing/1",
      "models": {"digits": {"candidate": 7,             # the version shadowed / given a share
                            "shadow_percent": 100,      # share of `stable` requests also sent to the candidate
                            "canary_percent": 5,        # share of `stable` requests answered by the candidate
-                           "sticky_header": "x-user-id"}}}   # optional: one caller (header value), one version
+                           "sticky_header": "x-user-id",    # optional: one caller (header value), one version
+                           "sticky_salt": "digits:7"}}}     # optional: salts that hash (default model:candidate)
 
-Only requests addressed to the version label `stable` are routed; one naming a version or another label passes
-through untouched. An absent file means no routing. A file that does not parse, or breaks a rule here, is refused
-with one line naming what was expected (`RoutingError`), and the proxy keeps the routing it runs.
+Only requests addressed to the version label `stable` are routed, and, for a model the file routes, requests that
+name neither a version nor a label: TF Serving would answer those with its highest version (the candidate, once
+staged), so the proxy sends them as `stable` requests (a proxy default). A request naming a version or another
+label passes through untouched. An absent file means no routing. A file that does not parse, or breaks a rule here,
+is refused with one line naming what was expected (`RoutingError`), and the proxy keeps the routing it runs (none,
+when it starts on it).
 """
 
 from __future__ import annotations
@@ -22,12 +28,14 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from trainserve.capture.wire import MAX_VERSION
 from trainserve.errors import TrainserveError
-from trainserve.files import write_file_atomic
+from trainserve.files import locked, write_file_atomic
 
 SCHEMA = "trainserve.routing/1"
 STABLE_LABEL = "stable"
-_MODEL_KEYS = frozenset({"candidate", "shadow_percent", "canary_percent", "sticky_header"})
+_MODEL_KEYS = frozenset({"candidate", "shadow_percent", "canary_percent", "sticky_header", "sticky_salt"})
+_OPTIONAL_KEYS = ("sticky_header", "sticky_salt")  # left out of the file when None
 
 
 class RoutingError(TrainserveError):
@@ -42,11 +50,18 @@ class ModelRoute:
     shadow_percent: float = 0.0  # 0-100: share of `stable` requests answered by stable also sent to the candidate
     canary_percent: float = 0.0  # 0-100: share of `stable` requests the candidate answers instead
     sticky_header: str | None = None  # header whose value decides the share, so one caller sees one version
+    sticky_salt: str | None = None  # salts the callers' hash; None: default_sticky_salt(model, candidate)
 
     def check(self, model: str) -> None:
         where = f"routing for model {model!r}"
-        if isinstance(self.candidate, bool) or not isinstance(self.candidate, int) or self.candidate < 0:
-            raise RoutingError(f"{where}: candidate {self.candidate!r}: expected a version number (an integer >= 0)")
+        if (
+            isinstance(self.candidate, bool)
+            or not isinstance(self.candidate, int)
+            or not 0 <= self.candidate <= MAX_VERSION
+        ):
+            raise RoutingError(
+                f"{where}: candidate {self.candidate!r}: expected a version number (an integer from 0 to 2**63-1)"
+            )
         for name in ("shadow_percent", "canary_percent"):
             value = getattr(self, name)
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -54,21 +69,35 @@ class ModelRoute:
                 raise RoutingError(f"{where}: {name} {value!r}: expected a percentage between 0 and 100")
         if self.sticky_header is not None and (not isinstance(self.sticky_header, str) or not self.sticky_header):
             raise RoutingError(f"{where}: sticky_header {self.sticky_header!r}: expected a header name")
+        if self.sticky_salt is not None and (not isinstance(self.sticky_salt, str) or not self.sticky_salt):
+            raise RoutingError(f"{where}: sticky_salt {self.sticky_salt!r}: expected a non-empty string")
 
-    def canary_share(self, sticky_value: str | bytes | None, draw: float) -> bool:
-        """Whether this request goes to the candidate: by the caller's stable hash when sticky and the caller sent
+    def salt(self, model: str) -> str:
+        """What the callers' hash is salted with: the file's `sticky_salt`, else the model's and candidate's."""
+        return self.sticky_salt if self.sticky_salt is not None else default_sticky_salt(model, self.candidate)
+
+    def canary_share(self, model: str, sticky_value: str | bytes | None, draw: float) -> bool:
+        """Whether this request goes to the candidate: by the caller's salted hash when sticky and the caller sent
         the header (a caller in the share at 5 % stays in it at 25 %), else by `draw` (uniform in [0, 1))."""
         if self.canary_percent <= 0:
             return False
-        point = sticky_point(sticky_value) if self.sticky_header and sticky_value is not None else draw
+        sticky = self.sticky_header and sticky_value is not None
+        point = sticky_point(self.salt(model), sticky_value) if sticky else draw
         return point * 100 < self.canary_percent
 
 
-def sticky_point(value: str | bytes) -> float:
-    """A caller's fixed point in [0, 1): the same in every replica and after every restart (not Python's hash).
-    `value` is bytes for a binary (`-bin`) gRPC metadata key."""
+def default_sticky_salt(model: str, candidate: int) -> str:
+    """The salt of a route that names none: one per model and candidate, so that the callers in one model's canary
+    are not the callers in every model's canary, nor in the next candidate's."""
+    return f"{model}:{candidate}"
+
+
+def sticky_point(salt: str, value: str | bytes) -> float:
+    """A caller's fixed point in [0, 1): the first 8 bytes of SHA-256(salt, a zero byte, value), big-endian, over
+    2**64; the same in every replica and after every restart (not Python's hash). `value` is bytes for a binary
+    (`-bin`) gRPC metadata key."""
     data = value if isinstance(value, bytes) else value.encode("utf-8", "surrogateescape")
-    digest = hashlib.sha256(data).digest()
+    digest = hashlib.sha256(salt.encode("utf-8", "surrogateescape") + b"\0" + data).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
@@ -91,9 +120,7 @@ class Routing:
         models = {}
         for model, route in sorted(self.models.items()):
             entry = asdict(route)
-            if entry["sticky_header"] is None:
-                del entry["sticky_header"]
-            models[model] = entry
+            models[model] = {k: v for k, v in entry.items() if not (k in _OPTIONAL_KEYS and v is None)}
         return {"schema": SCHEMA, "models": models}
 
 
@@ -156,3 +183,22 @@ def routing_with(routing: Routing, model: str, route: ModelRoute | None) -> Rout
     if route is not None:
         models[model] = route
     return Routing(models)
+
+
+def update_routing(path: Path, model: str, route: ModelRoute | None, replace_broken: bool = False) -> Routing:
+    """Set `model`'s route (None: no longer routed) in the file at `path`, keeping the other models' routes, under
+    an flock on `.<name>.lock` beside it: two writers of two models never undo each other. A file that cannot be
+    followed raises RoutingError, or with `replace_broken` (a rollback must not wait on it) counts as no routing.
+    Returns the routing now in the file; an update that changes nothing writes nothing."""
+    path = Path(path)
+    with locked(path):
+        try:
+            routing, broken = read_routing(path), False
+        except RoutingError:
+            if not replace_broken:
+                raise
+            routing, broken = NO_ROUTING, True
+        updated = routing_with(routing, model, route)
+        if updated != routing or broken:
+            write_routing(path, updated)
+    return updated

@@ -13,6 +13,7 @@ from trainserve.protos import model_pb2
 from trainserve.traffic.records import length_delimited
 
 REQUEST_SPEC, RESPONSE_SPEC = 1, 2
+MAX_VERSION = 2**63 - 1  # model_spec.version is an Int64Value: a larger version cannot be sent
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 
 
@@ -83,9 +84,24 @@ def answered_version(response: bytes) -> int | None:
 
 
 def with_version(request: bytes, spec: model_pb2.ModelSpec, version: int) -> bytes:
-    """`request` addressed to `version` instead of its label: the model_spec replaced, every other byte kept."""
+    """`request` addressed to `version` instead of its label: the model_spec replaced, every other byte kept.
+    Raises WireError for a version model_spec cannot hold (the routing file refuses those before)."""
+    if not 0 <= version <= MAX_VERSION:
+        raise WireError(f"version {version}: expected an integer from 0 to {MAX_VERSION} (int64)")
     rewritten = model_pb2.ModelSpec()
     rewritten.CopyFrom(spec)
     rewritten.version.value = version  # the oneof: the label is cleared
+    return _with_spec(request, rewritten)
+
+
+def with_label(request: bytes, spec: model_pb2.ModelSpec, label: str) -> bytes:
+    """`request` addressed to the version label `label`: the model_spec replaced, every other byte kept."""
+    rewritten = model_pb2.ModelSpec()
+    rewritten.CopyFrom(spec)
+    rewritten.version_label = label  # the oneof: a version is cleared
+    return _with_spec(request, rewritten)
+
+
+def _with_spec(request: bytes, spec: model_pb2.ModelSpec) -> bytes:
     kept = [request[start:end] for field, start, _, end in _fields(request) if field != REQUEST_SPEC]
-    return length_delimited(REQUEST_SPEC, rewritten.SerializeToString()) + b"".join(kept)
+    return length_delimited(REQUEST_SPEC, spec.SerializeToString()) + b"".join(kept)
