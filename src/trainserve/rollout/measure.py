@@ -69,12 +69,10 @@ COUNTERS = {
 CALLS = LATENCY + '_count{{{%s},api="predict"}}'
 WITHIN = LATENCY + '_bucket{{{%s},api="predict",le="{le}"}}'
 LATENCY_COUNTERS = {
-    f"{who}_{what}": expr
-    for who, version in (("candidate", "cand"), ("stable", "stable"))
-    for what, expr in (
-        ("latency_count", each(CALLS % version)),
-        ("slow", f"{each(CALLS % version)} - {each(WITHIN % version)}"),
-    )
+    "candidate_latency_count": each(CALLS % "cand"),
+    "candidate_slow": f"{each(CALLS % 'cand')} - {each(WITHIN % 'cand')}",
+    "stable_latency_count": each(CALLS % "stable"),
+    "stable_slow": f"{each(CALLS % 'stable')} - {each(WITHIN % 'stable')}",
 }
 RATIOS = {
     "candidate_error_ratio": 'trainserve:proxy_route_errors:ratio_rate5m{{{cand},route="canary"}}',
