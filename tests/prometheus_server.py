@@ -40,13 +40,18 @@ class Prometheus:
     (job serve-local) or prometheus-compose.yml (job serve-cpu), its one target replaced by `target`."""
 
     def __init__(
-        self, directory: Path, target: str, config_file: str = "prometheus.yml", proxy: str | list[str] | None = None
+        self,
+        directory: Path,
+        target: str,
+        config_file: str = "prometheus.yml",
+        proxy: str | list[str] | None = None,
+        interval: str = "1s",
     ):
         """`proxy`: the capture proxy's REST address (or its replicas'), scraped as the config's `capture` job (left
-        out without)."""
+        out without); `interval`: of the scrapes and the rules' evaluation."""
         require("prometheus", shutil.which("prometheus") is not None, "Debian's prometheus package")
         config = yaml.safe_load((MONITORING / config_file).read_text())
-        config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+        config["global"].update(scrape_interval=interval, evaluation_interval=interval)
         config["rule_files"] = [str(MONITORING / name) for name in config["rule_files"]]
         scrape, *others = config["scrape_configs"]
         (proxy_scrape,) = [s for s in others if s["job_name"] == "capture"]

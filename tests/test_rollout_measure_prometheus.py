@@ -130,7 +130,7 @@ def test_a_replica_missing_scrapes_neither_inflates_nor_rebases_a_canary_step(tm
         a.calls(CANDIDATE, "canary", {"OK": 5000}, {FAST: 5000})
         for replica in (a, b):
             replica.calls(STABLE, "stable", {"OK": 1000}, {FAST: 1000})
-        prometheus = Prometheus(tmp_path, a.target, proxy=[a.target, b.target])
+        prometheus = Prometheus(tmp_path, a.target, proxy=[a.target, b.target], interval="250ms")
         wait = prometheus.wait_for
         wait(lambda: scraped(prometheus, a) and scraped(prometheus, b), "both replicas scraped")
         for replica in (a, b):  # a second sample with more calls: stable has a rate, so a p99
