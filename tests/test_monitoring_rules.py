@@ -59,6 +59,11 @@ def test_every_alert_has_a_case_that_fires_and_one_that_stays_silent():
         pytest.param(('error_code!="OK"', 'error_code="NONE"'), id="failed-loads-ignored"),
         pytest.param(('stable"}) > 0.02', 'stable"}) > 0.5'), id="canary-margin-raised"),
         pytest.param(
+            ('status!~"OK|CANCELLED"', 'status!~"OK|INVALID_ARGUMENT|NOT_FOUND|CANCELLED"'),
+            id="canary-rejections-ignored",
+        ),
+        pytest.param(('status!~"OK|CANCELLED"', 'status!~"OK"'), id="cancelled-counted-as-errors"),
+        pytest.param(
             (
                 "+ sum by (job, filename_prefix) (rate(:trainserve:capture:records_lost",
                 "- sum by (job, filename_prefix) (rate(:trainserve:capture:records_lost",

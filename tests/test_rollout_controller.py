@@ -263,9 +263,11 @@ def test_a_killed_controller_resumes_its_step_from_the_history(watched, tmp_path
     assert labels(config) == Rollout(stable=2, previous=1)
     # every look is on the record: the queries, their values, the step's counts, the decision
     last = [e for e in history if e["event"] == "check"][-1]
-    assert (last["step"], last["decision"]) == (1, "advance") and last["counts"]["candidate_requests"] >= 20
+    assert (last["step"], last["decision"]) == (1, "advance") and last["counts"]["canary_requests"] >= 20
     assert last["queries"]["stable_error_ratio"]["value"] == 0.0
-    assert "trainserve:proxy_errors:ratio_rate5m" in last["queries"]["stable_error_ratio"]["query"]
+    assert 'trainserve:proxy_route_errors:ratio_rate5m{job="capture",' in last["queries"]["stable_error_ratio"]["query"]
+    # counted per replica, from the same counters for both versions: stable's calls on its route too
+    assert last["counts"]["stable_requests"] > last["counts"]["canary_requests"] and "unjudged" not in last
     # promote's own history line, then the rollout's end; the model is no longer routed
     whole = read_history(history_path(config))
     assert [e["action"] for e in whole[-2:]] == ["promote", "rollout"] and whole[-1]["event"] == "promoted"

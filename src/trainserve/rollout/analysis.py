@@ -53,7 +53,7 @@ def _too_few(name: str, seen: int, gate: StepGate, what: str) -> Check | None:
 def _errors(counts: dict, values: dict, gate: StepGate) -> Check:
     """The candidate's server-error ratio on its own canary requests of the step (exact counts: a series born
     during the step is missed by rate() until its second sample), against stable's recording rule."""
-    errors, requests = counts["candidate_errors"], counts["candidate_requests"]
+    errors, requests = counts["canary_errors"], counts["canary_requests"]
     return _error_increase("error_ratio", "server-error ratio", (errors, requests), "candidate requests", values, gate)
 
 
@@ -78,7 +78,7 @@ def _error_increase(name: str, what: str, seen: tuple[int, int], unit: str, valu
 
 def _latency(counts: dict, values: dict, gate: StepGate) -> Check:
     name = "latency_p99"
-    few = _too_few(name, counts["candidate_requests"], gate, "candidate requests")
+    few = _too_few(name, counts["canary_requests"], gate, "candidate requests")
     if few:
         return few
     candidate, stable = values.get("candidate_p99_seconds"), values.get("stable_p99_seconds")

@@ -265,7 +265,7 @@ class Controller:
     # -- measures ------------------------------------------------------------------------------------------
 
     def _meter(self, start: dict) -> Meter:
-        return Meter(self.prometheus, self.model, start["candidate"], start["stable"])
+        return Meter(self.prometheus, self.model, start["candidate"], start["stable"], self.config.proxy_job)
 
     # -- the two ends --------------------------------------------------------------------------------------
 

@@ -1,16 +1,19 @@
 """`trainserve rollout --dry-run`: what a rollout would do, read from the config, the reports and the plan, with
-nothing written: the evidence's verdict, each step's routing and checks, the PromQL queries."""
+nothing written: the evidence's verdict, each step's routing and checks, the PromQL queries (per proxy replica:
+trainserve.rollout.measure)."""
 
 from __future__ import annotations
 
 from trainserve.errors import TrainserveError
-from trainserve.rollout import analysis, measure
+from trainserve.rollout import analysis, measure, targets
 from trainserve.rollout.config import RolloutConfig
 from trainserve.rollout.config_file import find_model, read_config
 from trainserve.rollout.controller import candidate_of
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.offline import evidence_of
 from trainserve.rollout.plan import PROMOTE
+
+LE = "LE"  # the step's latency threshold, known once it begins
 
 
 def dry_run(config: RolloutConfig) -> list[str]:
@@ -37,6 +40,9 @@ def dry_run(config: RolloutConfig) -> list[str]:
             f"step {i + 1}: {step.words()}: shadow {plan.shadow_during(i):g}%, canary {plan.canary_during(i):g}%; "
             f"checks {', '.join(names)}"
         )
-    lines.append(f"queries (to {config.prometheus or 'PROMETHEUS'}, every {config.interval:g} s):")
-    lines += [f"  {name}: {q}" for name, q in measure.queries(model.name, version, stable).items()]
+    job = config.proxy_job
+    lines.append(f"queries (to {config.prometheus or 'PROMETHEUS'}, every {config.interval:g} s; proxy job {job}):")
+    lines.append(f'  targets: up{{job="{job}"}}; up without request counts: {targets.silent_query(job)}')
+    lines += [f"  {name}: {q}" for name, q in measure.queries(model.name, version, stable, job, LE).items()]
+    lines.append(f"  ({LE}: the bucket bound at or above stable's p99 when a step begins, from {measure.THRESHOLD})")
     return lines

@@ -1,28 +1,72 @@
 """The capture proxy's replicas as Prometheus sees them: its scrape targets (`up` of the proxy's job, one series per
 replica), so that a rollout can tell a replica that is down or was not scraped from one that saw no traffic, and
-wait until every replica has applied a routing change."""
+wait until every replica has applied a routing change.
+
+A look at a step's counts cannot be judged while a target is down (its calls since its last scrape are not in the
+counts yet) or is up without the proxy's request counts (just started and not called yet, out of the Service, or
+not the proxy at all: the wrong port under the proxy's job). A rollout whose Prometheus has had no target of the
+job for an hour is refused: nothing scrapes the proxy, and holding would only wait for --max-hold.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainserve.errors import TrainserveError
 from trainserve.rollout.prometheus import Prometheus
 
 PROXY_JOB = "capture"  # the scrape job of the proxy in monitoring/prometheus*.yml and the k8s PodMonitor
+REQUESTS = ":trainserve:proxy:request_count"
+LOOKBACK = "1h"  # a job without a target that long is not a replica being replaced: nothing scrapes the proxy
 
 
 @dataclass(frozen=True)
 class Targets:
-    """The proxy's scrape targets by instance: True while its last scrape succeeded (`up == 1`)."""
+    """The proxy's scrape targets by instance: True while its last scrape succeeded (`up == 1`); `silent`: those up
+    whose page has no request counts."""
 
     up: dict[str, bool]
+    job: str = PROXY_JOB
+    silent: frozenset[str] = frozenset()
 
     @property
     def down(self) -> list[str]:
         return sorted(instance for instance, ok in self.up.items() if not ok)
 
+    def unjudged(self) -> str | None:
+        """Why counts taken now may be incomplete, in one line (None: every target counted)."""
+        job = f"scrape job {self.job!r}"
+        if not self.up:
+            return f"no target of {job} in Prometheus now: the proxy's replicas are not scraped"
+        said = [f"proxy targets down ({job}): {', '.join(self.down)}"] if self.down else []
+        if self.silent:
+            said.append(f"proxy targets up without request counts ({job}): {', '.join(sorted(self.silent))}")
+        return "; ".join(said) or None
+
 
 def proxy_targets(prometheus: Prometheus, job: str = PROXY_JOB) -> Targets:
-    """`up` of every target of the proxy's scrape job (none: nothing scrapes the proxy)."""
+    """`up` of every target of the proxy's scrape job (none: nothing scrapes the proxy now)."""
     found = prometheus.series(f'up{{job="{job}"}}')
-    return Targets({labels.get("instance", ""): value == 1 for labels, value in found})
+    silent = prometheus.series(silent_query(job))
+    return Targets(
+        {labels.get("instance", ""): value == 1 for labels, value in found},
+        job,
+        frozenset(labels.get("instance", "") for labels, _ in silent),
+    )
+
+
+def silent_query(job: str) -> str:
+    """The targets up whose last scrape had no request counts, in one evaluation (one scrape's samples)."""
+    return f'up{{job="{job}"}} == 1 unless on (instance) count by (instance) ({REQUESTS}{{job="{job}"}})'
+
+
+def refuse_if_never_scraped(prometheus: Prometheus, job: str) -> None:
+    """A one-line refusal when Prometheus has had no target of `job` for LOOKBACK: nothing scrapes the proxy."""
+    if prometheus.series(f'present_over_time(up{{job="{job}"}}[{LOOKBACK}])'):
+        return
+    raise TrainserveError(
+        f"Prometheus has no target of scrape job {job!r} (none in the last {LOOKBACK}): nothing scrapes the capture "
+        "proxy, so no step could be judged; expected its metrics scraped as that job (monitoring/prometheus*.yml's "
+        "`capture` job; on Kubernetes the monitoring component's PodMonitor, k8s/components/monitoring), or "
+        "--proxy-job naming the job that does"
+    )
