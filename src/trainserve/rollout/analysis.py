@@ -31,6 +31,9 @@ ADVANCE, ROLLBACK, HOLD, WATCH = "advance", "rollback", "hold", "watch"
 ANSWERED = ("shadow_compared", "shadow_incomparable", "shadow_errors")
 UNSENT = ("shadow_dropped", "shadow_shed")
 OFFERED = (*ANSWERED, *UNSENT, "shadow_cut")
+# The candidate's share of a comparison's alpha: its bounds, on a canary share of the requests, are the wide ones;
+# stable's, on the rest, widen little at a fifth of alpha.
+CANARY_ALPHA = 0.8
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ def _one(events: int, alpha: float) -> Bounds:
 
 def _against(events: int, other: tuple[int, int], alpha: float) -> Bounds:
     """The difference from `other` (events, n) of `events` among n."""
-    return lambda n: difference_sequence((events, n), other, alpha)
+    return lambda n: difference_sequence((events, n), other, alpha, CANARY_ALPHA)
 
 
 def _judge(name: str, what: str, seen: tuple[int, str], budget: float, bounds: Bounds, gate: StepGate) -> Check:

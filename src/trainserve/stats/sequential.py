@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import math
 
-PRIOR = (0.5, 0.5)  # Jeffreys: Beta(1/2, 1/2)
+# Half Jeffreys' Beta(1/2, 1/2), for any rate, half Beta(1/2, 50), for the rates near 1 % the checks judge.
+PRIORS = ((0.5, 0.5), (0.5, 50.0))
 _NEWTON_STEPS = 100  # Newton's method converges in under 10 from the start below; this only bounds a bad case
 
 
@@ -34,16 +35,21 @@ def _log_beta(a: float, b: float) -> float:
     return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
 
 
-def log_mixture(events: int, n: int) -> float:
-    """log of the mixture's likelihood of `events` among `n`: log B(a + x, b + n - x) - log B(a, b)."""
-    a, b = PRIOR
-    return _log_beta(a + events, b + n - events) - _log_beta(a, b)
+def log_mixture(events: int, n: int, mirrored: bool = False) -> float:
+    """log of the mixture's likelihood of `events` among `n`: the log of the mean over the priors of
+    B(a + x, b + n - x) / B(a, b). `mirrored`: each prior Beta(b, a) (the non-events counted as the events)."""
+    terms = [
+        _log_beta(a + events, b + n - events) - _log_beta(a, b)
+        for a, b in ((b, a) if mirrored else (a, b) for a, b in PRIORS)
+    ]
+    top = max(terms)
+    return top + math.log(sum(math.exp(t - top) for t in terms) / len(terms))
 
 
-def log_martingale(events: int, n: int, p: float) -> float:
+def log_martingale(events: int, n: int, p: float, mirrored: bool = False) -> float:
     """log M_n(p): the evidence against the proportion being `p` after `events` among `n` (0 < p < 1)."""
     likelihood = (events * math.log(p) if events else 0.0) + ((n - events) * math.log1p(-p) if n > events else 0.0)
-    return log_mixture(events, n) - likelihood
+    return log_mixture(events, n, mirrored) - likelihood
 
 
 def confidence_sequence(events: int, n: int, alpha: float) -> tuple[float, float]:
@@ -51,15 +57,16 @@ def confidence_sequence(events: int, n: int, alpha: float) -> tuple[float, float
     any look, with probability at most `alpha`. [0, 1] when nothing was seen."""
     if n <= 0:
         return (0.0, 1.0)
-    return _low(events, n, alpha), 1.0 - _low(n - events, n, alpha)  # the prior is symmetric
+    return _low(events, n, alpha, False), 1.0 - _low(n - events, n, alpha, True)  # 1 - p's lower end
 
 
-def _low(events: int, n: int, alpha: float) -> float:
+def _low(events: int, n: int, alpha: float, mirrored: bool) -> float:
     """The lower end: the root below x / n of log M_n(p) = log(1 / alpha), by Newton's method in u = log p, where
     log M is convex and falls towards the root; from the left of the root each step stays left of it."""
     if events == 0:
         return 0.0
-    threshold = log_mixture(events, n) + math.log(alpha)  # log M_n(p) - log(1 / alpha) = threshold - likelihood
+    # log M_n(p) - log(1 / alpha) = threshold - log likelihood(p)
+    threshold = log_mixture(events, n, mirrored) + math.log(alpha)
     rest = n - events
     if rest == 0:  # the likelihood is p^n: the root in closed form
         return math.exp(threshold / n)
@@ -75,10 +82,13 @@ def _low(events: int, n: int, alpha: float) -> float:
     return math.exp(u)
 
 
-def difference_sequence(first: tuple[int, int], second: tuple[int, int], alpha: float) -> tuple[float, float]:
-    """Bounds of p_first - p_second, from (events, n) of each on different requests: each proportion's
-    confidence sequence at alpha / 2, so the difference leaves them at some look with probability at most
-    `alpha`."""
-    low_1, high_1 = confidence_sequence(*first, alpha / 2)
-    low_2, high_2 = confidence_sequence(*second, alpha / 2)
+def difference_sequence(
+    first: tuple[int, int], second: tuple[int, int], alpha: float, first_share: float = 0.5
+) -> tuple[float, float]:
+    """Bounds of p_first - p_second, from (events, n) of each on different requests: the first proportion's
+    confidence sequence at `first_share` of `alpha`, the second's at the rest, so the difference leaves them at
+    some look with probability at most `alpha`. (A proportion seen on many times the requests of the other gives
+    up little width at a smaller share.)"""
+    low_1, high_1 = confidence_sequence(*first, alpha * first_share)
+    low_2, high_2 = confidence_sequence(*second, alpha * (1 - first_share))
     return low_1 - high_2, high_1 - low_2
