@@ -9,17 +9,19 @@ every look is one test, not many.
   {p : M_n(p) < 1 / alpha} therefore misses the truth at some look with probability at most alpha: each of its
   two ends is a one-sided anytime-valid bound at level alpha (Howard, Ramdas, McAuliffe and Sekhon, "Time-uniform,
   nonparametric, nonasymptotic confidence sequences", Ann. Statist. 2021; Lindon et al., "Rapid regression
-  detection in software deployments through sequential testing", KDD 2022, build Netflix's canary tests on the
-  same mixtures). Exact, not asymptotic: it needs no minimum count to hold, and it depends on the counts only,
-  so looking at a sum every 30 s is the same as looking at every request.
+  detection in software deployments through sequential testing", KDD 2022, build Netflix's canary tests on
+  conjugate mixtures of the same kind). Exact, not asymptotic: it needs no minimum count to hold, and it depends
+  on the counts only, so looking at a sum every 30 s is the same as looking at every request.
 - Two proportions on different requests (the candidate's errors on its canary route against stable's on its
-  own, the share of slow calls of each): each proportion's sequence at alpha / 2, the difference bounded by
-  their ends (low: the first's low minus the second's high). By the union bound the difference leaves its bounds
-  at some look with probability at most alpha, whatever the two true rates and however the requests split
-  between the routes, so an outage that raises both rates alike moves both bounds alike.
+  own, the share of slow calls of each): each proportion's sequence at a share of alpha, the shares adding to
+  alpha, the difference bounded by their ends (low: the first's low minus the second's high). By the union bound
+  the difference leaves its bounds at some look with probability at most alpha, whatever the two true rates and
+  however the requests split between the routes, so an outage that raises both rates alike moves both alike.
 
-The prior is Jeffreys' Beta(1/2, 1/2) (the Krichevsky-Trofimov mixture): symmetric, with a regret of about
-(1/2) log n over the best single alternative, so the bounds are neither tuned to one sample size nor to one rate.
+The prior is the even mixture of Jeffreys' Beta(1/2, 1/2) (the Krichevsky-Trofimov mixture, about (1/2) log n
+from the best single alternative at any rate) and Beta(1/2, 50), whose mass near 1 % narrows the bounds at the
+small rates the checks judge (errors, slow calls, flips); a mixture of martingales is one, so validity holds
+whatever the prior, which only moves where the bounds are tightest.
 """
 
 from __future__ import annotations
