@@ -37,6 +37,7 @@ import numpy as np
 from trainserve.rollout import analysis
 from trainserve.rollout.config import StepGate
 from trainserve.rollout.plan import CANARY, DEFAULT_PLAN, Plan, parse_plan
+from trainserve.stats.sequential import difference_sequence
 
 RATES = (1, 10, 100)
 OFFLINE_RATE = 0.02
@@ -178,6 +179,25 @@ def row(candidate: Candidate, rate: float, outcomes: list[Outcome]) -> str:
     )
 
 
+def needed_to_pass(rate: float, budget: float, share: float = 0.05) -> int:
+    """The canary requests at which an identical candidate's expected counts (both versions at `rate`, the
+    canary `share` of the requests) show the difference within `budget`: what a step needs to pass."""
+
+    def within(n: int) -> bool:
+        stable = round(n * (1 - share) / share)
+        seen = ((round(rate * n), n), (round(rate * stable), stable))
+        return difference_sequence(*seen, StepGate().alpha, analysis.CANARY_ALPHA)[1] <= budget
+
+    high = 1
+    while not within(high):
+        high *= 2
+    low = high // 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if within(middle) else (middle, high)
+    return high
+
+
 def cpu() -> str:
     text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
     model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name")), "?")
@@ -208,6 +228,10 @@ def main() -> None:
                 for _ in range(args.rollouts)
             ]
             print(row(candidate, rate, outcomes), flush=True)
+    budget = gate.max_error_increase
+    print(f"canary requests an identical candidate needs to pass (expected counts, a 5% canary, budget +{budget:g}):")
+    for level in (0.0, 0.002, 0.01, 0.05):
+        print(f"  both at {level:.1%}: {needed_to_pass(level, budget):,}")
 
 
 if __name__ == "__main__":
