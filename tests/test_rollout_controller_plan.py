@@ -13,7 +13,6 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reports import compared_with, eval_report, write
-from scipy.stats import beta
 
 from conftest import REPO
 from trainserve.capture.routing import read_routing
@@ -24,13 +23,13 @@ from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutCon
 from trainserve.rollout.config_file import history_path, locked, read_config
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout
+from trainserve.rollout.measure import KEYS
 from trainserve.rollout.plan import CANARY, PROMOTE, SHADOW, Step, parse_plan
 from trainserve.rollout.steps import promote, stage_candidate
-from trainserve.stats.proportions import wilson_upper
 
 pytestmark = pytest.mark.unit
 
-GATE = StepGate(max_error_increase=0.01, max_latency_ratio=1.5, max_flip_rate=0.02, min_requests=100, alpha=0.05)
+GATE = StepGate(min_requests=100)
 
 
 @pytest.mark.parametrize(
@@ -72,141 +71,109 @@ def test_a_malformed_plan_names_what_was_expected(text, fragment):
         parse_plan(text)
 
 
-def test_the_flip_bounds_are_the_wilson_bounds_and_close_to_the_exact_ones():
-    # the two-sided Clopper-Pearson interval at 2 alpha brackets the one-sided Wilson bounds' neighbourhood
-    for flips, pairs in [(0, 200), (3, 200), (40, 200), (10, 5000)]:
-        upper = wilson_upper(flips, pairs, 0.05)
-        exact_upper = beta.ppf(0.95, flips + 1, pairs - flips) if flips < pairs else 1.0
-        assert abs(upper - exact_upper) < 0.01, (flips, pairs)
-        found = checks(Step(SHADOW, 100, 60), True, counts(pairs=pairs, flips=flips, compared=pairs), RATIOS, GATE, {})
-        flip = next(c for c in found if c.name == "flip_rate")
-        assert f"{upper:.4f}]" in flip.said
+def counts(**seen: int) -> dict:
+    """A step's counts in measure's contract: every key 0 but those given."""
+    return dict.fromkeys(KEYS, 0) | seen
 
 
-def counts(requests=0, pairs=0, flips=0, compared=0, errors=0, failed=0) -> dict:
-    return {
-        "canary_requests": requests,
-        "canary_errors": failed,
-        "shadow_pairs": pairs,
-        "shadow_flips": flips,
-        "shadow_compared": compared,
-        "shadow_errors": errors,
-        "shadow_dropped": 0,
-    }
-
-
-RATIOS = {
-    "candidate_error_ratio": 0.0,
-    "stable_error_ratio": 0.001,
-    "candidate_p99_seconds": 0.010,
-    "stable_p99_seconds": 0.010,
-}
+OFFLINE = {"disagreement": {"source": "eval", "count": 200, "examples": 10_000, "candidate": 2, "baseline": 1}}
 CANARY_STEP, SHADOW_STEP = Step(CANARY, 5, 60), Step(SHADOW, 100, 60)
+# A canary step with stable at 1 % errors and 1 % slow calls, and its canary like it.
+ALIKE = {"stable_requests": 40_000, "stable_errors": 400, "stable_latency_count": 40_000, "stable_slow": 400}
+GOOD = counts(**ALIKE, canary_requests=8000, canary_errors=80, candidate_latency_count=8000, candidate_slow=80)
+PAIRS = {"shadow_pairs": 8000, "shadow_classified": 8000, "shadow_compared": 8000}
 
 
 @pytest.mark.parametrize(
-    ("step", "flips", "seen", "values", "ended", "decision", "results"),
+    ("step", "flips", "seen", "ended", "decision", "results"),
     [
-        pytest.param(CANARY_STEP, False, counts(requests=500), RATIOS, True, ADVANCE, [PASS, PASS], id="good"),
-        pytest.param(CANARY_STEP, False, counts(requests=500), RATIOS, False, WATCH, [PASS, PASS], id="good-early"),
-        pytest.param(CANARY_STEP, False, counts(requests=99), RATIOS, True, HOLD, [UNKNOWN, UNKNOWN], id="few"),
+        pytest.param(CANARY_STEP, False, GOOD, True, ADVANCE, [PASS, PASS], id="good"),
+        pytest.param(CANARY_STEP, False, GOOD, False, WATCH, [PASS, PASS], id="good-early"),
+        pytest.param(CANARY_STEP, False, counts(**ALIKE), True, HOLD, [UNKNOWN, UNKNOWN], id="no-canary"),
         pytest.param(
             CANARY_STEP,
             False,
-            counts(requests=500, failed=6),  # 0.012, stable 0.001
-            RATIOS,
-            False,
-            ROLLBACK,
-            [FAIL, PASS],
-            id="errors-at-once",
-        ),
-        pytest.param(
-            CANARY_STEP,
-            False,
-            counts(requests=500, failed=5),  # 0.010, stable 0.001
-            RATIOS,
-            True,
-            ADVANCE,
-            [PASS, PASS],
-            id="errors-within",
-        ),
-        pytest.param(
-            CANARY_STEP,
-            False,
-            counts(requests=500),
-            {**RATIOS, "candidate_p99_seconds": 0.016},
-            True,
-            ROLLBACK,
-            [PASS, FAIL],
-            id="slow",
-        ),
-        pytest.param(
-            CANARY_STEP,
-            False,
-            counts(requests=500),
-            {**RATIOS, "stable_error_ratio": None},
+            GOOD | {"canary_requests": 99, "canary_errors": 1},
             True,
             HOLD,
             [UNKNOWN, PASS],
-            id="no-ratio",
+            id="few-no-verdict",
         ),
         pytest.param(
-            SHADOW_STEP, True, counts(pairs=800, compared=100), RATIOS, True, ADVANCE, [PASS, PASS], id="shadow"
+            CANARY_STEP, False, GOOD | {"canary_errors": 240}, False, ROLLBACK, [FAIL, PASS], id="errors-3pct"
         ),
         pytest.param(
-            SHADOW_STEP,
-            True,
-            counts(pairs=800, flips=24, compared=100),
-            RATIOS,
-            True,
-            ROLLBACK,
-            [PASS, FAIL],
-            id="flips",
-        ),
-        pytest.param(
-            SHADOW_STEP,
-            True,
-            counts(pairs=800, flips=18, compared=100),
-            RATIOS,
+            CANARY_STEP,
             False,
-            WATCH,
-            [PASS, UNKNOWN],
-            id="flips-early",
+            GOOD | {"canary_requests": 400, "canary_errors": 8},  # 2 %: 1 point over, not shown either way
+            True,
+            HOLD,
+            [UNKNOWN, PASS],
+            id="errors-unclear",
+        ),
+        pytest.param(
+            CANARY_STEP,
+            False,
+            GOOD | {"canary_requests": 20, "canary_errors": 20},  # rejects everything: certain before 100
+            False,
+            ROLLBACK,
+            [FAIL, PASS],
+            id="rejects-all",
+        ),
+        pytest.param(
+            CANARY_STEP,
+            False,
+            counts(  # 30 % of both versions' requests fail: no rollback
+                **ALIKE | {"stable_errors": 12_000},
+                canary_requests=2000,
+                canary_errors=600,
+                candidate_latency_count=2000,
+                candidate_slow=20,
+            ),
+            True,
+            HOLD,
+            [UNKNOWN, UNKNOWN],
+            id="outage-on-both",
+        ),
+        pytest.param(CANARY_STEP, False, GOOD | {"candidate_slow": 400}, False, ROLLBACK, [PASS, FAIL], id="slow"),
+        pytest.param(SHADOW_STEP, True, counts(**PAIRS, shadow_flips=240), True, ADVANCE, [PASS, PASS], id="flips"),
+        pytest.param(
+            SHADOW_STEP, True, counts(**PAIRS, shadow_flips=480), False, ROLLBACK, [PASS, FAIL], id="flips-6pct"
+        ),
+        pytest.param(
+            SHADOW_STEP, True, counts(**PAIRS, shadow_flips=320), True, HOLD, [PASS, UNKNOWN], id="flips-at-budget"
         ),
         pytest.param(
             SHADOW_STEP,
             True,
-            counts(pairs=150, flips=3, compared=150),  # 0.02 seen: bounds [0.007, 0.046] straddle 0.02
-            RATIOS,
+            counts(shadow_pairs=8000, shadow_compared=8000, shadow_flips=0),
             True,
             HOLD,
             [PASS, UNKNOWN],
-            id="flips-inconclusive",
+            id="nothing-classified",
         ),
         pytest.param(
             SHADOW_STEP,
             True,
-            counts(pairs=50, flips=20, compared=7),
-            RATIOS,
+            counts(**PAIRS, shadow_flips=2000, shadow_dropped=1500, shadow_shed=1000),
             False,
-            ROLLBACK,
-            [UNKNOWN, FAIL],
-            id="flips-sure",
+            WATCH,
+            [PASS, UNKNOWN],
+            id="copies-dropped",
         ),
         pytest.param(
             SHADOW_STEP,
             False,
-            counts(pairs=800, compared=95, errors=5),
-            RATIOS,
-            True,
+            counts(shadow_compared=1000, shadow_errors=40),
+            False,
             ROLLBACK,
             [FAIL],
             id="shadow-errors",
         ),
     ],
 )
-def test_a_step_is_judged_on_its_counts(step, flips, seen, values, ended, decision, results):
-    found = checks(step, flips, seen, values, GATE, {})
+def test_a_step_is_judged_on_its_counts(step, flips, seen, ended, decision, results):
+    found = checks(step, flips, seen, {}, GATE, OFFLINE)
     assert [c.result for c in found] == results, [c.said for c in found]
     assert decide(found, ended) == decision
 
@@ -311,7 +278,9 @@ def test_evidence_promote_would_refuse_starts_nothing(site, capsys, edit, fragme
         pytest.param([], "expected --prometheus URL", id="no-prometheus"),
         pytest.param(["--prometheus", "prometheus:9090"], "expected an http(s) URL", id="bad-url"),
         pytest.param(["--prometheus", "http://p:9090", "--plan", "5% 1m"], "end with `100%`", id="bad-plan"),
-        pytest.param(["--prometheus", "http://p:9090", "--gate-max-latency-ratio", "0.5"], "ratio >= 1", id="ratio"),
+        pytest.param(
+            ["--prometheus", "http://p:9090", "--gate-flip-budget-multiple", "0.5"], "multiple >= 1", id="multiple"
+        ),
         pytest.param(["--abort"], "--abort: expected --reason TEXT", id="abort-reason"),
         pytest.param(["--abort", "--reason", "x"], "no rollout of model m is in progress", id="abort-none"),
     ],
@@ -341,7 +310,7 @@ def test_the_dry_run_prints_the_plan_and_the_queries_and_changes_nothing(site, c
     out = capsys.readouterr().out
     assert "evidence: " in out and "holds every check promote makes" in out
     assert "step 1: shadow 100% 1s: shadow 100%, canary 0%; checks shadow_errors, flip_rate" in out
-    assert "step 2: 5% 1s: shadow 100%, canary 5%; checks error_ratio, latency_p99, flip_rate" in out
+    assert "step 2: 5% 1s: shadow 100%, canary 5%; checks error_ratio, slow_calls, flip_rate" in out
     assert "step 3: 100%: promote (stable -> 2), routing cleared" in out
     assert 'canary_errors: sum by (instance) (:trainserve:proxy:request_count{job="capture",model_name="m",' in out
     assert snapshot(config) == before
@@ -371,7 +340,7 @@ def test_the_one_file_of_thresholds_sets_the_commands_flags_for_compose_and_kube
     assert all(hasattr(args, name.removeprefix("TRAINSERVE_").lower()) for name in pairs), sorted(pairs)
     config = config_from_args(RolloutConfig, args)
     assert config.plan.text() == "shadow 100% 600s, 5% 600s, 25% 600s, 100%"
-    assert (config.gate.max_flip_rate, config.gate.min_requests) == (0.02, 200)
+    assert config.gate == StepGate()  # the file states every default, so a changed default changes the file too
     compose = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]["rollout"]
     assert compose["env_file"] == [str(env_file.relative_to(REPO))] and compose["command"][0] == "rollout"
     kustomization = yaml.safe_load((env_file.parent / "kustomization.yaml").read_text())

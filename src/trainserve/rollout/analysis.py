@@ -1,19 +1,39 @@
 """The verdict a step's counts support (what is counted, and how: trainserve.rollout.measure).
 
-The online flip rate's bound is the one-sided Wilson bound of the flips among the shadow pairs
-(trainserve.evidence.flips), as replay's gate uses. A check with too few requests knows nothing: the step holds.
+Each check bounds one quantity with anytime-valid bounds at --gate-alpha (trainserve.stats.sequential), which
+hold over every look of the step however many there are (a step that holds, a rollout paused and resumed):
+
+    error_ratio    the candidate's error share on its canary requests minus stable's on its own, same step
+    slow_calls     the share of the candidate's calls above stable's p99 bound minus stable's share above it
+    flip_rate      the share of classified shadow pairs whose top class differs, against a budget anchored to
+                   the two versions' offline disagreement (the START record's `offline`)
+    shadow_errors  the candidate's failures on shadow copies, which exist only for requests stable answered
+
+A check fails when its bounds show the quantity above its budget, passes when they show it within, and otherwise
+knows nothing yet: the step holds at its end. None passes on fewer than --gate-min-requests of its units, nor fails
+unless the failure is certain whatever the rest of that minimum shows (a canary rejecting every request fails
+after its first few).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainserve.rollout.config import StepGate
 from trainserve.rollout.plan import CANARY, SHADOW, Step
 from trainserve.stats.proportions import wilson_upper
+from trainserve.stats.sequential import confidence_sequence, difference_sequence
 
 PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
 ADVANCE, ROLLBACK, HOLD, WATCH = "advance", "rollback", "hold", "watch"
+# Shadow copies by outcome: the first three were sent and answered or failed; the rest never judged the candidate.
+ANSWERED = ("shadow_compared", "shadow_incomparable", "shadow_errors")
+UNSENT = ("shadow_dropped", "shadow_shed")
+OFFERED = (*ANSWERED, *UNSENT, "shadow_cut")
+# The candidate's share of a comparison's alpha: its bounds, on a canary share of the requests, are the wide ones;
+# stable's, on the rest, widen little at a fifth of alpha.
+CANARY_ALPHA = 0.8
 
 
 @dataclass(frozen=True)
@@ -26,14 +46,16 @@ class Check:
 def check_names(step: Step, flips: bool) -> list[str]:
     """The checks that apply to `step`, by name (`flips`: a classifier's shadow pairs are being compared); what
     `checks` judges and the dry run prints."""
-    names = {SHADOW: ["shadow_errors"], CANARY: ["error_ratio", "latency_p99"]}.get(step.kind, [])
+    names = {SHADOW: ["shadow_errors"], CANARY: ["error_ratio", "slow_calls"]}.get(step.kind, [])
     return [*names, "flip_rate"] if flips else names
 
 
 def checks(step: Step, flips: bool, counts: dict[str, int], values: dict, gate: StepGate, offline: dict) -> list[Check]:
-    """The checks that apply to `step`. Each passes, fails or knows nothing yet; `decide` weighs them by whether
-    the step's time is up. `offline`: what the candidate's offline evidence said (the START record's `offline`)."""
-    return [_CHECKS[name](counts, values, gate) for name in check_names(step, flips)]
+    """The checks that apply to `step`, on the step's `counts` (measure's contract). Each passes, fails or knows
+    nothing yet; `decide` weighs them by whether the step's time is up. `offline`: what the candidate's offline
+    evidence said (the START record's `offline`). `values` (the recording rules' ratios) judge nothing: they are
+    the history's context."""
+    return [_CHECKS[name](counts, gate, offline) for name in check_names(step, flips)]
 
 
 def decide(found: list[Check], ended: bool) -> str:
@@ -44,82 +66,104 @@ def decide(found: list[Check], ended: bool) -> str:
     return ADVANCE if all(c.result == PASS for c in found) else HOLD
 
 
-def _too_few(name: str, seen: int, gate: StepGate, what: str) -> Check | None:
-    if seen >= gate.min_requests:
-        return None
-    return Check(name, UNKNOWN, f"{seen} {what} this step, fewer than --gate-min-requests {gate.min_requests}")
+Bounds = Callable[[int], tuple[float, float]]  # a quantity's bounds with n units seen
 
 
-def _errors(counts: dict, values: dict, gate: StepGate) -> Check:
-    """The candidate's server-error ratio on its own canary requests of the step (exact counts: a series born
-    during the step is missed by rate() until its second sample), against stable's recording rule."""
+def _one(events: int, alpha: float) -> Bounds:
+    return lambda n: confidence_sequence(events, n, alpha)
+
+
+def _against(events: int, other: tuple[int, int], alpha: float) -> Bounds:
+    """The difference from `other` (events, n) of `events` among n."""
+    return lambda n: difference_sequence((events, n), other, alpha, CANARY_ALPHA)
+
+
+def _judge(name: str, what: str, seen: tuple[int, str], budget: float, bounds: Bounds, gate: StepGate) -> Check:
+    """The verdict of `bounds(n)` (the quantity's bounds with `n` units seen, the events as counted) against
+    `budget`. Below --gate-min-requests units, a failure only if the bounds, with the rest of that minimum added as
+    units without an event (the most favourable rest), would still fail."""
+    n, unit = seen
+    low, high = bounds(n)
+    said = f"{what}; anytime {1 - gate.alpha:g} bounds [{low:+.4f}, {high:+.4f}] vs max {budget:+.4f}"
+    if n < gate.min_requests:
+        if bounds(gate.min_requests)[0] > budget:
+            return Check(name, FAIL, f"{said}: beyond it whatever the rest of --gate-min-requests {unit} show")
+        return Check(name, UNKNOWN, f"{said}: {n} {unit}, fewer than --gate-min-requests {gate.min_requests}")
+    if low > budget:
+        return Check(name, FAIL, f"{said}: shown beyond it")
+    if high <= budget:
+        return Check(name, PASS, f"{said}: shown within it")
+    return Check(name, UNKNOWN, f"{said}: not shown within it nor beyond it yet")
+
+
+def _share(events: int, n: int) -> str:
+    return f"{events}/{n} = {events / n:.4f}" if n else f"{events}/0"
+
+
+def _errors(counts: dict, gate: StepGate, offline: dict) -> Check:
+    """Both versions' error shares over the same step, from the same proxy counters: an outage that hits both
+    alike moves both alike."""
     errors, requests = counts["canary_errors"], counts["canary_requests"]
-    return _error_increase("error_ratio", "server-error ratio", (errors, requests), "candidate requests", values, gate)
+    stable = (counts["stable_errors"], counts["stable_requests"])
+    what = f"error share {_share(errors, requests)} on the canary vs stable's {_share(*stable)}"
+    bounds = _against(errors, stable, gate.alpha)
+    return _judge("error_ratio", what, (requests, "canary requests"), gate.max_error_increase, bounds, gate)
 
 
-def _error_increase(name: str, what: str, seen: tuple[int, int], unit: str, values: dict, gate: StepGate) -> Check:
-    """`seen` (errors, of how many `unit`) as a share, at most --gate-max-error-increase above stable's
-    server-error ratio."""
-    errors, total = seen
-    few = _too_few(name, total, gate, unit)
-    if few:
-        return few
-    stable = values.get("stable_error_ratio")
-    if stable is None:
-        return Check(name, UNKNOWN, "no server-error ratio of stable yet")
-    share = errors / total
-    ok = share - stable <= gate.max_error_increase
-    said = (
-        f"{what} {share:.4f} ({errors} of {total} this step) vs stable's server-error ratio {stable:.4f}: "
-        f"increase {share - stable:.4f} {'<=' if ok else '>'} max {gate.max_error_increase:g}"
+def _slow(counts: dict, gate: StepGate, offline: dict) -> Check:
+    """The shares of each version's calls above stable's p99 bound: counts, not two interpolated quantiles."""
+    slow, timed = counts["candidate_slow"], counts["candidate_latency_count"]
+    stable = (counts["stable_slow"], counts["stable_latency_count"])
+    what = f"calls above stable's p99 bound {_share(slow, timed)} vs stable's {_share(*stable)}"
+    bounds = _against(slow, stable, gate.alpha)
+    return _judge("slow_calls", what, (timed, "candidate calls timed"), gate.max_slow_increase, bounds, gate)
+
+
+def _shadow_errors(counts: dict, gate: StepGate, offline: dict) -> Check:
+    """The candidate's failures among the shadow copies it was sent. A copy exists only for a request stable
+    answered, so stable's share on them is 0: the budget is the share itself."""
+    errors, answered = counts["shadow_errors"], sum(counts[k] for k in ANSWERED)
+    what = f"failed shadow copies {_share(errors, answered)}"
+    return _judge(
+        "shadow_errors", what, (answered, "copies answered"), gate.max_error_increase, _one(errors, gate.alpha), gate
     )
-    return Check(name, PASS if ok else FAIL, said)
 
 
-def _latency(counts: dict, values: dict, gate: StepGate) -> Check:
-    name = "latency_p99"
-    few = _too_few(name, counts["canary_requests"], gate, "candidate requests")
-    if few:
-        return few
-    candidate, stable = values.get("candidate_p99_seconds"), values.get("stable_p99_seconds")
-    if candidate is None or stable is None:
-        return Check(name, UNKNOWN, f"no p99 latency yet (candidate {candidate}, stable {stable})")
-    ok = candidate <= gate.max_latency_ratio * stable
-    ratio = candidate / stable if stable else float("inf")
+def flip_budget(offline: dict, gate: StepGate) -> tuple[float, str] | None:
+    """The online flip rate's budget and why: the larger of --gate-flip-budget-multiple times the offline
+    disagreement and that disagreement's one-sided Wilson bound at --gate-alpha (a small offline sample cannot
+    make the budget small), at least --gate-flip-budget-floor. None without an offline disagreement."""
+    found = offline.get("disagreement")
+    if not found or not found["examples"]:
+        return None
+    count, examples = found["count"], found["examples"]
+    rate, upper = count / examples, wilson_upper(count, examples, gate.alpha)
+    budget = max(gate.flip_budget_floor, gate.flip_budget_multiple * rate, upper)
     said = (
-        f"p99 {candidate:.4f}s vs stable {stable:.4f}s: x{ratio:.2f} {'<=' if ok else '>'} "
-        f"max x{gate.max_latency_ratio:g}"
+        f"budget {budget:.4f} = max(floor {gate.flip_budget_floor:g}, {gate.flip_budget_multiple:g} x {rate:.4f}, "
+        f"bound {upper:.4f}) from {found['source']}'s disagreement {count}/{examples}"
     )
-    return Check(name, PASS if ok else FAIL, said)
+    return budget, said
 
 
-def _shadow_errors(counts: dict, values: dict, gate: StepGate) -> Check:
-    """The candidate's errors on its shadow copies (requests), against stable's server-error ratio."""
-    errors, sent = counts["shadow_errors"], counts["shadow_errors"] + counts["shadow_compared"]
-    unit = "shadow requests answered"
-    return _error_increase("shadow_errors", "shadow error share", (errors, sent), unit, values, gate)
-
-
-def _flips(counts: dict, values: dict, gate: StepGate) -> Check:
+def _flips(counts: dict, gate: StepGate, offline: dict) -> Check:
     name = "flip_rate"
-    flips, pairs = counts["shadow_flips"], counts["shadow_pairs"]
-    few = _too_few(name, pairs, gate, "shadow pairs (examples)")
-    upper = wilson_upper(flips, pairs, gate.alpha)
-    lower = 1.0 - wilson_upper(pairs - flips, pairs, gate.alpha)
-    said = (
-        f"flips {flips} of {pairs} pairs, one-sided {1 - gate.alpha:g} bounds [{lower:.4f}, {upper:.4f}] "
-        f"vs max {gate.max_flip_rate:g}"
-    )
-    if pairs and lower > gate.max_flip_rate:  # beyond the budget whatever more pairs would show
-        return Check(name, FAIL, said)
-    if few:
-        return few
-    if upper <= gate.max_flip_rate:
-        return Check(name, PASS, said)
-    # The bounds straddle the budget: not shown small, not shown large. At the step's end that holds the step (more
-    # pairs decide it, or --max-hold pauses the rollout); it never advances, and a good candidate whose step was
-    # too short for its bound is not rolled back.
-    return Check(name, UNKNOWN, said)
+    flips, classified, pairs = counts["shadow_flips"], counts["shadow_classified"], counts["shadow_pairs"]
+    offered, unsent = sum(counts[k] for k in OFFERED), sum(counts[k] for k in UNSENT)
+    if not classified:
+        return Check(name, UNKNOWN, f"no classification output compared ({pairs} pairs compared on other outputs)")
+    if unsent > gate.max_shadow_dropped * offered:
+        return Check(
+            name,
+            UNKNOWN,
+            f"{unsent} of {offered} shadow copies dropped or shed, more than --gate-max-shadow-dropped "
+            f"{gate.max_shadow_dropped:g}: the flips of the rest may not stand for the traffic",
+        )
+    budget = flip_budget(offline, gate)
+    if budget is None:
+        return Check(name, UNKNOWN, "no offline disagreement of the two versions (START record) to anchor a budget")
+    what = f"flips {_share(flips, classified)} of classified pairs ({budget[1]})"
+    return _judge(name, what, (classified, "classified pairs"), budget[0], _one(flips, gate.alpha), gate)
 
 
-_CHECKS = {"shadow_errors": _shadow_errors, "error_ratio": _errors, "latency_p99": _latency, "flip_rate": _flips}
+_CHECKS = {"shadow_errors": _shadow_errors, "error_ratio": _errors, "slow_calls": _slow, "flip_rate": _flips}

@@ -104,10 +104,10 @@ class RollbackConfig:
         check_server(self.wait, self.tls)
 
 
-def _ratio(text: str) -> float:
+def _multiple(text: str) -> float:
     value = float(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: expected a ratio >= 1 (1: no slower than stable)")
+        raise argparse.ArgumentTypeError(f"{value}: expected a multiple >= 1 (1: the offline rate itself)")
     return value
 
 
@@ -120,25 +120,54 @@ def _alpha(text: str) -> float:
 
 @dataclass
 class StepGate:
-    """What each step of `trainserve rollout` must show before it advances (flags --gate-*, TRAINSERVE_GATE_*)."""
+    """What each step of `trainserve rollout` must show before it advances (flags --gate-*, TRAINSERVE_GATE_*).
+
+    Each check bounds its quantity with anytime-valid bounds at --gate-alpha (trainserve.stats.sequential): it
+    fails when the step's counts show the quantity above its budget, passes when they show it within, and
+    otherwise knows nothing yet (at the step's end the step holds)."""
 
     max_error_increase: float = option(
-        0.01, "the candidate's server-error ratio may exceed stable's by at most this share", parse=share
+        0.01,
+        "errors (every status but OK and CANCELLED): the candidate's share of its canary requests may exceed "
+        "stable's share of its own requests over the same step by at most this; on shadow copies stable answered, "
+        "the candidate may fail at most this share",
+        parse=share,
     )
-    max_latency_ratio: float = option(
-        1.5, "the candidate's p99 latency may be at most this times stable's", parse=_ratio
+    max_slow_increase: float = option(
+        0.01,
+        "latency: the share of the candidate's calls slower than stable's p99 (the histogram bound at or above it, "
+        "fixed when the step begins) may exceed stable's own share above it by at most this",
+        parse=share,
     )
-    max_flip_rate: float = option(
-        0.02,
-        "the online flip rate's upper bound (shadow pairs whose top class differs) may be at most this",
+    flip_budget_floor: float = option(
+        0.01,
+        "flips: the online flip rate's budget is at least this, whatever the offline evidence shows",
+        parse=share,
+    )
+    flip_budget_multiple: float = option(
+        2.0,
+        "flips: the budget is the larger of this times the two versions' offline disagreement (replay's flip "
+        "rate, else eval's discordant share) and that disagreement's upper bound, at least the floor",
+        parse=_multiple,
+    )
+    max_shadow_dropped: float = option(
+        0.2,
+        "flips: the check holds while the shadow copies dropped or shed exceed this share of those offered (the "
+        "flips of the rest may not stand for the traffic)",
         parse=share,
     )
     min_requests: int = option(
         200,
-        "a step is judged only once it has seen this many candidate requests (shadow: pairs); until then it holds",
+        "no check passes on fewer than this many of its own units (canary requests, timed calls, classified shadow "
+        "pairs, answered copies), nor fails unless its failure is certain whatever the rest of them show",
         parse=positive_int,
     )
-    alpha: float = option(0.05, "one-sided level of the flip rate's Wilson bound", parse=_alpha)
+    alpha: float = option(
+        0.05,
+        "each check's error rate over all the looks of a step (anytime-valid): the chance it ever fails a "
+        "candidate within its budget, or ever passes one beyond it",
+        parse=_alpha,
+    )
 
 
 def _seconds(text: str) -> float:

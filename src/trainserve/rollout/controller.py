@@ -141,7 +141,7 @@ class Controller:
             flips=read.report["task"]["kind"] == "classification",
             report=str(read.path),
             report_sha256=read.sha256,
-            offline=offline_summary(read),
+            offline=offline_summary(read, config.replay, labels.stable),
             gate=asdict(config.gate),
             prometheus=config.prometheus,
             routing_file=str(config.routing_file),

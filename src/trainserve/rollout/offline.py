@@ -3,8 +3,11 @@ check `promote` makes holding (trainserve.rollout.checks), before anything moves
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from trainserve.errors import TrainserveError
 from trainserve.evidence.document import ReadReport, read_replay_report, read_report
+from trainserve.evidence.flips import flip_rate
 from trainserve.rollout.checks import refusals
 from trainserve.rollout.config import PromoteConfig, RolloutConfig
 from trainserve.rollout.config_file import find_model, read_config
@@ -30,6 +33,34 @@ def evidence_of(config: RolloutConfig, model: str, labels: Rollout, version: int
     return read
 
 
-def offline_summary(read: ReadReport) -> dict:
-    """What the offline evidence says that the live checks compare against, for the START record."""
-    return {}
+def offline_summary(read: ReadReport, replay: Path | None, stable: int) -> dict:
+    """What the offline evidence says that the live checks compare against, for the START record: `disagreement`,
+    the share of examples on which the candidate and `stable` disagree, which anchors the online flip budget
+    (trainserve.rollout.analysis). Replay's flip rate when a replay report is given (top classes compared on
+    captured traffic: what the shadow counts); else eval's discordant pairs (right in one version only), which are
+    every disagreement between two classes and, beyond two, leave out the examples both get wrong differently
+    (`both_wrong` says how many could be). Nothing when neither compared the candidate with `stable` on classes."""
+    found = _replay_disagreement(read_replay_report(replay).report) if replay is not None else None
+    found = found or _eval_disagreement(read.report)
+    if found is None or found["baseline"] != stable or found["candidate"] != read.report["version"]:
+        return {}
+    return {"disagreement": found}
+
+
+def _replay_disagreement(report: dict) -> dict | None:
+    if report.get("flips") is None:
+        return None
+    rate = flip_rate(report["tally"]["flip_matrix"], report["settings"]["alpha"])
+    versions = {"candidate": report["candidate"]["version"], "baseline": report["baseline"]["version"]}
+    return {"source": "replay", **versions, "count": rate.count, "examples": rate.examples}
+
+
+def _eval_disagreement(report: dict) -> dict | None:
+    comparison = report.get("comparison") or {}
+    pairs = (comparison.get("test") or {}).get("discordant")
+    if pairs is None:
+        return None
+    versions = {"candidate": comparison["candidate_version"], "baseline": comparison["baseline"]["version"]}
+    count = pairs["candidate_only"] + pairs["baseline_only"]
+    examples = count + pairs["both_right"] + pairs["both_wrong"]
+    return {"source": "eval", **versions, "count": count, "examples": examples, "both_wrong": pairs["both_wrong"]}

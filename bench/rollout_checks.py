@@ -1,0 +1,238 @@
+"""How often `trainserve rollout`'s checks roll back a candidate identical to stable, and how fast they roll back a
+bad one, on simulated traffic judged by the controller's own code (trainserve.rollout.analysis: `checks`, then
+`decide`, at every look).
+
+Traffic: Poisson arrivals at 1, 10 and 100 requests/s, one example each, looked at every --interval over the plan
+(default `shadow 10m, 5% 10m, 25% 10m, 100%`), a step that holds paused after --max-hold, as the controller does.
+Each look's counts are measure's contract, since the step began:
+
+    routes     each request to the canary with the step's share, else to stable; the shadow copies every request
+               stable answered (the shadow's share), and the candidate answers or fails each copy
+    errors     stable fails a share `error` of requests; the same requests fail on the candidate (a request's own
+               fault), which also fails a share `own` of the rest (its own fault: on copies too)
+    latency    lognormal (sigma 0.5) around a median drawn per rollout between 3.7 and 6.7 ms, so that stable's p99
+               falls anywhere between two of the histogram's bounds (10 us x 1.8^i); a call is slow above the bound
+               at or above stable's p99; `2x slower` doubles every call of the candidate
+    flips      offline: eval's 200 discordant pairs of 10,000 (a 2 % disagreement: budget 4 % by the defaults);
+               live, the candidate flips each classified pair at its rate
+
+Printed per rate and candidate: the share of rollouts rolled back, promoted, paused (held --max-hold), rolled back
+by the end of the first canary step, and the canary requests (clients' answers from the candidate) seen by the
+rollback (median, 95th percentile). `resumed`: a paused rollout run again once (finding 9: the old checks, looked
+at more, passed or failed more). Seeded: the same numbers every run.
+
+    python bench/rollout_checks.py [--rollouts 400] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+import numpy as np
+
+from trainserve.rollout import analysis
+from trainserve.rollout.config import StepGate
+from trainserve.rollout.plan import CANARY, DEFAULT_PLAN, Plan, parse_plan
+from trainserve.stats.sequential import difference_sequence
+
+RATES = (1, 10, 100)
+OFFLINE_RATE = 0.02
+OFFLINE = {"disagreement": {"source": "eval", "count": 200, "examples": 10_000, "candidate": 2, "baseline": 1}}
+SIGMA, MEDIAN = 0.5, 0.005  # seconds
+BUCKET = 1.8  # the proxy's histogram: 10 us x 1.8^i
+NO_SHADOW = "5% 10m, 25% 10m, 100%"
+KEYS = (
+    *("canary_requests", "canary_errors", "stable_requests", "stable_errors"),
+    *("candidate_latency_count", "candidate_slow", "stable_latency_count", "stable_slow"),
+    *("shadow_pairs", "shadow_flips", "shadow_classified", "shadow_compared", "shadow_incomparable"),
+    *("shadow_errors", "shadow_dropped", "shadow_shed", "shadow_cut"),
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    error: float = 0.0  # stable's error share (requests that fail on both versions)
+    own: float = 0.0  # the candidate's own failures among the rest
+    slower: float = 1.0
+    flips: float = OFFLINE_RATE
+    plan: str = DEFAULT_PLAN
+    resumed: bool = False
+    bad: bool = False
+
+
+CANDIDATES = (
+    Candidate("identical, 0% errors"),
+    Candidate("identical, 1% errors", error=0.01),
+    Candidate("identical, 5% errors", error=0.05),
+    Candidate("identical, 30% outage on both", error=0.30),
+    Candidate("identical, 1% errors, resumed", error=0.01, resumed=True),
+    Candidate("flips at the budget (4%), resumed", flips=2 * OFFLINE_RATE, resumed=True),
+    Candidate("fails 10% (1% errors)", error=0.01, own=0.10, bad=True),
+    Candidate("fails 10%, no shadow step", error=0.01, own=0.10, plan=NO_SHADOW, bad=True),
+    Candidate("2x slower", slower=2.0, bad=True),
+    Candidate("flips 3x offline (6%)", flips=3 * OFFLINE_RATE, bad=True),
+)
+
+
+@dataclass
+class Outcome:
+    result: str  # rolled back, promoted, paused
+    step: int
+    canary: int
+
+
+@dataclass
+class Traffic:
+    """One rollout's requests: the candidate, the request rate and the latency's scale."""
+
+    candidate: Candidate
+    rate: float
+    rng: np.random.Generator
+    median: float = field(init=False)
+
+    def __post_init__(self):
+        self.median = MEDIAN * BUCKET ** self.rng.uniform(-0.5, 0.5)
+
+    def slow_shares(self) -> tuple[float, float]:
+        """The shares above the histogram bound at or above stable's p99 (fixed at a step's start)."""
+        p99 = self.median * math.exp(SIGMA * NormalDist().inv_cdf(0.99))
+        bound = 1e-5 * BUCKET ** math.ceil(math.log(p99 / 1e-5, BUCKET))
+        above = lambda median: 1 - NormalDist().cdf(math.log(bound / median) / SIGMA)  # noqa: E731
+        return above(self.median * self.candidate.slower), above(self.median)
+
+    def accrue(self, counts: dict, seconds: float, canary: float, shadow: float, slow: tuple[float, float]) -> None:
+        c, rng = self.candidate, self.rng
+        arrived = rng.poisson(self.rate * seconds)
+        to_canary = rng.binomial(arrived, canary / 100)
+        to_stable = arrived - to_canary
+        stable_errors = rng.binomial(to_stable, c.error)
+        canary_errors = rng.binomial(to_canary, c.error)
+        canary_errors += rng.binomial(to_canary - canary_errors, c.own)
+        copies = rng.binomial(to_stable - stable_errors, shadow / 100)
+        failed = rng.binomial(copies, c.own)
+        compared = copies - failed
+        for key, n in (
+            ("canary_requests", to_canary),
+            ("canary_errors", canary_errors),
+            ("stable_requests", to_stable),
+            ("stable_errors", stable_errors),
+            ("candidate_latency_count", to_canary),
+            ("candidate_slow", rng.binomial(to_canary, slow[0])),
+            ("stable_latency_count", to_stable),
+            ("stable_slow", rng.binomial(to_stable, slow[1])),
+            ("shadow_compared", compared),
+            ("shadow_errors", failed),
+            ("shadow_pairs", compared),
+            ("shadow_classified", compared),
+            ("shadow_flips", rng.binomial(compared, c.flips)),
+        ):
+            counts[key] += int(n)
+
+
+def roll_out(traffic: Traffic, plan: Plan, gate: StepGate, interval: float, max_hold: float) -> Outcome:
+    """The controller's loop over the plan (trainserve.rollout.controller: look, decide, sleep), counts simulated."""
+    canary_seen = 0
+    for index, step in enumerate(plan.steps[:-1]):
+        counts = dict.fromkeys(KEYS, 0)
+        flips, shares = plan.shadow_during(index) > 0, traffic.slow_shares()
+        now, held_since, resumed = 0.0, None, False
+        while True:
+            found = analysis.checks(step, flips, counts, {}, gate, OFFLINE)
+            decision = analysis.decide(found, now >= step.seconds)
+            if decision == analysis.ROLLBACK:
+                return Outcome("rolled back", index, canary_seen + counts["canary_requests"])
+            if decision == analysis.ADVANCE:
+                break
+            if decision == analysis.HOLD:
+                held_since = now if held_since is None else held_since
+                if now - held_since >= max_hold:
+                    if resumed or not traffic.candidate.resumed:
+                        return Outcome("paused", index, canary_seen + counts["canary_requests"])
+                    resumed, held_since = True, now  # run again: a new controller holds up to --max-hold again
+            left = step.seconds - now
+            wait = min(interval, left) if left > 0 else interval
+            traffic.accrue(counts, wait, plan.canary_during(index), plan.shadow_during(index), shares)
+            now += wait
+        canary_seen += counts["canary_requests"]
+    return Outcome("promoted", len(plan.steps) - 1, canary_seen)
+
+
+def first_canary(plan: Plan) -> int:
+    return next(i for i, s in enumerate(plan.steps) if s.kind == CANARY)
+
+
+def row(candidate: Candidate, rate: float, outcomes: list[Outcome]) -> str:
+    n, plan = len(outcomes), parse_plan(candidate.plan)
+    share = lambda result: sum(o.result == result for o in outcomes) / n  # noqa: E731
+    back = [o for o in outcomes if o.result == "rolled back"]
+    early = sum(o.step <= first_canary(plan) for o in back) / n
+    canary = np.array([o.canary for o in back]) if back else None
+    seen = "-" if canary is None else f"{np.median(canary):.0f} / {np.percentile(canary, 95):.0f}"
+    return (
+        f"| {candidate.name} | {rate:g} | {share('rolled back'):.1%} | {share('promoted'):.1%} | "
+        f"{share('paused'):.1%} | {early:.1%} | {seen} |"
+    )
+
+
+def needed_to_pass(rate: float, budget: float, share: float = 0.05) -> int:
+    """The canary requests at which an identical candidate's expected counts (both versions at `rate`, the
+    canary `share` of the requests) show the difference within `budget`: what a step needs to pass."""
+
+    def within(n: int) -> bool:
+        stable = round(n * (1 - share) / share)
+        seen = ((round(rate * n), n), (round(rate * stable), stable))
+        return difference_sequence(*seen, StepGate().alpha, analysis.CANARY_ALPHA)[1] <= budget
+
+    high = 1
+    while not within(high):
+        high *= 2
+    low = high // 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if within(middle) else (middle, high)
+    return high
+
+
+def cpu() -> str:
+    text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name")), "?")
+    return f"CPU: {model}; AVX-512: {'yes' if 'avx512f' in text else 'no'}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=400, help="simulated rollouts per rate and candidate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--interval", type=float, default=30.0, help="seconds between looks (--interval)")
+    parser.add_argument("--max-hold", type=float, default=1800.0, help="seconds a step may hold (--max-hold)")
+    args = parser.parse_args()
+    gate = StepGate()
+    print(cpu())
+    print(f"{args.rollouts} rollouts each, looks every {args.interval:g} s, --max-hold {args.max_hold:g} s; {gate}")
+    print(
+        "| candidate | req/s | rolled back | promoted | paused | rolled back by the first canary step's end "
+        "| canary requests by the rollback (median / p95) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for candidate in CANDIDATES:
+        plan = parse_plan(candidate.plan)
+        for k, rate in enumerate(RATES):
+            rng = np.random.default_rng([args.seed, CANDIDATES.index(candidate), k])
+            outcomes = [
+                roll_out(Traffic(candidate, rate, rng), plan, gate, args.interval, args.max_hold)
+                for _ in range(args.rollouts)
+            ]
+            print(row(candidate, rate, outcomes), flush=True)
+    budget = gate.max_error_increase
+    print(f"canary requests an identical candidate needs to pass (expected counts, a 5% canary, budget +{budget:g}):")
+    for level in (0.0, 0.002, 0.01, 0.05):
+        print(f"  both at {level:.1%}: {needed_to_pass(level, budget):,}")
+
+
+if __name__ == "__main__":
+    main()
