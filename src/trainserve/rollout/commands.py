@@ -18,7 +18,8 @@ def add_parsers(commands) -> None:
             run_candidate,
             "serve the newest published version as `candidate`, stable untouched",
             "Add the newest version under the model's base path (or --version) to the config's "
-            "`specific` versions, wait until the server has it AVAILABLE, then label it `candidate`.",
+            "`specific` versions, wait until the server has it AVAILABLE, then label it `candidate`. Refused while a "
+            "rollout of the model is in progress (--skip-during-rollout: a logged no-op instead).",
         ),
         (
             "promote",
@@ -30,14 +31,16 @@ def add_parsers(commands) -> None:
             "config's stable, the version's files against those it evaluated, its data as the version's own "
             "held-out split, evaluated whole; with --replay, a replay's flip-rate gate from its counts too. Then "
             "label the candidate `stable` and keep the old stable loaded as "
-            "`previous`. A refusal rewrites nothing; --override CHECK --reason TEXT passes a check, on the record.",
+            "`previous`. A refusal rewrites nothing; --override CHECK --reason TEXT passes a check, on the record. "
+            "Refused while a rollout of the model is in progress (it promotes, or rolls back, itself).",
         ),
         (
             "rollback",
             RollbackConfig,
             run_rollback,
             "move `stable` back to the previous stable version",
-            "Label the previous stable version (kept loaded since the last promotion) `stable` again.",
+            "Label the previous stable version (kept loaded since the last promotion) `stable` again. Refused while "
+            "a rollout of the model is in progress (`trainserve rollout --abort --reason TEXT` ends it).",
         ),
     )
     steps += (
@@ -49,8 +52,9 @@ def add_parsers(commands) -> None:
             "Check the candidate's eval report as promote does, label it `candidate`, then follow --plan: each step "
             "rewrites the capture proxy's routing file (a shadow share, then canary shares of `stable` requests) "
             "and is watched on Prometheus (the candidate's server-error ratio and p99 latency against stable's, "
-            "the online flip rate's bound). A failing check rolls back at once (routing cleared, `candidate` "
-            "dropped, stable untouched); too few requests or no answer holds; the last step promotes. Every step, "
+            "the online flip rate's bound). A failing check rolls back at once (routing held on stable, confirmed by "
+            "every proxy replica, then `candidate` dropped, stable untouched); too few requests or no answer holds, "
+            "up to --max-hold, then pauses with the routing held on stable; the last step promotes. Every step, "
             "query and value lands in the rollout history, from which a killed controller resumes.",
         ),
     )
