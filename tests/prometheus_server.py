@@ -39,8 +39,11 @@ class Prometheus:
     """`prometheus` scraping `target` every second with the job and rules of `config`: monitoring/prometheus.yml
     (job serve-local) or prometheus-compose.yml (job serve-cpu), its one target replaced by `target`."""
 
-    def __init__(self, directory: Path, target: str, config_file: str = "prometheus.yml", proxy: str | None = None):
-        """`proxy`: the capture proxy's REST address, scraped as the config's `capture` job (left out without)."""
+    def __init__(
+        self, directory: Path, target: str, config_file: str = "prometheus.yml", proxy: str | list[str] | None = None
+    ):
+        """`proxy`: the capture proxy's REST address (or its replicas'), scraped as the config's `capture` job (left
+        out without)."""
         require("prometheus", shutil.which("prometheus") is not None, "Debian's prometheus package")
         config = yaml.safe_load((MONITORING / config_file).read_text())
         config["global"].update(scrape_interval="1s", evaluation_interval="1s")
@@ -50,7 +53,7 @@ class Prometheus:
         config["scrape_configs"] = [scrape] + ([proxy_scrape] if proxy else [])
         for job, address in ((scrape, target), (proxy_scrape, proxy)):
             (static,) = job["static_configs"]
-            static["targets"] = [address]
+            static["targets"] = [address] if isinstance(address, str) else address
         self.job = scrape["job_name"]
         (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.url = f"http://127.0.0.1:{free_port()}"

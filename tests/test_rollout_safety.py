@@ -120,7 +120,7 @@ class Replicas:
             self.on_ask()
         if self.fail is not None:
             raise self.fail
-        return self.clock if expr == "time()" else None  # a step's queries: no data yet (the step holds)
+        return self.clock if expr == "vector(time())" else None  # a step's queries: no data yet (the step holds)
 
     def series(self, expr: str) -> list[tuple[dict, float]]:
         self.clock += 1

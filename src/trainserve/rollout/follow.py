@@ -3,7 +3,7 @@ routing file on its own (--routing-poll-seconds), so a change is in force only o
 
 A replica reports the routing it runs as gauges (`:trainserve:proxy:canary_percent{model_name,version}`,
 trainserve.capture.proxy_metrics). It follows a change when its scrape target is up, Prometheus scraped it after the
-change was written (Prometheus's own clock: `timestamp(up)` against `time()` taken after the write), and its gauge
+change was written (Prometheus's own clock: `timestamp(up)` against `time()` asked after the write), and its gauge
 for the model says what the change says. No target at all is never "followed": nothing confirms anything then.
 """
 
@@ -31,7 +31,7 @@ def routed_to(candidate: int) -> Judge:
 
 def now(prometheus: Prometheus) -> float:
     """Prometheus's clock now (a replica scraped after this was scraped after whatever came before)."""
-    return prometheus.value("time()") or 0.0
+    return prometheus.value("vector(time())") or 0.0  # an instant query answers vectors only (prometheus.py)
 
 
 def not_following(prometheus: Prometheus, job: str, model: str, since: float, judge: Judge) -> str | None:
