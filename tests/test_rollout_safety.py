@@ -7,6 +7,10 @@ holds the route on stable) and a rollback drops the `candidate` label only once 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -234,4 +238,27 @@ def test_a_failure_after_the_routing_is_written_leaves_no_canary_share(site):
     begun(config, report, CANARY_STEP)
     with pytest.raises(RuntimeError, match="disk gone"):  # at the resumed step's first look
         controller(config, report, Replicas(config, lag=0, fail=RuntimeError("disk gone"))).run()
+    assert (route(config).canary_percent, route(config).shadow_percent) == (0, 0)
+
+
+def test_a_terminated_controller_holds_the_route_on_stable_before_it_exits(site):
+    """SIGTERM (a pod deleted) at a resumed 25 % step: the controller exits 143 with no canary share left."""
+    config, report = site
+    begun(config, report, CANARY_STEP, canary=0)
+
+    def terminate_at_the_canary_step():
+        while (route(config) or ModelRoute(2)).canary_percent != 25:
+            time.sleep(0.01)  # polls the routing file: the controller's own write is the event
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=terminate_at_the_canary_step, daemon=True)
+    killer.start()
+    argv = [
+        *("rollout", "--config", str(config), "--report", str(report), "--plan", PLAN, "--interval", "0.05"),
+        *("--routing-file", str(config.parent / "routing.json"), "--prometheus", "http://127.0.0.1:9"),
+    ]
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    killer.join(timeout=30)
+    assert exited.value.code == 128 + signal.SIGTERM
     assert (route(config).canary_percent, route(config).shadow_percent) == (0, 0)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import threading
 
 from trainserve.options import add_options, config_from_args
 
@@ -116,6 +119,25 @@ def run_rollout(args: argparse.Namespace) -> int:
         print("\n".join(["dry run: nothing is changed", *dry_run(config)]))
         return 0
     prometheus = Prometheus(config.prometheus) if config.prometheus else None
-    outcome = Controller(config, prometheus, _rollout_server(config)).run()
+    with _terminated_as_interrupted():
+        outcome = Controller(config, prometheus, _rollout_server(config)).run()
     print(f"{'promoted' if outcome.promoted else 'rolled back'}: {outcome.said}")
     return 0 if outcome.promoted else 1
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupted():
+    """SIGTERM (a pod deleted, a node drained) ends the controller as SIGINT does, through its failure path: the
+    route held on stable before it exits (128 + 15), never a canary share left with nobody watching."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise SystemExit(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
