@@ -127,7 +127,8 @@ class Controller:
     # -- start and resume ----------------------------------------------------------------------------------
 
     def _start(self) -> Progress:
-        """The evidence promote would check, then the candidate label: a refusal moves nothing."""
+        """The evidence promote would check, then the START record, under the config's lock (no `trainserve
+        candidate` in between: it refuses once the record is there); a refusal moves nothing."""
         config, labels = self.config, self._labels()
         version = candidate_of(config, labels, self.model)
         if labels.stable is None:
@@ -148,7 +149,7 @@ class Controller:
                 f"version {version} is not the candidate yet: expected --server, so that it is labelled once loaded"
             )
         read = evidence_of(config, self.model, labels, version)
-        with locked(config.config):  # no `trainserve candidate` in between: it reads the history under this lock
+        with locked(config.config):
             if self._labels() != labels:
                 raise TrainserveError(f"model {self.model}: the labels changed while the rollout was starting: retry")
             start = self._append(

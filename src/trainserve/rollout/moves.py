@@ -63,7 +63,8 @@ def hold_route(path: Path, model: str) -> bool:
     request naming no version) answered by stable. Returns whether the model is routed. A routing file that no
     longer parses is replaced by one without routes (everything to stable): a safe move must not wait on it."""
     held = _update(path, model, lambda r: r and dataclasses.replace(r, shadow_percent=0, canary_percent=0), True)
-    log.info("routing %s: model %s held on stable (no canary share, no shadow)", path, model)
+    if held is not None:
+        log.info("routing %s: model %s held on stable (no canary share, no shadow)", path, model)
     return held is not None
 
 
