@@ -43,25 +43,31 @@ pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rollout-live")]
 
 class Clients:
     """Callers through both replicas: of `stable` (each answer's version or error code kept), and naming no version
-    (kept apart: what answers them is the proxy's default, helper "routing"'s change)."""
+    through the first (kept apart, each with the canary share that replica ran when the call began: a routed
+    model's version-less calls are its `stable` calls, the proxy default of branch "routing")."""
 
-    def __init__(self, ports: list[int]):
+    def __init__(self, proxies: list):
         self.answers, self.errors, self.versionless = [], [], []
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._call, args=(p, "stable"), daemon=True) for p in ports]
-        self.threads.append(threading.Thread(target=self._call, args=(ports[0], None), daemon=True))
+        self.threads = [threading.Thread(target=self._call, args=(p, "stable"), daemon=True) for p in proxies]
+        self.threads.append(threading.Thread(target=self._call, args=(proxies[0], None), daemon=True))
         for thread in self.threads:
             thread.start()
 
-    def _call(self, port: int, label: str | None) -> None:
-        predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{port}"}))
+    def _call(self, proxy, label: str | None) -> None:
+        predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{proxy.port}"}))
         request = predict_request(label=label, images=IMAGES)
         while not self.stop.is_set():
+            route = proxy.router.routing.route("m")
+            share = route.canary_percent if route else 0.0
             try:
                 version = predict.Predict(request, timeout=30).model_spec.version.value
-                (self.answers if label else self.versionless).append(version)
             except grpc.RpcError as exc:
-                (self.errors if label else self.versionless).append(exc.code().name)
+                version = exc.code().name
+            if label is None:
+                self.versionless.append((version, share))
+            else:
+                (self.answers if isinstance(version, int) else self.errors).append(version)
             self.stop.wait(0.005)  # pacing, not synchronisation
 
     def close(self) -> None:
@@ -139,7 +145,7 @@ def site(model_versions, tmp_path_factory):
         )
         prometheus.wait_scraped(2)
         prometheus.wait_for(lambda: len(prometheus.query('up{job="capture"} == 1')) == 2, "both replicas scraped")
-        clients = Clients([p.port for p in proxies])
+        clients = Clients(proxies)
         report = write(compared_with(eval_report(base / "2"), 1) | {"server": server.target}, root / "report-2.json")
         yield config, report, server, prometheus, clients, late
     finally:
@@ -221,6 +227,7 @@ def test_an_abort_of_a_killed_controllers_canary_step_costs_no_request(site):
 @pytest.mark.xfail(strict=True, reason="needs branch routing: the proxy answers a routed model's version-less calls")
 def test_clients_naming_no_version_were_answered_by_stable_throughout(site):
     """Run after the two rollouts above, on what the version-less callers got during them (a candidate staged by the
-    controller only once both replicas routed the model)."""
+    controller only once both replicas routed the model): stable, or the candidate only within a canary share."""
     *_, clients, _ = site
-    assert clients.versionless and set(clients.versionless) == {1}, sorted(set(map(str, clients.versionless)))
+    strays = [(version, share) for version, share in clients.versionless if version != 1 and share == 0]
+    assert clients.versionless and not strays, strays[:5]
