@@ -218,12 +218,12 @@ def test_too_few_requests_hold_then_pause_and_a_rerun_resumes_the_same_step(watc
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "paused at step 1 (shadow 100% 1s)" in err and "fewer than --gate-min-requests 20" in err, err
     route = read_routing(config.parent / "routing.json").route("quiet")
-    assert (route.shadow_percent, route.canary_percent) == (100, 0)  # held where it was, never advanced
+    assert (route.shadow_percent, route.canary_percent) == (0, 0)  # held on stable (no shadow), never advanced
     traffic.flowing = True
     assert main(rollout_args(config, report, prometheus, plan=SHORT)) == 0
     history = events(config)
     assert [e["event"] for e in history].count("start") == 1
-    assert [e["step"] for e in history if e["event"] == "step"] == [0, 1]
+    assert [e["step"] for e in history if e["event"] == "step"] == [0, 0, 1]  # the paused step entered again
 
 
 def test_a_killed_controller_resumes_its_step_from_the_history(watched, tmp_path, caplog):

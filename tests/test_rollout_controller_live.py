@@ -68,11 +68,12 @@ FULL = "shadow 1s, 5% 1s, 25% 1s, 100%"
 
 class Clients:
     """Callers of `stable` through the proxy (every third request one the failing version cannot answer), each
-    answer's version (or error code) recorded with the canary share the routing file gave when the call began."""
+    answer's version (or error code) recorded with the canary share the proxy ran when the call began (the routing
+    file's, once the proxy has read it: a change reaches it one poll later)."""
 
-    def __init__(self, proxy: CaptureProxy, routing):
+    def __init__(self, proxy: CaptureProxy):
         self.predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{proxy.port}"}))
-        self.routing, self.answers, self.errors = routing, [], []
+        self.router, self.answers, self.errors = proxy.router, [], []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._call, daemon=True)
         self.thread.start()
@@ -81,7 +82,7 @@ class Clients:
         requests = [predict_request(label="stable", images=images) for images in (IMAGES, IMAGES, POISONED)]
         sent = 0
         while not self.stop.is_set():
-            route = read_routing(self.routing).route("m")
+            route = self.router.routing.route("m")
             share = route.canary_percent if route else 0.0
             named = {route.candidate} if route and share > 0 else set()
             try:
@@ -139,7 +140,7 @@ def live(model_versions, tmp_path_factory):
     clients = None
     try:
         prometheus.wait_scraped(2)
-        clients = Clients(proxy, routing)
+        clients = Clients(proxy)
         yield config, base, server, prometheus, clients
     finally:
         if clients is not None:

@@ -17,10 +17,11 @@ from reports import compared_with, eval_report, write
 from conftest import REPO
 from trainserve.capture.routing import read_routing
 from trainserve.cli import build_parser, main
+from trainserve.files import locked
 from trainserve.options import config_from_args
 from trainserve.rollout.analysis import ADVANCE, FAIL, HOLD, PASS, ROLLBACK, UNKNOWN, WATCH, checks, decide
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig, StepGate
-from trainserve.rollout.config_file import history_path, locked, read_config
+from trainserve.rollout.config_file import history_path, read_config
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.measure import KEYS
@@ -244,7 +245,8 @@ def test_an_unreachable_prometheus_holds_the_rollout_and_never_advances_it(site,
     assert code == 75
     line = last_error(capsys)
     assert "paused at step 1 (shadow 100% 1s)" in line and "cannot be reached" in line, line
-    assert not (config.parent / "routing.json").exists()  # no step entered without its counts' origin
+    route = read_routing(config.parent / "routing.json").route("m")  # no step entered without its counts' origin:
+    assert (route.shadow_percent, route.canary_percent) == (0, 0)  # routed with no share (version-less on stable)
     events = [e["event"] for e in read_history(history_path(config)) if e.get("action") == "rollout"]
     assert events == ["start", "paused"]
     assert Rollout.of(read_config(config).model_config_list.config[0]) == Rollout(stable=1, candidate=2)

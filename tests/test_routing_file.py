@@ -83,7 +83,7 @@ def test_two_controllers_of_two_models_lose_no_update(tmp_path):
 
     def controller(model: str, other: str) -> None:
         for i in range(n):
-            routing = update_routing(path, model, ModelRoute(7, canary_percent=float(i)))
+            routing = update_routing(path, model, lambda _, i=i: ModelRoute(7, canary_percent=float(i)))
             assert routing.route(model).canary_percent == i
             seen[model].append(routing.route(other).canary_percent if routing.route(other) else -1.0)
 
@@ -106,7 +106,7 @@ def test_an_update_waits_for_the_lock_and_keeps_what_its_holder_wrote(tmp_path):
 
     def update_n() -> None:
         holding.wait(30)
-        result["routing"] = update_routing(path, "n", ModelRoute(5, canary_percent=5))
+        result["routing"] = update_routing(path, "n", lambda _: ModelRoute(5, canary_percent=5))
         done.set()
 
     thread = threading.Thread(target=update_n)
@@ -127,11 +127,11 @@ def test_an_update_of_a_broken_file_raises_unless_told_to_replace_it(tmp_path):
     path = tmp_path / "routing.json"
     path.write_text('{"schema": "trainserve.routing/1", "models": {"m": {"candidate": -1}}}')
     with pytest.raises(RoutingError, match="candidate -1: expected a version number"):
-        update_routing(path, "n", None)
-    assert update_routing(path, "m", None, replace_broken=True) == Routing()
+        update_routing(path, "n", lambda _: None)
+    assert update_routing(path, "m", lambda _: None, replace_broken=True) == Routing()
     assert read_routing(path) == Routing()
     inode = os.stat(path).st_ino
-    update_routing(path, "m", None)  # nothing to change: nothing written
+    update_routing(path, "m", lambda _: None)  # nothing to change: nothing written
     assert os.stat(path).st_ino == inode
 
 

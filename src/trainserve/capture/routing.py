@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainserve.capture.wire import MAX_VERSION
 from trainserve.errors import TrainserveError
 from trainserve.files import locked, write_file_atomic
+
+log = logging.getLogger(__name__)
 
 SCHEMA = "trainserve.routing/1"
 STABLE_LABEL = "stable"
@@ -185,20 +189,27 @@ def routing_with(routing: Routing, model: str, route: ModelRoute | None) -> Rout
     return Routing(models)
 
 
-def update_routing(path: Path, model: str, route: ModelRoute | None, replace_broken: bool = False) -> Routing:
-    """Set `model`'s route (None: no longer routed) in the file at `path`, keeping the other models' routes, under
-    an flock on `.<name>.lock` beside it: two writers of two models never undo each other. A file that cannot be
-    followed raises RoutingError, or with `replace_broken` (a rollback must not wait on it) counts as no routing.
-    Returns the routing now in the file; an update that changes nothing writes nothing."""
+def update_routing(
+    path: Path,
+    model: str,
+    change: Callable[[ModelRoute | None], ModelRoute | None],
+    replace_broken: bool = False,
+) -> Routing:
+    """`model`'s route becomes `change(its route now)` (None: no longer routed) in the file at `path`, the other
+    models' routes kept, under an flock on `.<name>.lock` beside it: two writers of two models never undo each
+    other. A file that cannot be followed raises RoutingError, or with `replace_broken` (a rollback must not wait
+    on it) counts as no routing. Returns the routing now in the file; an update that changes nothing writes
+    nothing."""
     path = Path(path)
     with locked(path):
         try:
             routing, broken = read_routing(path), False
-        except RoutingError:
+        except RoutingError as exc:
             if not replace_broken:
                 raise
+            log.error("%s: replaced by a file without routes", exc)
             routing, broken = NO_ROUTING, True
-        updated = routing_with(routing, model, route)
+        updated = routing_with(routing, model, change(routing.route(model)))
         if updated != routing or broken:
             write_routing(path, updated)
     return updated

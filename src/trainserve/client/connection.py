@@ -60,6 +60,9 @@ class ServingClient:
     def wait_label(self, model: str, label: str, version: int, wait_s: float) -> None:
         self.status.wait_label(model, label, version, wait_s)
 
+    def wait_unloaded(self, model: str, version: int, wait_s: float) -> None:
+        self.status.wait_unloaded(model, version, wait_s)
+
     def label_version(self, model: str, label: str) -> int | None:
         """The version the server resolves `label` to now; None while it resolves it to none (an unknown label,
         a version not loaded, a server not up)."""

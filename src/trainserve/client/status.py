@@ -99,6 +99,32 @@ class ModelStatus:
                 "(--model_config_file_poll_wait_seconds)?"
             )
 
+    def wait_unloaded(self, model: str, version: int, wait_s: float) -> None:
+        """Until the server no longer serves `version` (END, or unknown to it): a rollback's wait before the routing
+        that keeps requests naming no version on stable is removed."""
+        seen = poll(partial(self._look_serving, model, version), lambda s: s.version is None, wait_s)
+        if seen.version is not None:
+            raise TrainserveError(
+                f"{self.server}: model {model} version {version} still served after --wait {wait_s:g} s "
+                f"({seen.said}): expected the server to poll the config and unload it"
+            )
+
+    def _look_serving(self, model: str, version: int) -> Seen:
+        """`version` while the server may still answer with it; None once it is gone."""
+        try:
+            states = self.version_states(model, version)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return Seen(None, "unknown to the server")
+            if exc.code() in RETRYABLE:
+                self._not_yet(exc)
+                return Seen(version, rpc_status(exc))  # cannot tell yet
+            raise RequestFailed(
+                f"GetModelStatus for model {model} version {version}: {rpc_status(exc)}", exc.code()
+            ) from None
+        serving = [s for s in states if s.version == version and s.state != State.END]
+        return Seen(version if serving else None, f"state {State.Name(serving[0].state)}" if serving else "END")
+
     def _available(self, look: Callable[[], Seen], what: str, wait_s: float, expected: str) -> int:
         seen = poll(look, lambda s: s.version is not None, wait_s)
         if seen.version is None:

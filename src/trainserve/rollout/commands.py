@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import threading
 
 from trainserve.options import add_options, config_from_args
 
@@ -18,7 +21,8 @@ def add_parsers(commands) -> None:
             run_candidate,
             "serve the newest published version as `candidate`, stable untouched",
             "Add the newest version under the model's base path (or --version) to the config's "
-            "`specific` versions, wait until the server has it AVAILABLE, then label it `candidate`.",
+            "`specific` versions, wait until the server has it AVAILABLE, then label it `candidate`. Refused while a "
+            "rollout of the model is in progress (--skip-during-rollout: a logged no-op instead).",
         ),
         (
             "promote",
@@ -30,14 +34,16 @@ def add_parsers(commands) -> None:
             "config's stable, the version's files against those it evaluated, its data as the version's own "
             "held-out split, evaluated whole; with --replay, a replay's flip-rate gate from its counts too. Then "
             "label the candidate `stable` and keep the old stable loaded as "
-            "`previous`. A refusal rewrites nothing; --override CHECK --reason TEXT passes a check, on the record.",
+            "`previous`. A refusal rewrites nothing; --override CHECK --reason TEXT passes a check, on the record. "
+            "Refused while a rollout of the model is in progress (it promotes, or rolls back, itself).",
         ),
         (
             "rollback",
             RollbackConfig,
             run_rollback,
             "move `stable` back to the previous stable version",
-            "Label the previous stable version (kept loaded since the last promotion) `stable` again.",
+            "Label the previous stable version (kept loaded since the last promotion) `stable` again. Refused while "
+            "a rollout of the model is in progress (`trainserve rollout --abort --reason TEXT` ends it).",
         ),
     )
     steps += (
@@ -49,8 +55,9 @@ def add_parsers(commands) -> None:
             "Check the candidate's eval report as promote does, label it `candidate`, then follow --plan: each step "
             "rewrites the capture proxy's routing file (a shadow share, then canary shares of `stable` requests) "
             "and is watched on Prometheus (the candidate's server-error ratio and p99 latency against stable's, "
-            "the online flip rate's bound). A failing check rolls back at once (routing cleared, `candidate` "
-            "dropped, stable untouched); too few requests or no answer holds; the last step promotes. Every step, "
+            "the online flip rate's bound). A failing check rolls back at once (routing held on stable, confirmed by "
+            "every proxy replica, then `candidate` dropped, stable untouched); too few requests or no answer holds, "
+            "up to --max-hold, then pauses with the routing held on stable; the last step promotes. Every step, "
             "query and value lands in the rollout history, from which a killed controller resumes.",
         ),
     )
@@ -112,6 +119,25 @@ def run_rollout(args: argparse.Namespace) -> int:
         print("\n".join(["dry run: nothing is changed", *dry_run(config)]))
         return 0
     prometheus = Prometheus(config.prometheus) if config.prometheus else None
-    outcome = Controller(config, prometheus, _rollout_server(config)).run()
+    with _terminated_as_interrupted():
+        outcome = Controller(config, prometheus, _rollout_server(config)).run()
     print(f"{'promoted' if outcome.promoted else 'rolled back'}: {outcome.said}")
     return 0 if outcome.promoted else 1
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupted():
+    """SIGTERM (a pod deleted, a node drained) ends the controller as SIGINT does, through its failure path: the
+    route held on stable before it exits (128 + 15), never a canary share left with nobody watching."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise SystemExit(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -49,6 +49,11 @@ class CandidateConfig:
     server: str = option("localhost:8500", "gRPC HOST:PORT of the server that loads the candidate")
     wait: float = option(600.0, WAIT_HELP)
     tls: ClientTls = option(factory=ClientTls)  # --tls-ca, --tls-cert, --tls-key, --tls-server-name
+    skip_during_rollout: bool = option(
+        False,
+        "while a rollout of the model is in progress, stage nothing and exit 0 (logged), instead of refusing: a "
+        "retried rollout Job resumes the version it was rolling out, never a newer one",
+    )
 
     def check(self) -> None:
         check_server(self.wait, self.tls)
@@ -216,11 +221,20 @@ class RolloutConfig:
         parse=_seconds,
     )
     sticky_header: str | None = option(None, "request header by whose value one caller always sees one version")
+    sticky_salt: str | None = option(
+        None,
+        "salt of the sticky hash, kept in the START record (default: derived from the model and the candidate, so "
+        "that each rollout's canary is another set of callers)",
+    )
     dry_run: bool = option(False, "print the plan, the routing of each step and the queries; change nothing")
     abort: bool = option(False, "roll back the rollout in progress now (needs --reason)", env=False)
     reason: str = option("", "why --abort, for the history", env=False)
     server: str | None = option(None, SERVER_HELP)
-    wait: float = option(120.0, WAIT_HELP)
+    wait: float = option(
+        120.0,
+        "seconds to wait for the server to apply a change (a load, an unload) and for every proxy replica to report "
+        "a routing change on Prometheus (a rollback drops `candidate` only then; past it, it stops pending)",
+    )
     tls: ClientTls = option(factory=ClientTls)
 
     def __post_init__(self):

@@ -5,10 +5,6 @@ changed under an exclusive lock so that two rollout commands never interleave th
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
@@ -58,24 +54,3 @@ def write_config(path: Path, config) -> None:
     """Replace `path` atomically with `config`: a polling server reads the old file or the new, never half."""
     text = HEADER.format(history=history_path(path).name) + render_model_config(config)
     write_file_atomic(Path(path), text.encode())
-
-
-@contextlib.contextmanager
-def locked(path: Path, role: str = "lock", holder: str | None = None) -> Iterator[None]:
-    """Hold an exclusive lock on `<dir>/.<name>.<role>` while reading, checking and rewriting the config. With
-    `holder` (who else would hold it), a lock already held is refused at once, naming `holder`, not awaited."""
-    lock_path = Path(path).with_name(f".{Path(path).name}.{role}")
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise TrainserveError(
-            f"cannot create the lock {lock_path} ({exc.strerror}): expected a writable directory for the config"
-        ) from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if holder else 0))
-        except BlockingIOError:
-            raise TrainserveError(f"{holder} holds {lock_path}: expected one at a time") from None
-        yield
-    finally:
-        os.close(fd)  # releases the lock

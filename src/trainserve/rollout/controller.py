@@ -1,15 +1,19 @@
 """`trainserve rollout`: a candidate moved through a step plan on live traffic, judged on Prometheus between steps.
 
-    start     the candidate's offline evidence checked as promote checks it (a refusal moves nothing), the version
-              labelled `candidate` if it is not yet
+    start     the candidate's offline evidence checked as promote checks it (a refusal moves nothing), the START
+              record written, the model routed with no share (a request naming no version is answered by stable),
+              and, once every proxy replica reports that route, the version labelled `candidate` if it is not yet
     each step its routing written (shadow share, canary share) and watched: every --interval the proxy's counts
               and the recording rules are asked (trainserve.rollout.analysis); a check that fails rolls back at
               once; once the step's time is up and every check passes, the next step; too few requests, or no
               answer from Prometheus, holds (never advances), up to --max-hold, then the controller stops paused
+              with the route held on stable; each look re-reads the labels: a `candidate` or `stable` moved by
+              anyone else rolls back
     100%      promote, as `trainserve promote` (its checks again, its history line), then the routing cleared
-    rollback  routing cleared (every client on stable), the `candidate` label dropped, stable untouched
+    rollback  and the other ends: trainserve.rollout.ends
 
-Everything lands in the rollout history (trainserve.rollout.progress), from which a killed controller resumes.
+Everything lands in the rollout history (trainserve.rollout.progress), from which a killed controller resumes. Any
+failure after the first routing write leaves the model's route with no canary share and no shadow.
 """
 
 from __future__ import annotations
@@ -18,48 +22,31 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 
-from trainserve.capture.routing import ModelRoute
+from trainserve.capture.routing import default_sticky_salt
 from trainserve.errors import TrainserveError
+from trainserve.files import locked
 from trainserve.rollout import analysis, moves
-from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
-from trainserve.rollout.config_file import find_model, history_path, locked, read_config
+from trainserve.rollout.config import CandidateConfig, RolloutConfig
+from trainserve.rollout.config_file import find_model, history_path, read_config
+from trainserve.rollout.ends import Ends, Outcome
+from trainserve.rollout.follow import routed_to
 from trainserve.rollout.history import append_history, read_history
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.measure import Meter
 from trainserve.rollout.offline import evidence_of, offline_summary
 from trainserve.rollout.plan import PROMOTE
-from trainserve.rollout.progress import (
-    CHECK,
-    PAUSED,
-    PROMOTED,
-    ROLLBACK,
-    ROLLED_BACK,
-    START,
-    STEP,
-    Progress,
-    event,
-    in_progress,
-)
+from trainserve.rollout.progress import CHECK, ROLLBACK, START, STEP, Progress, event, in_progress
 from trainserve.rollout.progress import PROMOTE as PROMOTE_EVENT
 from trainserve.rollout.prometheus import Prometheus, PrometheusUnreachable
-from trainserve.rollout.steps import Server, promote, stage_candidate
+from trainserve.rollout.steps import Server, stage_candidate
 
 log = logging.getLogger(__name__)
 
 
-class RolloutPaused(TrainserveError):
-    """Held longer than --max-hold: the routing stays where it is; run the controller again to resume."""
-
-    exit_code = 75  # EX_TEMPFAIL: try again later (a Job's retry resumes it)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    promoted: bool
-    said: str
+class LabelsMoved(Exception):
+    """Someone else moved `candidate` or `stable` under the rollout: it rolls back (the message says which)."""
 
 
 class Controller:
@@ -77,6 +64,7 @@ class Controller:
         self.clock, self.sleep = clock, sleep
         self.history = history_path(config.config)
         self.model = find_model(read_config(config.config), config.config, config.model).name
+        self.ends = Ends(config, self.model, prometheus, server, self._labels, self._append, clock, sleep)
 
     # -- the run -------------------------------------------------------------------------------------------
 
@@ -84,37 +72,65 @@ class Controller:
         with self._only_controller():
             progress = in_progress(read_history(self.history), self.model)
             if self.config.abort:
-                return self._abort(progress)
+                if progress is None:
+                    raise TrainserveError(
+                        f"no rollout of model {self.model} is in progress in {self.history}: nothing to abort"
+                    )
+                return self.ends.abort(progress.start)
             progress = self._resume(progress) if progress is not None else self._start()
-            return self._follow(progress)
+            try:
+                return self._follow(progress)
+            except BaseException:  # never a canary share nor a shadow on a version no controller judges
+                moves.hold_route(self.config.routing_file, self.model)
+                raise
 
     def _follow(self, progress: Progress) -> Outcome:
         start, plan = progress.start, self.config.plan
         if progress.pending is not None:  # a move decided before the controller was killed: finish it
             if progress.pending["event"] == ROLLBACK:
-                return self._rolled_back(start, progress.pending["said"])
-            return self._promoted(start)
-        index, started, counters = progress.step, progress.step_started, progress.counters
-        if index is not None:
-            self._route(start, index)  # the step's routing, again: the move may not have been made
-            left = max(0.0, started + plan.steps[index].seconds - self.clock())
-            log.info("model %s: resuming step %d (%s), %.0f s left", self.model, index + 1, self._words(index), left)
-        else:
-            index, started, counters = self._enter(start, 0)
-        while True:
-            failed = self._watch(start, index, started, counters)
-            if failed:
-                self._append(ROLLBACK, start, step=index, said=failed)
-                return self._rolled_back(start, failed)
-            if plan.steps[index + 1].kind == PROMOTE:
-                self._append(PROMOTE_EVENT, start, step=index + 1)
-                return self._promoted(start)
-            index, started, counters = self._enter(start, index + 1)
+                return self.ends.rolled_back(start, progress.pending["said"])
+            return self.ends.promoted(start)
+        index = progress.step
+        try:
+            index, started, counters = self._begin(progress)
+            while True:
+                failed = self._watch(start, index, started, counters)
+                if failed:
+                    break
+                if plan.steps[index + 1].kind == PROMOTE:
+                    self._append(PROMOTE_EVENT, start, step=index + 1)
+                    return self.ends.promoted(start)
+                index, started, counters = self._enter(start, index + 1)
+        except LabelsMoved as exc:
+            failed = str(exc)
+        self._append(ROLLBACK, start, step=index, said=failed)
+        return self.ends.rolled_back(start, failed)
+
+    def _begin(self, progress: Progress) -> tuple[int, float, dict]:
+        """The step to watch first: the first (once the candidate is staged), the one a pause left (entered again:
+        its routing was held), or the one a killed controller was in (its routing written again, its time left)."""
+        start, index = progress.start, progress.step
+        if index is None:
+            self._prepare(start)
+            return self._enter(start, 0)
+        if progress.paused:
+            log.info(
+                "model %s: resuming step %d (%s) after a pause: entered again",
+                self.model,
+                index + 1,
+                self._words(index),
+            )
+            return self._enter(start, index)
+        self._route(start, index)  # the step's routing, again: the move may not have been made
+        left = max(0.0, progress.step_started + self.config.plan.steps[index].seconds - self.clock())
+        log.info("model %s: resuming step %d (%s), %.0f s left", self.model, index + 1, self._words(index), left)
+        return index, progress.step_started, progress.counters
 
     # -- start and resume ----------------------------------------------------------------------------------
 
     def _start(self) -> Progress:
-        """The evidence promote would check, then the candidate label: a refusal moves nothing."""
+        """The evidence promote would check, then the START record, under the config's lock (no `trainserve
+        candidate` in between: it refuses once the record is there); a refusal moves nothing."""
         config, labels = self.config, self._labels()
         version = candidate_of(config, labels, self.model)
         if labels.stable is None:
@@ -130,35 +146,49 @@ class Controller:
                 f"routing file {config.routing_file} already routes model {self.model} to version {route.candidate} "
                 "with no rollout of it in the history: expected no route for the model before a rollout"
             )
+        if labels.candidate != version and self.server is None:
+            raise TrainserveError(
+                f"version {version} is not the candidate yet: expected --server, so that it is labelled once loaded"
+            )
         read = evidence_of(config, self.model, labels, version)
-        if labels.candidate != version:
-            self._stage(version)
-        start = self._append(
-            START,
-            {"candidate": version},
-            plan=config.plan.text(),
-            stable=labels.stable,
-            flips=read.report["task"]["kind"] == "classification",
-            report=str(read.path),
-            report_sha256=read.sha256,
-            offline=offline_summary(read, config.replay, labels.stable),
-            gate=asdict(config.gate),
-            prometheus=config.prometheus,
-            routing_file=str(config.routing_file),
-        )
+        with locked(config.config):
+            if self._labels() != labels:
+                raise TrainserveError(f"model {self.model}: the labels changed while the rollout was starting: retry")
+            start = self._append(
+                START,
+                {"candidate": version},
+                plan=config.plan.text(),
+                stable=labels.stable,
+                flips=read.report["task"]["kind"] == "classification",
+                report=str(read.path),
+                report_sha256=read.sha256,
+                offline=offline_summary(read, config.replay, labels.stable),
+                gate=asdict(config.gate),
+                prometheus=config.prometheus,
+                routing_file=str(config.routing_file),
+                sticky_header=config.sticky_header,
+                sticky_salt=config.sticky_salt or default_sticky_salt(self.model, version),
+            )
         log.info(
             "model %s: rollout of version %d begun (stable %d): %s", self.model, version, labels.stable, start["plan"]
         )
         return Progress(start=start)
 
-    def _stage(self, version: int) -> None:
-        if self.server is None:
-            raise TrainserveError(
-                f"version {version} is not the candidate yet: expected --server, so that it is labelled once loaded"
-            )
+    def _prepare(self, start: dict) -> None:
+        """The model routed with no share, so that requests naming no version stay on stable; then, once every
+        proxy replica reports that route, the candidate staged (loaded, labelled)."""
+        version = start["candidate"]
+        moves.set_route(self.config.routing_file, self.model, moves.step_route(start, 0, 0))
+        if self._labels().candidate == version:
+            return
+        held_since = self.clock()
+        why = self.ends.await_followers(routed_to(version))
+        if why is not None:
+            why = f"not every proxy replica reports the model's route within --wait {self.config.wait:g} s: {why}"
+            self.ends.pause(start, None, "", self.clock() - held_since, why)
         c = self.config
         staged = CandidateConfig(c.config, self.model, version=version, server=c.server, wait=c.wait, tls=c.tls)
-        stage_candidate(staged, self.server)
+        stage_candidate(staged, self.server, rollout=start)
 
     def _resume(self, progress: Progress) -> Progress:
         """The rollout in the history is this one, stable has not moved under it, and it follows the same plan."""
@@ -175,15 +205,6 @@ class Controller:
             )
         return progress
 
-    def _abort(self, progress: Progress | None) -> Outcome:
-        if progress is None:
-            raise TrainserveError(
-                f"no rollout of model {self.model} is in progress in {self.history}: nothing to abort"
-            )
-        said = f"aborted: {self.config.reason}"
-        self._append(ROLLBACK, progress.start, step=progress.step, said=said)
-        return self._rolled_back(progress.start, said)
-
     # -- steps ---------------------------------------------------------------------------------------------
 
     def _enter(self, start: dict, index: int) -> tuple[int, float, dict]:
@@ -196,11 +217,22 @@ class Controller:
         return index, started, counters
 
     def _route(self, start: dict, index: int) -> None:
+        """The step's routing, once the labels are still the rollout's."""
+        self._same_labels(start)
         plan = self.config.plan
-        route = ModelRoute(
-            start["candidate"], plan.shadow_during(index), plan.canary_during(index), self.config.sticky_header
-        )
+        route = moves.step_route(start, plan.shadow_during(index), plan.canary_during(index))
         moves.set_route(self.config.routing_file, self.model, route)
+
+    def _same_labels(self, start: dict) -> None:
+        """LabelsMoved when `candidate` no longer names the rollout's version or `stable` moved (by hand)."""
+        labels, version = self._labels(), start["candidate"]
+        if labels.candidate != version:
+            now = f"version {labels.candidate}" if labels.candidate is not None else "no version"
+            raise LabelsMoved(f"labels: `candidate` names {now}, not version {version}: moved under the rollout")
+        if labels.stable != start["stable"]:
+            raise LabelsMoved(
+                f"labels: stable moved from version {start['stable']} to {labels.stable} under the rollout"
+            )
 
     def _watch(self, start: dict, index: int, started: float, counters: dict) -> str | None:
         """Look every --interval until the step advances (None) or fails (why, one line)."""
@@ -209,6 +241,7 @@ class Controller:
         meter, offline = self._meter(start), start.get("offline") or {}
         held_since = None
         while True:
+            self._same_labels(start)
             ended = self.clock() >= started + step.seconds
             look = self._ask(start, index, lambda state=counters: meter.look(state))
             changed, counters = look.state != counters, look.state
@@ -253,38 +286,13 @@ class Controller:
 
     def _pause_if_held(self, start: dict, index: int, since: float, why: str) -> None:
         held = self.clock() - since
-        if held < self.config.max_hold:
-            return
-        self._append(PAUSED, start, step=index, said=why, held_seconds=held)
-        raise RolloutPaused(
-            f"rollout of model {self.model} version {start['candidate']} paused at step {index + 1} "
-            f"({self._words(index)}) after holding {held:.0f} s: {why}; the routing stays as it is: run the same "
-            "command again to resume it, or --abort --reason TEXT"
-        )
+        if held >= self.config.max_hold:
+            self.ends.pause(start, index, self._words(index), held, why)
 
     # -- measures ------------------------------------------------------------------------------------------
 
     def _meter(self, start: dict) -> Meter:
         return Meter(self.prometheus, self.model, start["candidate"], start["stable"], self.config.proxy_job)
-
-    # -- the two ends --------------------------------------------------------------------------------------
-
-    def _rolled_back(self, start: dict, said: str) -> Outcome:
-        moves.clear_route(self.config.routing_file, self.model)
-        before, after = moves.drop_candidate(self.config.config, self.model, start["candidate"])
-        self._append(ROLLED_BACK, start, said=said, before=before.labels(), after=after.labels())
-        return Outcome(False, f"model {self.model} version {start['candidate']}: {said}; {after.describe()}")
-
-    def _promoted(self, start: dict) -> Outcome:
-        labels = self._labels()
-        if labels.stable != start["candidate"]:
-            c = self.config
-            report = Path(start["report"])
-            promote(PromoteConfig(c.config, report, c.replay, server=c.server, wait=c.wait, tls=c.tls), self.server)
-            labels = self._labels()
-        moves.clear_route(self.config.routing_file, self.model)
-        self._append(PROMOTED, start, after=labels.labels())
-        return Outcome(True, f"model {self.model}: {labels.describe()}")
 
     # -- helpers -------------------------------------------------------------------------------------------
 

@@ -1,19 +1,25 @@
-"""The moves a progressive rollout makes: the capture proxy's routing file set to a step's shares, cleared, and the
-`candidate` label dropped from the serving config (stable untouched). Each is idempotent, so a resumed controller
-can redo the move it may have been killed in.
+"""The moves a progressive rollout makes: the capture proxy's routing file set to a step's shares, held (no share),
+removed, and the `candidate` label dropped from the serving config (stable untouched). Each is idempotent, so a
+resumed controller can redo the move it may have been killed in, and each routing change is a read-modify-write
+under the routing file's lock, so that two controllers (two models, one file) never undo each other.
 
-Order matters for the clients: a rollback clears the routing first and only then drops the label, so no request
-is ever routed to a version the server has unloaded.
+Order matters for the clients (trainserve.rollout.ends): a rollback holds the route (no canary share, no shadow),
+waits until every proxy replica reports it, only then drops the label, and removes the route once the server no
+longer serves the version: no request is routed to a version the server has unloaded, and a request naming no
+version (which TF Serving answers with its highest version) is answered by stable while the candidate is loaded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
-from trainserve.capture.routing import NO_ROUTING, ModelRoute, RoutingError, read_routing, routing_with, write_routing
+from trainserve.capture.routing import ModelRoute, read_routing, update_routing
 from trainserve.errors import TrainserveError
-from trainserve.rollout.config_file import find_model, locked, read_config, write_config
+from trainserve.files import locked
+from trainserve.rollout.config_file import find_model, read_config, write_config
 from trainserve.rollout.labels import Rollout, apply_rollout
 
 log = logging.getLogger(__name__)
@@ -24,9 +30,14 @@ def route_of(path: Path, model: str) -> ModelRoute | None:
     return read_routing(path).route(model)
 
 
+def step_route(start: dict, shadow: float, canary: float) -> ModelRoute:
+    """The rollout's route (its START record: candidate, sticky header and salt) with these shares."""
+    return ModelRoute(start["candidate"], shadow, canary, start.get("sticky_header"), start.get("sticky_salt"))
+
+
 def set_route(path: Path, model: str, route: ModelRoute) -> None:
     """The model's route becomes `route`; other models' routes are kept."""
-    write_routing(path, routing_with(read_routing(path), model, route))
+    _update(path, model, lambda current: route)
     log.info(
         "routing %s: model %s -> candidate %d, shadow %g%%, canary %g%%",
         path,
@@ -37,18 +48,27 @@ def set_route(path: Path, model: str, route: ModelRoute) -> None:
     )
 
 
+def hold_route(path: Path, model: str) -> bool:
+    """The model's route, if it has one, with no canary share and no shadow: every `stable` request (and every
+    request naming no version) answered by stable. Returns whether the model is routed. A routing file that no
+    longer parses is replaced by one without routes (everything to stable): a safe move must not wait on it."""
+    held = _update(path, model, lambda r: r and dataclasses.replace(r, shadow_percent=0, canary_percent=0), True)
+    if held is not None:
+        log.info("routing %s: model %s held on stable (no canary share, no shadow)", path, model)
+    return held is not None
+
+
 def clear_route(path: Path, model: str) -> None:
-    """The model is no longer routed: every `stable` request answered by stable, none shadowed. A routing file that
-    no longer parses is replaced by one without routes (everything to stable), since a rollback must not wait on it."""
-    try:
-        routing, broken = read_routing(path), False
-    except RoutingError as exc:
-        log.error("%s: replaced by a file without routes, to roll back", exc)
-        routing, broken = NO_ROUTING, True
-    if routing.route(model) is None and not broken:
-        return
-    write_routing(path, routing_with(routing, model, None))
-    log.info("routing %s: model %s no longer routed (every stable request answered by stable)", path, model)
+    """The model is no longer routed (a file that no longer parses is replaced by one without routes)."""
+    _update(path, model, lambda current: None, True)
+    log.info("routing %s: model %s no longer routed", path, model)
+
+
+def _update(
+    path: Path, model: str, change: Callable[[ModelRoute | None], ModelRoute | None], replace_broken: bool = False
+) -> ModelRoute | None:
+    """The model's route changed under the routing file's lock (written only if it changed); returns it."""
+    return update_routing(path, model, change, replace_broken).route(model)
 
 
 def drop_candidate(config_path: Path, model: str, version: int) -> tuple[Rollout, Rollout]:

@@ -6,15 +6,23 @@ Each event is one history line `{"action": "rollout", "event": ..., "model": ...
     step         a step entered: its index, when (epoch seconds), the proxy's counters then (its counts' origin)
     check        one look at Prometheus: every query with its value, the step's counts, each check, the decision,
                  and the step's counting state when it changed (trainserve.rollout.measure)
-    paused       held longer than --max-hold: the controller stopped, the routing left where it was
-    rollback     decided (why); rolled-back once the routing is cleared and the `candidate` label dropped
+    paused       held longer than --max-hold: the controller stopped with the safe routing (no canary share, no
+                 shadow); a resumed controller enters the step again
+    rollback     decided (why); rolled-back once every proxy replica left the canary, the `candidate` label is
+                 dropped, the server no longer serves the version and the model's route is removed
     promote      decided; promoted once `stable` moved (promote's own history line beside it) and routing cleared
-The event is written before the move it announces, so a controller killed in between redoes the move.
+The event is written before the move it announces, so a controller killed in between redoes the move. While a
+rollout is in progress, `trainserve candidate`, `promote` and `rollback` of its model refuse (`refuse_during`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainserve.errors import TrainserveError
+from trainserve.rollout.config_file import history_path
+from trainserve.rollout.history import read_history
 
 ROLLOUT = "rollout"
 START, STEP, CHECK, PAUSED = "start", "step", "check", "paused"
@@ -31,6 +39,8 @@ class Progress:
     step_started: float | None = None
     counters: dict[str, float] = field(default_factory=dict)
     pending: dict | None = None  # the ROLLBACK or PROMOTE event whose move may not be finished
+    paused: bool = False  # stopped by --max-hold in its step (the step is entered again on resume)
+    entered: list[int] = field(default_factory=list)  # the steps entered, in order
 
     @property
     def candidate(self) -> int:
@@ -54,9 +64,33 @@ def in_progress(history: list[dict], model: str) -> Progress | None:
     for entry in since[1:]:
         if entry["event"] == STEP:
             progress.step, progress.step_started = entry["step"], entry["started"]
-            progress.counters = dict(entry["counters"])
+            progress.counters, progress.paused = dict(entry["counters"]), False
+            progress.entered.append(entry["step"])
+        elif entry["event"] == PAUSED:
+            progress.paused = True
         elif entry["event"] == CHECK and entry.get("state"):
             progress.counters = dict(entry["state"])
         elif entry["event"] in (ROLLBACK, PROMOTE):
             progress.pending = entry
     return progress
+
+
+class RolloutInProgress(TrainserveError):
+    """A label move refused because a rollout of the model owns its labels until it ends."""
+
+
+def refuse_during(config: Path, model: str, action: str, rollout: dict | None = None) -> Progress | None:
+    """Refuse `action` on `model` while a rollout of it is in progress, unless `rollout` (a START record) is that
+    rollout acting on its own candidate; returns the rollout in progress (None: none)."""
+    progress = in_progress(read_history(history_path(config)), model)
+    if progress is None or (rollout is not None and same_rollout(progress.start, rollout)):
+        return progress
+    raise RolloutInProgress(
+        f"{action} refused: a rollout of model {model} version {progress.candidate} is in progress "
+        f"({history_path(config)}): expected it to end first (or `trainserve rollout --abort --reason TEXT`)"
+    )
+
+
+def same_rollout(a: dict, b: dict) -> bool:
+    """Two START records of one rollout (as written, and as read back from the history)."""
+    return all(a.get(key) == b.get(key) for key in ("model", "candidate", "time", "by", "report_sha256"))

@@ -5,6 +5,9 @@ appends to the history; a refusal changes nothing, and neither does a candidate 
     promote:   an eval report for N whose checks hold (rollout/checks.py) -> stable = N, previous = the old
                stable (kept loaded)
     rollback:  stable = previous; the rolled-back version unloads
+
+While a progressive rollout of the model is in progress (trainserve.rollout.progress), each refuses: the rollout
+owns the labels until it ends. The controller's own staging and promotion pass its START record (`rollout`).
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from typing import Protocol
 from trainserve.errors import TrainserveError
 from trainserve.evidence.decision import decide, gate_words
 from trainserve.evidence.document import ReadReport, read_replay_report, read_report
-from trainserve.files import write_file_atomic
+from trainserve.files import locked, write_file_atomic
 from trainserve.layout import numeric_versions
 from trainserve.rollout.checks import Refusal, refusals
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
-from trainserve.rollout.config_file import find_model, history_path, locked, new_config, read_config, write_config
+from trainserve.rollout.config_file import find_model, history_path, new_config, read_config, write_config
 from trainserve.rollout.history import append_history
 from trainserve.rollout.labels import CANDIDATE, STABLE, Rollout, apply_rollout
+from trainserve.rollout.progress import RolloutInProgress, refuse_during
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,12 @@ class Server(Protocol):
 
     def wait_label(self, model: str, label: str, version: int, wait: float) -> None: ...
 
+    def wait_unloaded(self, model: str, version: int, wait: float) -> None: ...
+
+
+class ReportChanged(TrainserveError):
+    """The report a rollout began on is not the one at its path now: nothing is promoted on it."""
+
 
 @dataclass(frozen=True)
 class Change:
@@ -44,16 +54,20 @@ class Change:
     before: Rollout
     after: Rollout
     record: dict | None
+    skipped: str | None = None  # why nothing was done (--skip-during-rollout)
 
     def describe(self) -> str:
+        if self.skipped:
+            return self.skipped
         return f"model {self.model}: {self.after.describe()} (was: {self.before.describe()})"
 
 
-def stage_candidate(config: CandidateConfig, server: Server) -> Change:
+def stage_candidate(config: CandidateConfig, server: Server, rollout: dict | None = None) -> Change:
     """Serve the newest published version (or --version) as `candidate`, `stable` untouched.
 
     Two writes, because TF Serving moves a label only to an AVAILABLE version: first the policy gains the
-    version, then, once the server reports it AVAILABLE, the label follows. The lock is held throughout.
+    version, then, once the server reports it AVAILABLE, the label follows. The lock is held throughout, so a
+    rollout cannot begin in between. `rollout`: the START record of the rollout staging its own candidate.
     """
     config.check()
     path = config.config
@@ -63,6 +77,13 @@ def stage_candidate(config: CandidateConfig, server: Server) -> Change:
         served = read_config(path)
         model = find_model(served, path, config.model)
         before = Rollout.of(model)
+        try:
+            refuse_during(path, model.name, "candidate", rollout)
+        except RolloutInProgress as exc:
+            if not config.skip_during_rollout:
+                raise
+            log.info("nothing staged (--skip-during-rollout): %s", exc)
+            return Change(model.name, before, before, None, skipped=f"nothing staged: {exc}")
         version = _version_to_stage(model, config.version, before)
         if before.candidate == version:
             log.info("model %s version %d is already the candidate", model.name, version)
@@ -105,16 +126,24 @@ def _version_to_stage(model, asked: int | None, current: Rollout) -> int:
     return newest
 
 
-def promote(config: PromoteConfig, server: Server | None = None) -> Change:
-    """stable -> the candidate, when every check of its report holds (or is overridden, with a reason)."""
+def promote(config: PromoteConfig, server: Server | None = None, rollout: dict | None = None) -> Change:
+    """stable -> the candidate, when every check of its report holds (or is overridden, with a reason).
+    `rollout`: the START record of the rollout promoting its candidate, whose report must be the bytes it began on."""
     config.check()
     read = read_report(config.report)
     replay = read_replay_report(config.replay) if config.replay is not None else None
     report = read.report
     path = config.config
+    if rollout is not None and read.sha256 != rollout["report_sha256"]:
+        raise ReportChanged(
+            f"not promoted: the report {config.report} has SHA-256 {read.sha256[:12]}, not the "
+            f"{rollout['report_sha256'][:12]} the rollout began on (rewritten since, e.g. by a retried eval): expected "
+            "the bytes judged at the start"
+        )
     with locked(path):
         served = read_config(path)
         model = find_model(served, path, report["model"])
+        refuse_during(path, model.name, "promote", rollout)
         before = Rollout.of(model)
         version = _candidate_of(report, config, model, before)
         overridden = _judge(refusals(read, config, model.base_path, before, replay), config)
@@ -172,6 +201,7 @@ def rollback(config: RollbackConfig, server: Server | None = None) -> Change:
     with locked(path):
         served = read_config(path)
         model = find_model(served, path, config.model)
+        refuse_during(path, model.name, "rollback")
         before = Rollout.of(model)
         after = before.rolled_back()
         apply_rollout(model, after)

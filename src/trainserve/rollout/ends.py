@@ -1,0 +1,172 @@
+"""How a rollout ends or stops, each move leaving the model's route safe before the next one depends on it:
+
+rollback  the route held (no canary share, no shadow); once every proxy replica reports it (Prometheus, within
+          --wait; trainserve.rollout.follow) the `candidate` label dropped; once the server no longer serves the
+          version, the model's route removed (until then a request naming no version is answered by stable).
+          A step that cannot be confirmed leaves the rollback pending (exit 75, the label kept): a rerun
+          finishes it. A rollout that never gave a canary share has nothing to wait for.
+promote   the report checked against the START record's SHA-256 (changed since: rolled back instead), then
+          promoted as `trainserve promote` does, then the route removed
+pause     the route held, the controller stops (exit 75); a rerun enters the step again, with its routing
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainserve.errors import TrainserveError
+from trainserve.rollout import moves
+from trainserve.rollout.config import PromoteConfig, RolloutConfig
+from trainserve.rollout.config_file import history_path
+from trainserve.rollout.follow import Judge, no_canary, not_following, now
+from trainserve.rollout.history import read_history
+from trainserve.rollout.labels import Rollout
+from trainserve.rollout.plan import parse_plan
+from trainserve.rollout.progress import PAUSED, PROMOTED, ROLLBACK, ROLLED_BACK, in_progress
+from trainserve.rollout.prometheus import Prometheus, PrometheusUnreachable
+from trainserve.rollout.steps import ReportChanged, Server, promote
+
+log = logging.getLogger(__name__)
+FOLLOW_POLL_S = 1.0  # between two asks whether the replicas follow (at most --interval)
+
+
+class RolloutPaused(TrainserveError):
+    """Stopped with the route held on stable (no canary share, no shadow); run the controller again to resume."""
+
+    exit_code = 75  # EX_TEMPFAIL: try again later
+
+
+class RollbackPending(TrainserveError):
+    """A rollback that could not confirm its next move: the label kept, the route held; a rerun finishes it."""
+
+    exit_code = 75
+
+
+@dataclass(frozen=True)
+class Outcome:
+    promoted: bool
+    said: str
+
+
+class Ends:
+    """The ends of one model's rollout. `labels()` reads the config now; `append(kind, start, **fields)` writes the
+    history; `clock` (epoch seconds) and `sleep` are time's, or a test's."""
+
+    def __init__(
+        self,
+        config: RolloutConfig,
+        model: str,
+        prometheus: Prometheus | None,
+        server: Server | None,
+        labels: Callable[[], Rollout],
+        append: Callable[..., dict],
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+    ):
+        self.config, self.model, self.prometheus, self.server = config, model, prometheus, server
+        self.labels, self.append, self.clock, self.sleep = labels, append, clock, sleep
+
+    # -- rollback ------------------------------------------------------------------------------------------
+
+    def abort(self, start: dict) -> Outcome:
+        """--abort: refused before anything moves when the label could only be dropped unconfirmed."""
+        if self.prometheus is None and self._needs_confirming(start):
+            raise TrainserveError(
+                f"--abort of model {self.model} version {start['candidate']}, which had a canary share: expected "
+                "--prometheus URL, to confirm that every proxy replica left it before its label is dropped"
+            )
+        said = f"aborted: {self.config.reason}"
+        self.append(ROLLBACK, start, said=said)
+        return self.rolled_back(start, said)
+
+    def rolled_back(self, start: dict, said: str) -> Outcome:
+        version, routing = start["candidate"], self.config.routing_file
+        moves.hold_route(routing, self.model)
+        if self._needs_confirming(start):
+            why = self.await_followers(no_canary)
+            if why is not None:
+                raise RollbackPending(
+                    f"rollback of model {self.model} version {version} pending: the route is held on stable, but "
+                    f"not every proxy replica reports it within --wait {self.config.wait:g} s ({why}); the "
+                    "`candidate` label is kept so that no request reaches an unloaded version: run the same "
+                    "command again to finish the rollback"
+                )
+        before, after = moves.drop_candidate(self.config.config, self.model, version)
+        self._await_unloaded(version, after)
+        moves.clear_route(routing, self.model)
+        self.append(ROLLED_BACK, start, said=said, before=before.labels(), after=after.labels())
+        return Outcome(False, f"model {self.model} version {version}: {said}; {after.describe()}")
+
+    def _needs_confirming(self, start: dict) -> bool:
+        """Whether a replica may still send requests to the candidate: it is labelled, and a step gave it a share."""
+        if self.labels().candidate != start["candidate"]:
+            return False
+        progress = in_progress(read_history(history_path(self.config.config)), self.model)
+        plan = parse_plan(start["plan"])
+        return progress is not None and any(plan.canary_during(i) > 0 for i in progress.entered)
+
+    def _await_unloaded(self, version: int, labels: Rollout) -> None:
+        """Until the server no longer serves `version` (not waited without --server, nor for a labelled version)."""
+        if self.server is None or version in labels.versions():
+            return
+        try:
+            self.server.wait_unloaded(self.model, version, self.config.wait)
+        except TrainserveError as exc:
+            raise RollbackPending(
+                f"rollback of model {self.model} version {version} pending: its label is dropped, but {exc}; the "
+                "model's route stays (requests naming no version answered by stable): run the same command again"
+            ) from None
+
+    def await_followers(self, judge: Judge) -> str | None:
+        """Wait, within --wait, until every proxy replica reports the routing just written (None), else why not."""
+        if self.prometheus is None:
+            return "no --prometheus to ask"
+        deadline, since = self.clock() + self.config.wait, None
+        while True:
+            try:
+                since = now(self.prometheus) if since is None else since
+                why = not_following(self.prometheus, self.config.proxy_job, self.model, since, judge)
+            except PrometheusUnreachable as exc:
+                why = str(exc)
+            if why is None:
+                return None
+            if self.clock() >= deadline:
+                return why
+            log.info("model %s: waiting for the proxy's replicas: %s", self.model, why)
+            self.sleep(min(FOLLOW_POLL_S, self.config.interval))
+
+    # -- promote -------------------------------------------------------------------------------------------
+
+    def promoted(self, start: dict) -> Outcome:
+        """Promote on the report the rollout began on; a report rewritten since rolls back instead."""
+        labels = self.labels()
+        if labels.stable != start["candidate"]:
+            c = self.config
+            promotion = PromoteConfig(
+                c.config, Path(start["report"]), c.replay, server=c.server, wait=c.wait, tls=c.tls
+            )
+            try:
+                promote(promotion, self.server, rollout=start)
+            except ReportChanged as exc:
+                self.append(ROLLBACK, start, said=str(exc))
+                return self.rolled_back(start, str(exc))
+            labels = self.labels()
+        moves.clear_route(self.config.routing_file, self.model)
+        self.append(PROMOTED, start, after=labels.labels())
+        return Outcome(True, f"model {self.model}: {labels.describe()}")
+
+    # -- pause ---------------------------------------------------------------------------------------------
+
+    def pause(self, start: dict, index: int | None, words: str, held: float, why: str) -> None:
+        """Hold the route on stable, record the pause, and stop (RolloutPaused)."""
+        moves.hold_route(self.config.routing_file, self.model)
+        self.append(PAUSED, start, step=index, said=why, held_seconds=held)
+        where = f"at step {index + 1} ({words})" if index is not None else "before its first step"
+        raise RolloutPaused(
+            f"rollout of model {self.model} version {start['candidate']} paused {where} after holding {held:.0f} s: "
+            f"{why}; the route is held on stable (no canary share, no shadow): run the same command again to enter "
+            "the step again, or --abort --reason TEXT"
+        )
