@@ -92,6 +92,7 @@ class Traffic:
                 f':trainserve:proxy:shadow_requests{{{cand},outcome="{outcome}"}} {math.floor(self.shadow[outcome])}'
             )
         out.append(f":trainserve:proxy:shadow_pairs{{{cand}}} {math.floor(self.shadow['pairs'])}")
+        out.append(f":trainserve:proxy:shadow_classified_pairs{{{cand}}} {math.floor(self.shadow['pairs'])}")
         out.append(f":trainserve:proxy:shadow_flips{{{cand}}} {math.floor(self.shadow['flips'])}")
         return out
 
