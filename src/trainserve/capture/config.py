@@ -11,8 +11,8 @@ from trainserve.tls import ClientTls
 from trainserve.traffic.writer import WriterLimits
 
 # 64 MiB: the copies the shadow holds, beside the proxy's own ~60 MiB at rest, the capture writer's queue and gRPC's
-# buffers, well within the capture sidecar's 512Mi limit (k8s/components/capture/sidecar.yaml); a copy in flight
-# also holds its rewritten request and the candidate's answer for a moment, so the peak is about twice this.
+# buffers, well within the capture sidecar's 512Mi limit (k8s/components/capture/sidecar.yaml). Each copy being sent
+# (at most --shadow-workers) also holds its rewritten request and the candidate's answer for a moment.
 SHADOW_MAX_BYTES = 64 * 2**20
 
 
@@ -67,7 +67,7 @@ class ProxyConfig:
     shadow_max_bytes: int = option(
         SHADOW_MAX_BYTES,
         "bytes the shadow copies may hold at most, queued or being sent (each its request and stable's answer); a "
-        "copy beyond them is dropped, counted. The default leaves the k8s sidecar's 512Mi room for the rest",
+        "copy beyond them is dropped, counted. 64 MiB leaves the k8s capture sidecar's 512Mi room for the rest",
     )
     shadow_shed_in_flight: int = option(
         8,
