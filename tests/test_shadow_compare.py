@@ -100,7 +100,7 @@ def values(dtype, shape):
     return arrays(dtype, shape)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(pair=output_pairs(), as_values=st.booleans())
 def test_compare_equals_a_count_made_example_by_example(pair, as_values):
     stable, candidate = pair
