@@ -1,8 +1,9 @@
 """Shadow copies never cost the client: a candidate that does not answer (an upstream in this process that holds
 every call to version 2 until the test releases it) leaves stable's answers on time, fills the queue, bounded in
 copies and in bytes, and drops the rest, counted and never sent; copies are shed, never sent, while clients' calls
-are in flight; the rewrite and the comparison run off the event loop; every copy ends in exactly one outcome, at
-stop too. Also the wire-level model_spec rewrite (hypothesis)."""
+are in flight; the rewrite and the comparison run off the event loop; a copy that cannot be addressed fails alone,
+its worker going on; every copy ends in exactly one outcome, at stop too. Also the wire-level model_spec rewrite
+(hypothesis)."""
 
 from __future__ import annotations
 
@@ -310,6 +311,25 @@ def test_a_candidate_with_no_output_in_common_is_incomparable_not_an_error():
         upstream.stop()
     assert outcomes(metrics) == {"incomparable": 1}
     assert metrics.pairs[("m", "2")] == 0
+
+
+def test_a_copy_to_a_version_past_int64_is_an_error_and_the_worker_goes_on():
+    upstream = Serving(hold_candidate=False)
+    done = threading.Event()
+
+    async def two_copies(shadow: Shadow) -> None:
+        shadow.metrics.compared = counting(shadow.metrics.compared, 1, done)
+        request, stable = stable_request().SerializeToString(), response(1).SerializeToString()
+        shadow.offer("m", 2**63, request, stable, ())  # protobuf's int64 cannot hold it
+        shadow.offer("m", 2, request, stable, ())  # the same single worker takes this one next
+        assert await waited(done), "the worker died with the first copy"
+
+    try:
+        metrics = run_shadow(upstream, two_copies, shadow_workers=1)
+    finally:
+        upstream.stop()
+    assert metrics.shadow == {("m", str(2**63), "error"): 1, ("m", "2", "compared"): 1}
+    assert upstream.calls == {2: 1}
 
 
 def test_the_page_exports_every_outcome_and_the_classified_pairs():
