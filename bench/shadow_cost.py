@@ -5,12 +5,14 @@ Two versions of the small CNN of bench/eval_throughput.py (28x28x1 uint8) on ser
 `trainserve capture` in a process of its own, with no routing file, then with one that shadows 100 % of `stable`
 requests to version 2 (the most shadow can cost: the server does every request twice on the same CPUs). The
 client is this script's own (trainserve's `load` sends `x-trainserve-origin`, which the proxy never routes): batch
-256 in a closed loop (4 threads: throughput), and batch 1 in an open loop at a moderate rate (latency from the
-scheduled send time). Paths alternate between rounds; the first round warms up and is dropped; figures are medians.
-Targets (issue 46): shadow's p99 within 2 ms of capture alone at batch 1; shadow >= 0.8 x direct examples/s at
-batch 256 (on a machine whose CPUs the doubled inference does not saturate).
+256 in a closed loop (4 threads: throughput), then, once the shadow has sent or shed every copy of that phase,
+batch 1 in an open loop at a moderate rate (latency from the scheduled send time), in short windows that alternate
+between the paths so that whatever else the machine runs falls on each alike. The first round warms up and is
+dropped; figures are medians over rounds. Targets (issue 46, 50): shadow's p99 within 2 ms of capture alone at
+batch 1; shadow >= 0.8 x direct examples/s at batch 256 (on a machine whose CPUs the doubled inference does not
+saturate). The copies shed (the proxy's --shadow-shed-in-flight) and dropped are printed beside them.
 
-    python bench/shadow_cost.py [--rounds 3] [--rate 100] [--window-s 2]
+    python bench/shadow_cost.py [--rounds 3] [--rate 100] [--window-s 2] [--windows 4] [--shed-in-flight 8]
 """
 
 from __future__ import annotations
@@ -95,13 +97,13 @@ def open_loop(target: str, body: bytes, rate: float, window_s: float) -> list[fl
 
 
 def start_proxy(
-    tmp: Path, upstream: str, upstream_rest: str, routing: Path | None
+    tmp: Path, upstream: str, upstream_rest: str, routing: Path | None, *flags: str
 ) -> tuple[subprocess.Popen, str, str]:
     """`trainserve capture` in its own process: (process, gRPC target, its metrics page's URL)."""
     port, rest_port = free_port(), free_port()
     command = [sys.executable, "-m", "trainserve", "capture", "--upstream", upstream, "--port", str(port)]
     command += ["--upstream-rest", upstream_rest, "--rest-port", str(rest_port)]
-    command += ["--filename-prefix", str(tmp / "captures" / "bench")]
+    command += ["--filename-prefix", str(tmp / "captures" / "bench"), *flags]
     command += ["--sampling-rate", "0"] + (["--routing-file", str(routing)] if routing else [])
     with open(tmp / f"capture-{port}.log", "w") as out:
         proxy = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -110,16 +112,37 @@ def start_proxy(
     return proxy, target, f"http://127.0.0.1:{rest_port}/monitoring/capture/metrics"
 
 
-def shadow_outcomes(page: str) -> dict[str, float]:
-    """The shadow copies' outcomes, summed, from a proxy's metrics page."""
+def proxy_page(page: str) -> dict[str, float]:
+    """A proxy's metrics page: value by series (name and labels as written)."""
     with DIRECT.open(page, timeout=30) as answer:
         lines = answer.read().decode().splitlines()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if not line.startswith("#")}
+
+
+def shadow_outcomes(page: str) -> dict[str, float]:
+    """The shadow copies' outcomes, summed over models, from a proxy's metrics page."""
     outcomes: dict[str, float] = {}
-    for line in lines:
-        if line.startswith(":trainserve:proxy:shadow_requests{"):
-            outcome = line.split('outcome="')[1].split('"')[0]
-            outcomes[outcome] = outcomes.get(outcome, 0) + float(line.rsplit(" ", 1)[1])
+    for series, value in proxy_page(page).items():
+        if series.startswith(":trainserve:proxy:shadow_requests{"):
+            outcome = series.split('outcome="')[1].split('"')[0]
+            outcomes[outcome] = outcomes.get(outcome, 0) + value
     return outcomes
+
+
+def wait_shadow_idle(page: str, timeout_s: float = 120) -> None:
+    """Until the shadow holds no copy (none queued, none being sent): one phase's copies are that phase's cost."""
+    deadline = time.monotonic() + timeout_s
+    while proxy_page(page).get(":trainserve:proxy:shadow_held_bytes", 0) > 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the shadow still held copies after {timeout_s:g} s")
+        time.sleep(0.05)  # polling a process's page: no event crosses the process boundary
+
+
+def cpu() -> str:
+    """The CPU's model name and whether it has AVX-512, from /proc/cpuinfo."""
+    info = Path("/proc/cpuinfo").read_text()
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    return f"{model}, AVX-512 {'yes' if ' avx512f' in info else 'no'}"
 
 
 def serve_two_versions(tmp: Path) -> tuple[subprocess.Popen, int, int]:
@@ -147,7 +170,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the three paths (after one warm-up)")
     parser.add_argument("--rate", type=float, default=100, help="batch-1 requests/s (open loop)")
     parser.add_argument("--window-s", type=float, default=2.0, help="each measurement's window")
+    parser.add_argument("--windows", type=int, default=4, help="batch-1 windows per path and round, alternating")
     parser.add_argument("--shadow-percent", type=float, default=100, help="share of stable requests shadowed")
+    parser.add_argument("--shed-in-flight", type=int, default=8, help="the shadowing proxy's --shadow-shed-in-flight")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,20 +187,11 @@ def main() -> None:
             key = input_key(f"http://127.0.0.1:{rest_port}")
             upstream, upstream_rest = f"127.0.0.1:{port}", f"127.0.0.1:{rest_port}"
             capture, capture_target, _ = start_proxy(tmp, upstream, upstream_rest, None)
-            shadow, shadow_target, shadow_page = start_proxy(tmp, upstream, upstream_rest, routing)
+            shed = ("--shadow-shed-in-flight", str(args.shed_in_flight))
+            shadow, shadow_target, shadow_page = start_proxy(tmp, upstream, upstream_rest, routing, *shed)
             processes += [capture, shadow]
             targets = {"direct": f"127.0.0.1:{port}", "capture": capture_target, "shadow": shadow_target}
-            big, one = request(key, 256), request(key, 1)
-            seen = {name: {"ex/s": [], "p50": [], "p99": []} for name in targets}
-            for round_ in range(args.rounds + 1):
-                order = list(targets) if round_ % 2 == 0 else list(reversed(targets))
-                for name in order:
-                    throughput = closed_loop(targets[name], big, 256, args.window_s)
-                    latencies = open_loop(targets[name], one, args.rate, args.window_s)
-                    if round_:
-                        seen[name]["ex/s"].append(throughput)
-                        seen[name]["p50"].append(float(np.percentile(latencies, 50)))
-                        seen[name]["p99"].append(float(np.percentile(latencies, 99)))
+            seen = measure(targets, request(key, 256), request(key, 1), shadow_page, args)
             outcomes = shadow_outcomes(shadow_page)
         finally:
             for process in processes:
@@ -184,10 +200,30 @@ def main() -> None:
     report(seen, outcomes, args)
 
 
+def measure(targets: dict[str, str], big: bytes, one: bytes, shadow_page: str, args) -> dict:
+    """Per path: examples/s at batch 256 and batch-1 p50/p99, one figure per round after the warm-up."""
+    seen = {name: {"ex/s": [], "p50": [], "p99": []} for name in targets}
+    for round_ in range(args.rounds + 1):
+        order = list(targets) if round_ % 2 == 0 else list(reversed(targets))
+        throughput = {name: closed_loop(targets[name], big, 256, args.window_s) for name in order}
+        wait_shadow_idle(shadow_page)
+        latencies = {name: [] for name in targets}
+        for window in range(args.windows):
+            for name in order if window % 2 == 0 else reversed(order):
+                latencies[name] += open_loop(targets[name], one, args.rate, args.window_s)
+        if round_:
+            for name in targets:
+                seen[name]["ex/s"].append(throughput[name])
+                seen[name]["p50"].append(float(np.percentile(latencies[name], 50)))
+                seen[name]["p99"].append(float(np.percentile(latencies[name], 99)))
+    return seen
+
+
 def report(seen: dict, outcomes: dict[str, float], args) -> None:
     m = {name: {k: statistics.median(v) for k, v in figures.items()} for name, figures in seen.items()}
     cpus = len(os.sched_getaffinity(0))
-    print(f"\nsmall CNN, 28x28x1 uint8, {cpus} CPUs, loopback; shadow: {args.shadow_percent:g} % to version 2")
+    shadowed = f"shadow: {args.shadow_percent:g} % to version 2"
+    print(f"\nsmall CNN, 28x28x1 uint8, {cpus} CPUs ({cpu()}), loopback; {shadowed}")
     for name, f in m.items():
         print(
             f"  {name:<8} batch 256: {f['ex/s']:8.0f} ex/s   batch 1 at {args.rate:g}/s: "
@@ -198,8 +234,11 @@ def report(seen: dict, outcomes: dict[str, float], args) -> None:
         f"(capture / direct = {m['capture']['ex/s'] / m['direct']['ex/s']:.2f}; target >= 0.8)"
     )
     print(f"  batch 1: shadow's p99 - capture's = {m['shadow']['p99'] - m['capture']['p99']:+.2f} ms (target <= 2 ms)")
-    print(f"  shadow copies: {', '.join(f'{o} {n:.0f}' for o, n in sorted(outcomes.items()))}")
-    print(f"  (medians of {args.rounds} rounds after a warm-up round)")
+    print(
+        f"  shadow copies (--shadow-shed-in-flight {args.shed_in_flight}): "
+        f"{', '.join(f'{o} {n:.0f}' for o, n in sorted(outcomes.items()))}"
+    )
+    print(f"  (medians of {args.rounds} rounds after a warm-up round; batch 1: {args.windows} windows per round)")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ from trainserve.options import option
 from trainserve.tls import ClientTls
 from trainserve.traffic.writer import WriterLimits
 
+# 64 MiB: the copies the shadow holds, beside the proxy's own ~60 MiB at rest, the capture writer's queue and gRPC's
+# buffers, well within the capture sidecar's 512Mi limit (k8s/components/capture/sidecar.yaml). Each copy being sent
+# (at most --shadow-workers) also holds its rewritten request and the candidate's answer for a moment.
+SHADOW_MAX_BYTES = 64 * 2**20
+
 
 @dataclass(frozen=True)
 class ListenTls:
@@ -59,6 +64,16 @@ class ProxyConfig:
     )
     routing_poll_seconds: float = option(10.0, "seconds between two reads of --routing-file")
     shadow_queue: int = option(256, "shadow copies waiting to be sent at most; a copy beyond them is dropped, counted")
+    shadow_max_bytes: int = option(
+        SHADOW_MAX_BYTES,
+        "bytes the shadow copies may hold at most, queued or being sent (each its request and stable's answer); a "
+        "copy beyond them is dropped, counted. 64 MiB leaves the k8s capture sidecar's 512Mi room for the rest",
+    )
+    shadow_shed_in_flight: int = option(
+        8,
+        "shed shadow copies (never sent, counted) while this many client calls or more are in flight through the "
+        "proxy: copies use the server's spare capacity only",
+    )
     shadow_workers: int = option(4, "shadow copies sent at once")
     shadow_timeout: float = option(10.0, "deadline (s) of one shadow call")
     capture: WriterLimits = option(factory=WriterLimits)
@@ -88,11 +103,14 @@ class ProxyConfig:
             or self.shadow_queue < 1
             or self.shadow_workers < 1
             or self.shadow_timeout <= 0
+            or self.shadow_max_bytes < 1
+            or self.shadow_shed_in_flight < 1
         ):
             raise TrainserveError(
                 f"--routing-poll-seconds {self.routing_poll_seconds} / --shadow-queue {self.shadow_queue} / "
-                f"--shadow-workers {self.shadow_workers} / --shadow-timeout {self.shadow_timeout}: expected a poll and "
-                "a timeout > 0 s, and a queue and workers >= 1"
+                f"--shadow-workers {self.shadow_workers} / --shadow-timeout {self.shadow_timeout} / --shadow-max-bytes "
+                f"{self.shadow_max_bytes} / --shadow-shed-in-flight {self.shadow_shed_in_flight}: expected a poll and "
+                "a timeout > 0 s, and a queue, workers, bytes and calls >= 1"
             )
         listen = self.listen_tls
         if listen.enabled and not (listen.cert and listen.key):

@@ -98,12 +98,15 @@ class CaptureProxy:
         self.forwarder = Forwarder(
             self.channel, self.capture, self.upstream, config.upstream_wait, self.router, self.metrics
         )
-        self.shadow = Shadow(
-            self.channel, self.metrics, config.shadow_queue, config.shadow_workers, config.shadow_timeout
-        )
+        self.shadow = Shadow(self.channel, self.metrics, config, self._client_calls_in_flight)
         self.shadow.start()
         self.forwarder.shadow = self.shadow
         return await start_grpc_proxy(config.port, self.forwarder, credentials)
+
+    def _client_calls_in_flight(self) -> int:
+        """gRPC and REST calls the proxy is answering now: the shadow sheds its copies while they are many."""
+        rest = getattr(self, "rest", None)
+        return self.forwarder.in_flight + (rest.inflight.requests if rest is not None else 0)
 
     def why_not_ready(self) -> str | None:
         """None when TF Serving answers a status request on each side the proxy forwards; else why not."""

@@ -8,8 +8,10 @@ stable.
   name (REST: the code TF Serving maps to the HTTP status); `route` stable, canary or direct.
 - `:trainserve:proxy:request_latency{model_name,version,api}`: histogram in microseconds, with serve-local's
   buckets (10 x 1.8^i), so one expression reads both.
-- shadow: `shadow_requests{outcome}` (compared, dropped_queue_full, error, cut), pairs compared, top-class flips,
-  the sum of absolute differences (regression), and the candidate's latency; the routing in force as gauges.
+- shadow: `shadow_requests{outcome}` (see SHADOW_OUTCOMES and trainserve.capture.shadow), examples compared
+  (`shadow_pairs`), of them those compared on a classification output (`shadow_classified_pairs`) and those whose
+  class flipped, the sum of absolute differences (regression), the candidate's latency, and what the shadow holds
+  (copies, bytes); the routing in force as gauges.
 """
 
 from __future__ import annotations
@@ -17,19 +19,17 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+from trainserve.capture.shadow_compare import Comparison
 from trainserve.exposition import UNKNOWN_MODEL, Histogram, header, label_set
 
 P = ":trainserve:proxy:"
 REQUEST_COUNT, REQUEST_LATENCY = P + "request_count", P + "request_latency"
 SHADOW_REQUESTS, SHADOW_PAIRS, SHADOW_FLIPS = P + "shadow_requests", P + "shadow_pairs", P + "shadow_flips"
-SHADOW_ABS_DIFF_SUM, SHADOW_LATENCY, SHADOW_QUEUED = (
-    P + "shadow_abs_diff_sum",
-    P + "shadow_latency",
-    P + "shadow_queued",
-)
+SHADOW_CLASSIFIED_PAIRS, SHADOW_ABS_DIFF_SUM = P + "shadow_classified_pairs", P + "shadow_abs_diff_sum"
+SHADOW_LATENCY, SHADOW_QUEUED, SHADOW_HELD_BYTES = P + "shadow_latency", P + "shadow_queued", P + "shadow_held_bytes"
 CANARY_PERCENT, SHADOW_PERCENT = P + "canary_percent", P + "shadow_percent"
 ROUTING_RELOADS, ROUTING_REFUSED = P + "routing_reloads", P + "routing_refused"
-SHADOW_OUTCOMES = ("compared", "dropped_queue_full", "error", "cut")
+SHADOW_OUTCOMES = ("compared", "incomparable", "shed", "dropped_queue_full", "error", "cut")
 
 
 class ProxyMetrics:
@@ -43,13 +43,14 @@ class ProxyMetrics:
         self.requests: Counter = Counter()
         self.shadow: Counter = Counter()  # (model, candidate, outcome)
         self.pairs: Counter = Counter()  # (model, candidate)
+        self.classified: Counter = Counter()
         self.flips: Counter = Counter()
         self.abs_diff: Counter = Counter()
         self.latency = Histogram(
             REQUEST_LATENCY, "Wall time (microseconds) of calls through the proxy.", ("model_name", "version", "api")
         )
         self.shadow_latency = Histogram(SHADOW_LATENCY, "Wall time (microseconds) of shadow calls.", self.SHADOW_LABELS)
-        self.queued = lambda: 0  # the shadow queue's length, set by the proxy
+        self.queued = self.held_bytes = lambda: 0  # the shadow's copies queued, bytes held: set by the shadow
         self.router = None  # trainserve.capture.router.Router, set by the proxy
         self.label_versions: dict[tuple[str, str], str] = {}  # (model, label) -> the version last seen answering it
         self._answered: set[tuple[str, str | None]] = set()  # (model, version) and (model, None) that answered
@@ -79,24 +80,29 @@ class ProxyMetrics:
         with self._lock:
             self.shadow[(model, str(version), outcome)] += 1
 
-    def compared(self, model: str, version: int, pairs: int, flips: int, abs_diff: float, micros: float) -> None:
+    def compared(self, model: str, version: int, comparison: Comparison, micros: float) -> None:
         key = (model, str(version))
         with self._lock:
             self.shadow[(*key, "compared")] += 1
-            self.pairs[key] += pairs
-            self.flips[key] += flips
-            self.abs_diff[key] += abs_diff
+            self.pairs[key] += comparison.pairs
+            self.classified[key] += comparison.classified
+            self.flips[key] += comparison.flips
+            self.abs_diff[key] += comparison.abs_diff
         self.shadow_latency.observe(micros, *key)
 
     def lines(self) -> list[str]:
         with self._lock:
             requests, shadow = sorted(self.requests.items()), dict(self.shadow)
-            pairs, flips, abs_diff = dict(self.pairs), dict(self.flips), dict(self.abs_diff)
+            pairs, classified = dict(self.pairs), dict(self.classified)
+            flips, abs_diff = dict(self.flips), dict(self.abs_diff)
         out = header(REQUEST_COUNT, "counter", "Calls answered through the proxy, by the version that answered.")
         out += [f"{REQUEST_COUNT}{label_set(self.REQUEST_LABELS, k)} {n}" for k, n in requests]
         out += self.latency.lines()
         out += header(
-            SHADOW_REQUESTS, "counter", "Shadow copies of stable requests, by outcome (version: the candidate's)."
+            SHADOW_REQUESTS,
+            "counter",
+            "Shadow copies of stable requests, by outcome (version: the candidate's); dropped_queue_full: over the "
+            "queue's bound in copies or in bytes.",
         )
         models = sorted({k[:2] for k in shadow} | set(pairs))
         for key in models:  # every outcome, 0 included: a rate over a missing series is no rate at all
@@ -106,7 +112,8 @@ class ProxyMetrics:
             ]
         for name, counts, text in (
             (SHADOW_PAIRS, pairs, "Examples compared between stable's answer and the shadow's."),
-            (SHADOW_FLIPS, flips, "Compared examples whose top class differs (classification)."),
+            (SHADOW_CLASSIFIED_PAIRS, classified, "Compared examples with at least one classification output."),
+            (SHADOW_FLIPS, flips, "Compared examples whose predicted class differs in a classification output."),
             (SHADOW_ABS_DIFF_SUM, abs_diff, "Sum of |candidate - stable| over compared outputs (regression)."),
         ):
             out += header(name, "counter", text)
@@ -115,6 +122,11 @@ class ProxyMetrics:
         out += header(SHADOW_QUEUED, "gauge", "Shadow copies waiting to be sent.") + [
             f"{SHADOW_QUEUED} {self.queued()}"
         ]
+        out += header(
+            SHADOW_HELD_BYTES,
+            "gauge",
+            "Bytes of the shadow copies queued or being sent: requests and stable's answers.",
+        ) + [f"{SHADOW_HELD_BYTES} {self.held_bytes()}"]
         return out + self._routing_lines()
 
     def _routing_lines(self) -> list[str]:

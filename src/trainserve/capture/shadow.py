@@ -1,11 +1,17 @@
 """Shadow: a copy of a `stable` request sent to the candidate after stable has answered, its answer compared with
-stable's and thrown away. The client's answer never waits for it: `offer` only puts the pair on a bounded queue
-(a full queue drops it, counted), and a few workers on the proxy's event loop send and compare.
+stable's (trainserve.capture.shadow_compare) and thrown away. The client's answer never waits for it, and the copy
+takes nothing the client needs:
 
-Each copy ends in one outcome: compared, error (the candidate failed, or the answers cannot be compared),
-dropped_queue_full, or cut (still queued or in flight at stop), so offered = the sum of the four.
-Comparison is per example (the first dimension of the outputs): an example flips when the top class of any
-classification output ([N, K], K > 1) differs; other outputs (regression) add |candidate - stable| summed.
+- `offer` only puts the copy on a queue bounded in copies (`--shadow-queue`) and in bytes (`--shadow-max-bytes`:
+  the request and stable's answer of every copy held, queued or being sent); a copy beyond either is dropped;
+- a copy is shed, never sent, while the clients' calls in flight through the proxy number `--shadow-shed-in-flight`
+  or more, when offered or when a worker takes it: the server's spare capacity is the shadow's, not its own;
+- the rewrite to the candidate's version and the comparison (protobuf parsing, numpy) run in a thread pool, off
+  the event loop that forwards the clients' calls.
+
+Each copy ends in one outcome, so offered = their sum: compared, incomparable (no comparable output in common),
+shed, dropped_queue_full, error (the candidate failed, or its answer did not parse), or cut (queued or in flight
+at stop). A dropped or shed copy is never sent.
 """
 
 from __future__ import annotations
@@ -13,94 +19,120 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import grpc
-import numpy as np
+from google.protobuf.message import DecodeError
 
+from trainserve.capture.config import ProxyConfig
 from trainserve.capture.grpc_proxy import PREDICT
 from trainserve.capture.proxy_metrics import ProxyMetrics
+from trainserve.capture.shadow_compare import Incomparable, compare
 from trainserve.capture.wire import request_spec, with_version
 from trainserve.errors import TrainserveError
-from trainserve.protos import predict_pb2
-from trainserve.tensors import from_tensor_proto
 
 log = logging.getLogger(__name__)
 
 
-class Incomparable(ValueError):
-    """Two answers whose outputs differ in names or shapes."""
+@dataclass(frozen=True)
+class Copy:
+    """One shadow copy: the client's request, stable's answer, and where the copy goes."""
+
+    model: str
+    version: int
+    request: bytes
+    stable: bytes
+    metadata: tuple
+
+    @property
+    def size(self) -> int:
+        """The bytes the byte budget counts for it."""
+        return len(self.request) + len(self.stable)
 
 
-def compare(stable: bytes, candidate: bytes) -> tuple[int, int, float]:
-    """(examples compared, examples whose top class flipped, sum of |candidate - stable| over regression
-    outputs) for two serialized PredictResponses to the same request."""
-    a, b = (predict_pb2.PredictResponse.FromString(r).outputs for r in (stable, candidate))
-    if set(a) != set(b) or not a:
-        raise Incomparable(f"outputs {sorted(a)} against {sorted(b)}")
-    rows, flipped, abs_diff = None, None, 0.0
-    for key in sorted(a):
-        x, y = from_tensor_proto(a[key]), from_tensor_proto(b[key])
-        if x.shape != y.shape or x.ndim == 0 or (rows is not None and x.shape[0] != rows):
-            raise Incomparable(f"output {key!r}: shapes {list(x.shape)} and {list(y.shape)}")
-        rows = x.shape[0]
-        if flipped is None:
-            flipped = np.zeros(rows, bool)
-        if x.ndim == 2 and x.shape[1] > 1 and np.issubdtype(x.dtype, np.number):
-            flipped |= x.argmax(axis=1) != y.argmax(axis=1)
-        elif np.issubdtype(x.dtype, np.number):
-            abs_diff += float(np.abs(y.astype(np.float64) - x).sum())
-    return int(rows), int(flipped.sum()), abs_diff
+def addressed(request: bytes, version: int) -> bytes:
+    """`request` sent to `version`: the rewrite copies every byte, so large requests pay it off the loop."""
+    return with_version(request, request_spec(request), version)
 
 
 class Shadow:
-    """Created and used on the proxy's event loop; `start()` there, then `offer()` per request, `stop()` at the end."""
+    """Created and used on the proxy's event loop; `start()` there, then `offer()` per request, `stop()` at the end.
+    `in_flight` says how many client calls the proxy is answering now."""
 
-    def __init__(self, channel: grpc.aio.Channel, metrics: ProxyMetrics, capacity: int, workers: int, timeout_s: float):
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        metrics: ProxyMetrics,
+        config: ProxyConfig,
+        in_flight: Callable[[], int] = lambda: 0,
+    ):
         self.call = channel.unary_unary(PREDICT)
-        self.metrics, self.workers, self.timeout_s = metrics, workers, timeout_s
-        self.queue: asyncio.Queue = asyncio.Queue(capacity)
-        self.metrics.queued = self.queue.qsize
+        self.metrics, self.config, self.in_flight = metrics, config, in_flight
+        self.queue: asyncio.Queue = asyncio.Queue(config.shadow_queue)
+        self.held_bytes = 0  # of the copies queued or being sent
+        self.metrics.queued, self.metrics.held_bytes = self.queue.qsize, lambda: self.held_bytes
+        self._executor = ThreadPoolExecutor(config.shadow_workers, thread_name_prefix="shadow")
         self._tasks: list[asyncio.Task] = []
-        self._busy: dict[asyncio.Task, tuple[str, int]] = {}
+        self._busy: dict[asyncio.Task, Copy] = {}
 
     def start(self) -> None:
-        self._tasks = [asyncio.get_running_loop().create_task(self._work()) for _ in range(self.workers)]
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._work()) for _ in range(self.config.shadow_workers)]
 
     def offer(self, model: str, version: int, request: bytes, stable: bytes, metadata: tuple) -> None:
-        """Queue one copy; never waits. Called on the event loop's thread."""
-        try:
-            self.queue.put_nowait((model, version, request, stable, metadata))
-        except asyncio.QueueFull:
+        """Queue one copy, or count why not; never waits. Called on the event loop's thread."""
+        copy = Copy(model, version, request, stable, metadata)
+        if self._busy_server():
+            self.metrics.shadow_outcome(model, version, "shed")
+        elif self.queue.full() or self.held_bytes + copy.size > self.config.shadow_max_bytes:
             self.metrics.shadow_outcome(model, version, "dropped_queue_full")
+        else:
+            self.held_bytes += copy.size
+            self.queue.put_nowait(copy)
+
+    def _busy_server(self) -> bool:
+        return self.in_flight() >= self.config.shadow_shed_in_flight
 
     async def _work(self) -> None:
         me = asyncio.current_task()
         while True:
-            model, version, request, stable, metadata = await self.queue.get()
-            self._busy[me] = (model, version)
+            copy = await self.queue.get()
+            self._busy[me] = copy
             try:
-                await self._send(model, version, request, stable, metadata)
+                outcome = "shed" if self._busy_server() else await self._send(copy)
+                if outcome is not None:
+                    self.metrics.shadow_outcome(copy.model, copy.version, outcome)
             finally:
                 self._busy.pop(me, None)
+                self.held_bytes -= copy.size
 
-    async def _send(self, model: str, version: int, request: bytes, stable: bytes, metadata: tuple) -> None:
+    async def _send(self, copy: Copy) -> str | None:
+        """Send one copy and compare the answers; returns its outcome, None when counted compared."""
+        loop = asyncio.get_running_loop()
+        try:
+            sent = await loop.run_in_executor(self._executor, addressed, copy.request, copy.version)
+        except ValueError as exc:  # a request that does not parse, a version protobuf cannot hold
+            log.debug("capture: shadow copy to %s version %d not addressed: %s", copy.model, copy.version, exc)
+            return "error"
         start = time.perf_counter()
         try:
-            answer = await self.call(
-                with_version(request, request_spec(request), version), timeout=self.timeout_s, metadata=metadata
-            )
+            answer = await self.call(sent, timeout=self.config.shadow_timeout, metadata=copy.metadata)
         except grpc.aio.AioRpcError as err:
-            self.metrics.shadow_outcome(model, version, "error")
-            log.debug("capture: shadow call to %s version %d: %s", model, version, err.code().name)
-            return
+            log.debug("capture: shadow call to %s version %d: %s", copy.model, copy.version, err.code().name)
+            return "error"
         micros = (time.perf_counter() - start) * 1e6
         try:
-            pairs, flips, abs_diff = compare(stable, answer)
-        except (Incomparable, TrainserveError, ValueError) as exc:
-            self.metrics.shadow_outcome(model, version, "error")
-            log.debug("capture: shadow answer of %s version %d not comparable: %s", model, version, exc)
-            return
-        self.metrics.compared(model, version, pairs, flips, abs_diff, micros)
+            comparison = await loop.run_in_executor(self._executor, compare, copy.stable, answer)
+        except Incomparable as exc:
+            log.debug("capture: shadow answer of %s version %d: %s", copy.model, copy.version, exc)
+            return "incomparable"
+        except (DecodeError, TrainserveError, ValueError) as exc:
+            log.debug("capture: shadow answer of %s version %d did not parse: %s", copy.model, copy.version, exc)
+            return "error"
+        self.metrics.compared(copy.model, copy.version, comparison, micros)
+        return None
 
     async def stop(self) -> int:
         """Cancel the workers; copies still queued or in flight are counted cut. Returns how many."""
@@ -109,8 +141,8 @@ class Shadow:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         while not self.queue.empty():
-            model, version, *_ = self.queue.get_nowait()
-            cut.append((model, version))
-        for model, version in cut:
-            self.metrics.shadow_outcome(model, version, "cut")
+            cut.append(self.queue.get_nowait())
+        for copy in cut:
+            self.metrics.shadow_outcome(copy.model, copy.version, "cut")
+        self._executor.shutdown(wait=False, cancel_futures=True)
         return len(cut)

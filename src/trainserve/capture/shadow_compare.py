@@ -1,0 +1,86 @@
+"""A shadow copy's answer against stable's, per example (the first dimension of the outputs).
+
+Only the outputs both versions have are compared, and of those only the ones of the same shape and the same numeric
+or bool dtype: a candidate that adds or drops an output, or answers another shape in one of them, is still compared
+on the rest. Answers with no such output in common are `Incomparable` (their own outcome, not the candidate's
+error). The classification outputs, where an example flips when its predicted class differs:
+
+- float `[N, K]`, K > 1: scores or probabilities, the class is the argmax;
+- integer or bool `[N]` or `[N, 1]`: class ids (e.g. `classes`), the class is the value;
+- float `[N, 1]`: a sigmoid, the class is whether it is above 0.5.
+
+Every other comparable output (regression) adds |candidate - stable| summed over its elements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainserve.errors import TrainserveError
+from trainserve.protos import predict_pb2
+from trainserve.tensors import from_tensor_proto
+
+SIGMOID_THRESHOLD = 0.5
+
+
+class Incomparable(ValueError):
+    """Two answers with no comparable output in common, or whose outputs disagree on the number of examples."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One pair of answers: examples compared; of them, those compared on at least one classification output
+    (`classified`: `pairs` or 0) and those whose class flipped in any; |candidate - stable| summed (regression)."""
+
+    pairs: int
+    classified: int
+    flips: int
+    abs_diff: float
+
+
+def predicted_class(x: np.ndarray) -> np.ndarray | None:
+    """Each example's class if `x` is a classification output (see the module's docstring), else None."""
+    floating, integral = np.issubdtype(x.dtype, np.floating), np.issubdtype(x.dtype, np.integer) or x.dtype == bool
+    if x.ndim == 2 and x.shape[1] > 1 and floating:
+        return x.argmax(axis=1)
+    if integral and (x.ndim == 1 or (x.ndim == 2 and x.shape[1] == 1)):
+        return x.reshape(len(x))
+    if floating and x.ndim == 2 and x.shape[1] == 1:
+        return x[:, 0] > SIGMOID_THRESHOLD
+    return None
+
+
+def comparable_outputs(stable, candidate) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(name, stable's, candidate's) for each output both have with one shape and one numeric or bool dtype."""
+    out = []
+    for key in sorted(set(stable) & set(candidate)):
+        try:
+            x, y = from_tensor_proto(stable[key]), from_tensor_proto(candidate[key])
+        except TrainserveError:  # a dtype without numbers (strings) or one numpy lacks: not comparable
+            continue
+        if x.shape == y.shape and x.dtype == y.dtype != object and x.ndim > 0:
+            out.append((key, x, y))
+    return out
+
+
+def compare(stable: bytes, candidate: bytes) -> Comparison:
+    """Two serialized PredictResponses to the same request, compared (see the module's docstring)."""
+    a, b = (predict_pb2.PredictResponse.FromString(r).outputs for r in (stable, candidate))
+    outputs = comparable_outputs(a, b)
+    if not outputs:
+        raise Incomparable(f"no comparable output in common: {sorted(a)} against {sorted(b)}")
+    rows = {key: x.shape[0] for key, x, _ in outputs}
+    if len(set(rows.values())) > 1:
+        raise Incomparable(f"outputs disagree on the number of examples: {rows}")
+    (n,) = set(rows.values())
+    flipped, classified, abs_diff = np.zeros(n, bool), False, 0.0
+    for _, x, y in outputs:
+        x_class, y_class = predicted_class(x), predicted_class(y)
+        if x_class is not None:
+            flipped |= x_class != y_class
+            classified = True
+        else:
+            abs_diff += float(np.abs(y.astype(np.float64) - x.astype(np.float64)).sum())
+    return Comparison(n, n if classified else 0, int(flipped.sum()), abs_diff)
