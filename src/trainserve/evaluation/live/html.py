@@ -11,6 +11,8 @@ from trainserve import html_page
 from trainserve.evaluation.live.report import report_warnings
 from trainserve.files import write_file_atomic
 
+COUNTS = ("answers", "labelled", "unlabelled", "duplicates")  # each answer is one of the last three
+
 
 def write_html(report: dict, path: Path) -> Path:
     return write_file_atomic(path, render_html(report).encode())
@@ -69,11 +71,11 @@ def _interval_of(cell: dict, metric: str) -> list[float] | None:
 def _error_section(section: dict, window: str) -> str:
     """A regression version: MSE, RMSE and MAE with their intervals, per window and per slice value."""
     v = section["version"]
-    header = ["window (UTC)", "answers", "labelled", "mse", "interval", "rmse", "mae", "interval"]
+    header = ["window (UTC)", *COUNTS, "mse", "interval", "rmse", "mae", "interval"]
 
     def row(name: str, cell: dict) -> list:
         said = [(f"[{e[0]:.4g}, {e[1]:.4g}]" if (e := _interval_of(cell, m)) else None) for m in ("mse", "mae")]
-        return [name, cell["captured"], cell["examples"], cell["mse"], said[0], cell["rmse"], cell["mae"], said[1]]
+        return [name, *_counts(cell), cell["mse"], said[0], cell["rmse"], cell["mae"], said[1]]
 
     rows = [row(_when(w["start"], window), w) for w in section["windows"]] + [row("all", section["overall"])]
     parts = [f"<h2>Version {v}</h2>", f"<p>{html_page.escape(section['estimate_note'] or '')}</p>"]
@@ -90,8 +92,7 @@ def _section(section: dict, window: str) -> str:
     v = section["version"]
     header = [
         "window (UTC)",
-        "answers",
-        "labelled",
+        *COUNTS,
         "accuracy",
         "interval",
         "estimate (every answer)",
@@ -123,8 +124,7 @@ def _row(name: str, cell: dict) -> list:
     interval = None if cell["interval"] is None else f"[{cell['interval'][0]:.4f}, {cell['interval'][1]:.4f}]"
     return [
         name,
-        cell["captured"],
-        cell["examples"],
+        *_counts(cell),
         cell["accuracy"],
         interval,
         None if est is None else f"{est['value']:.4f} ± {est['error']:.4f}",
@@ -133,6 +133,10 @@ def _row(name: str, cell: dict) -> list:
         else f"{cell['accuracy'] - cell['estimate_labelled']['value']:+.4f}",
         cell["loss"],
     ]
+
+
+def _counts(cell: dict) -> list[int]:
+    return [cell["captured"], cell["examples"], cell["unlabelled"], cell["duplicates"]]
 
 
 def _when(start: int, window: str) -> str:

@@ -128,7 +128,6 @@ def _add_version(merged: Merged, section: dict) -> None:
         if section["estimate_note"]:
             merged.estimate_notes[v] = section["estimate_note"]
     side.records += section["records"]
-    side.duplicates += section["duplicates"]
     side.overall.merge(section["overall"])
     side.confusion += np.asarray(section["confusion_matrix"], np.int64)
     for w in section["windows"]:

@@ -134,24 +134,25 @@ def write_report(report: dict, path: Path) -> Path:
 
 
 def live_table(report: dict) -> str:
-    if report["task"]["kind"] == "regression":
-        return _regression_table(report)
-    j = report["join"]
-    lines = [
-        f"live-eval {report['model']}: {j['joined']} answers joined to labels, {j['unlabelled']} unlabelled, "
-        f"{j['duplicates']} duplicate answers, {j['labelled_not_captured']} labels without a captured answer "
-        f"(join on {j['key']})",
-        f"  {'':>16} {'labelled':>8} {'unlabelled':>10} {'accuracy':>9} {'interval':>17} "
-        f"{'estimate, all':>16} {'on the labelled':>15}",
-    ]
+    """The version's row, then its windows': labelled + unlabelled + duplicates = the answers, in every row."""
+    regression = report["task"]["kind"] == "regression"
+    row = _error_row if regression else _row
+    head = (
+        f"{'mse':>10} {'interval':>23} {'mae':>10} {'interval':>23}"
+        if regression
+        else f"{'accuracy':>9} {'interval':>17} {'estimate, all':>16} {'on the labelled':>15}"
+    )
+    lines = [_joined_line(report), f"  {'':>16} {'labelled':>8} {'unlabelled':>10} {'dupl.':>5} {head}"]
     for s in report["versions"]:
-        lines.append(_row(f"v{s['version']}", s["overall"], s["joined"], s["unlabelled"]))
-        if len(s["windows"]) > 1:
-            if len(s["windows"]) > TABLE_WINDOWS:
-                lines.append(f"    ... {len(s['windows']) - TABLE_WINDOWS} earlier windows in the report")
-            for w in s["windows"][-TABLE_WINDOWS:]:
-                start = datetime.datetime.fromtimestamp(w["start"], datetime.UTC).strftime("%Y-%m-%d %H:%M")
-                lines.append(_row(start, w, w["examples"], w["captured"] - w["examples"]))
+        lines.append(row(f"v{s['version']}", s["overall"]))
+        windows = s["windows"] if len(s["windows"]) > 1 else []
+        if len(windows) > TABLE_WINDOWS:
+            lines.append(f"    ... {len(windows) - TABLE_WINDOWS} earlier windows in the report")
+        for w in windows[-TABLE_WINDOWS:]:
+            start = datetime.datetime.fromtimestamp(w["start"], datetime.UTC).strftime("%Y-%m-%d %H:%M")
+            lines.append(row(start, w))
+    if regression:
+        lines.append("  (a regression model: no label-free estimate; it needs class probabilities)")
     for gate in report["gates"]:
         lines.append(f"gate {'PASS' if gate['passed'] else 'FAIL'}: {gate['said']}")
     return "\n".join(lines)
@@ -166,42 +167,26 @@ def _joined_line(report: dict) -> str:
     )
 
 
-def _regression_table(report: dict) -> str:
-    """A regression model's table: MSE and MAE with their intervals (no accuracy, no label-free estimate)."""
-    lines = [
-        _joined_line(report),
-        f"  {'':>16} {'labelled':>8} {'unlabelled':>10} {'mse':>10} {'interval':>23} {'mae':>10} {'interval':>23}",
-    ]
-    for s in report["versions"]:
-        lines.append(_error_row(f"v{s['version']}", s["overall"], s["joined"], s["unlabelled"]))
-        windows = s["windows"] if len(s["windows"]) > 1 else []
-        if len(windows) > TABLE_WINDOWS:
-            lines.append(f"    ... {len(windows) - TABLE_WINDOWS} earlier windows in the report")
-        for w in windows[-TABLE_WINDOWS:]:
-            start = datetime.datetime.fromtimestamp(w["start"], datetime.UTC).strftime("%Y-%m-%d %H:%M")
-            lines.append(_error_row(start, w, w["examples"], w["captured"] - w["examples"]))
-    lines.append("  (a regression model: no label-free estimate; it needs class probabilities)")
-    for gate in report["gates"]:
-        lines.append(f"gate {'PASS' if gate['passed'] else 'FAIL'}: {gate['said']}")
-    return "\n".join(lines)
+def _counts(name: str, cell: dict) -> str:
+    return f"  {name:>16} {cell['examples']:>8} {cell['unlabelled']:>10} {cell['duplicates']:>5}"
 
 
-def _error_row(name: str, cell: dict, joined: int, unlabelled: int) -> str:
+def _error_row(name: str, cell: dict) -> str:
     said = []
     for metric in ("mse", "mae"):
         ends = cell[f"{metric}_interval"]
         said.append("" if cell[metric] is None else f"{cell[metric]:.4g}")
         said.append("" if ends is None else f"[{ends[0]:.4g}, {ends[1]:.4g}]")
-    return f"  {name:>16} {joined:>8} {unlabelled:>10} {said[0]:>10} {said[1]:>23} {said[2]:>10} {said[3]:>23}"
+    return f"{_counts(name, cell)} {said[0]:>10} {said[1]:>23} {said[2]:>10} {said[3]:>23}"
 
 
-def _row(name: str, cell: dict, joined: int, unlabelled: int) -> str:
+def _row(name: str, cell: dict) -> str:
     """One line: the realised accuracy, the estimate over every answer, and over the labelled ones (beside the
     realised accuracy: the estimate's own error shows)."""
     accuracy = "" if cell["accuracy"] is None else f"{cell['accuracy']:.4f}"
     interval = "" if cell["interval"] is None else f"[{cell['interval'][0]:.3f}, {cell['interval'][1]:.3f}]"
     every, labelled = (_estimate(cell[k]) for k in ("estimate", "estimate_labelled"))
-    return f"  {name:>16} {joined:>8} {unlabelled:>10} {accuracy:>9} {interval:>17} {every:>16} {labelled:>15}"
+    return f"{_counts(name, cell)} {accuracy:>9} {interval:>17} {every:>16} {labelled:>15}"
 
 
 def _estimate(said: dict | None) -> str:

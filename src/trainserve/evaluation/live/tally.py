@@ -24,10 +24,12 @@ METRIC_OF = {"squared_error": "mse", "absolute_error": "mae"}
 
 @dataclass
 class Cell:
-    """Answers of one version in one window (or slice): `captured` every answered example, `examples` those
-    scored against a label, `bins_*` the answers per calibration bin (all, and the scored ones)."""
+    """Answers of one version in one window (or slice): `captured` every answer, `duplicates` those to an example
+    the version had answered before, `examples` those scored against a label (the rest are unlabelled), `bins_*`
+    the examples per calibration bin (each answered example once, and the scored ones)."""
 
     captured: int = 0
+    duplicates: int = 0
     examples: int = 0
     correct: int = 0
     loss_sum: float = 0.0
@@ -35,8 +37,15 @@ class Cell:
     bins_labelled: np.ndarray | None = None
     errors: dict[str, list[float]] | None = None  # regression: kind -> [sum, sum of squares]
 
-    def add(self, captured: int, hits: np.ndarray, losses: np.ndarray, bins_all, bins_labelled, n_bins: int) -> None:
+    @property
+    def unlabelled(self) -> int:
+        return self.captured - self.duplicates - self.examples
+
+    def add(
+        self, captured: int, duplicates: int, hits: np.ndarray, losses: np.ndarray, bins_all, bins_labelled, n_bins: int
+    ) -> None:
         self.captured += captured
+        self.duplicates += duplicates
         self.examples += len(hits)
         self.correct += int(hits.sum())
         self.loss_sum += float(losses.sum())
@@ -46,10 +55,11 @@ class Cell:
             self.bins_all += np.bincount(bins_all, minlength=n_bins)
             self.bins_labelled += np.bincount(bins_labelled, minlength=n_bins)
 
-    def add_errors(self, captured: int, squared: np.ndarray) -> None:
-        """Regression: `captured` answered examples, `squared` the squared errors of those scored (one target, so
-        the absolute error is the root)."""
+    def add_errors(self, captured: int, duplicates: int, squared: np.ndarray) -> None:
+        """Regression: `captured` answers, `duplicates` of them repeated, `squared` the squared errors of those
+        scored (one target, so the absolute error is the root)."""
         self.captured += captured
+        self.duplicates += duplicates
         self.examples += len(squared)
         self.loss_sum += float(squared.sum())
         self.errors = self.errors or {kind: [0.0, 0.0] for kind in ERRORS}
@@ -65,6 +75,7 @@ class Cell:
                 self.errors[kind][0] += raw["errors"][kind]["sum"]
                 self.errors[kind][1] += raw["errors"][kind]["sum_sq"]
         self.captured += raw["captured"]
+        self.duplicates += raw["duplicates"]
         self.examples += raw["examples"]
         self.correct += raw["correct"]
         self.loss_sum += raw["loss_sum"]
@@ -75,13 +86,20 @@ class Cell:
             self.bins_all += np.asarray(raw["bins_all"], np.int64)
             self.bins_labelled += np.asarray(raw["bins_labelled"], np.int64)
 
+    def _counts(self) -> dict:
+        """Every answer is one of: duplicate, scored (examples), unlabelled."""
+        return {
+            "captured": self.captured,
+            "duplicates": self.duplicates,
+            "examples": self.examples,
+            "unlabelled": self.unlabelled,
+        }
+
     def to_json(self, calibration: Calibration | None, level: float) -> dict:
         """Raw counts (what a merge adds) and what they say: accuracy with Wilson's interval, the loss, and the
         estimate over every answer and over the scored ones (so its error beside the realised accuracy shows)."""
         accuracy = self.correct / self.examples if self.examples else None
-        cell = {
-            "captured": self.captured,
-            "examples": self.examples,
+        cell = self._counts() | {
             "correct": self.correct,
             "loss_sum": self.loss_sum,
             "bins_all": None if self.bins_all is None else self.bins_all.tolist(),
@@ -100,9 +118,7 @@ class Cell:
     def regression_json(self, level: float) -> dict:
         """Raw sums and what they say: MSE, RMSE and MAE with Student's t intervals; no accuracy, no estimate."""
         n, sums = self.examples, self.errors or {kind: [0.0, 0.0] for kind in ERRORS}
-        cell = {
-            "captured": self.captured,
-            "examples": n,
+        cell = self._counts() | {
             "correct": 0,
             "loss_sum": self.loss_sum,
             "bins_all": None,
@@ -133,7 +149,6 @@ class VersionTally:
     calibration: Calibration | None = None
     regression: bool = False
     records: int = 0
-    duplicates: int = 0  # answers to an example this version had already answered (not scored again)
     overall: Cell = field(default_factory=Cell)
     windows: dict[int, Cell] = field(default_factory=dict)  # window start (UTC seconds) -> cell
     slices: dict[str, dict[str, Cell]] = field(default_factory=dict)  # column -> value -> cell
@@ -158,8 +173,8 @@ class VersionTally:
             "records": self.records,
             "captured": c.captured,
             "joined": c.examples,
-            "unlabelled": c.captured - c.examples - self.duplicates,
-            "duplicates": self.duplicates,
+            "unlabelled": c.unlabelled,
+            "duplicates": c.duplicates,
             "overall": self.cell_json(c, level),
             "per_class": per_class(self.confusion, label_names),
             "confusion_matrix": self.confusion.tolist(),
