@@ -135,7 +135,7 @@ def test_every_answer_is_counted_once_at_every_level(tmp_path, capsys, monkeypat
         ]
         # The estimate over every answer counts each example once: the first answers' calibrated accuracies.
         first = {}
-        for version, rid, when, scores in answers:
+        for version, rid, _, scores in answers:
             for row in range(ROWS):
                 first.setdefault((version, rid, row), scores[row])
         confidence = read_answers(np.array([p for (ver, *_), p in first.items() if ver == v]))[1]
