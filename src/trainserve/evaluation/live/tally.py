@@ -1,10 +1,11 @@
 """Additive counts of scored answers, so that windows, slices and shards combine exactly: a `Cell` per version
 and window, per version and slice value, and one per version overall (with its confusion matrix).
 
-Regression cells keep, per error kind (squared, absolute), the sum and the sum of squares of the per-example
-errors: MSE and MAE are their means, and Student's t interval of a mean (trainserve.stats.means.mean_interval,
-eval's interval of a loss) needs only those two sums, so a window, a slice and a merged shard stay exact in
-bounded memory. RMSE's interval is the square root of MSE's ends (the root is monotone)."""
+Regression cells keep, per error kind (squared, absolute), the sum, the sum of squares and the sum of cubes of the
+per-example errors: MSE and MAE are their means, and the skew-corrected interval of a mean
+(trainserve.stats.skewed_means: Hall's transformation of Student's t) needs only those three sums, so a window, a
+slice and a merged shard stay exact in bounded memory. RMSE's interval is the square root of MSE's ends (the root
+is monotone)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,21 @@ import numpy as np
 
 from trainserve.evaluation.live.calibration import Calibration, estimate
 from trainserve.evaluation.metrics import per_class
-from trainserve.stats.means import mean_interval_from_sums
 from trainserve.stats.proportions import wilson_interval
+from trainserve.stats.skewed_means import skewed_mean_interval
 
-ERRORS = ("squared_error", "absolute_error")  # regression: per kind, the sums [sum, sum of squares] a cell keeps
+ERRORS = ("squared_error", "absolute_error")  # regression: per kind, the sums a cell keeps
+SUMS = ("sum", "sum_sq", "sum_cu")  # of the values, their squares and their cubes
 METRIC_OF = {"squared_error": "mse", "absolute_error": "mae"}
+
+
+def empty_sums() -> dict[str, list[float]]:
+    return {kind: [0.0] * len(SUMS) for kind in ERRORS}
+
+
+def power_sums(values: np.ndarray) -> list[float]:
+    """The SUMS of `values`: what a mean's skew-corrected interval needs, and what a merge adds."""
+    return [float(np.sum(values**power)) for power in (1, 2, 3)]
 
 
 @dataclass
@@ -35,7 +46,7 @@ class Cell:
     loss_sum: float = 0.0
     bins_all: np.ndarray | None = None
     bins_labelled: np.ndarray | None = None
-    errors: dict[str, list[float]] | None = None  # regression: kind -> [sum, sum of squares]
+    errors: dict[str, list[float]] | None = None  # regression: kind -> the SUMS
 
     @property
     def unlabelled(self) -> int:
@@ -62,18 +73,18 @@ class Cell:
         self.duplicates += duplicates
         self.examples += len(squared)
         self.loss_sum += float(squared.sum())
-        self.errors = self.errors or {kind: [0.0, 0.0] for kind in ERRORS}
+        self.errors = self.errors or empty_sums()
         for kind, values in (("squared_error", squared), ("absolute_error", np.sqrt(squared))):
-            self.errors[kind][0] += float(values.sum())
-            self.errors[kind][1] += float(np.sum(values * values))
+            for i, added in enumerate(power_sums(values)):
+                self.errors[kind][i] += added
 
     def merge(self, raw: dict) -> None:
         """Add a report's cell (its raw counts)."""
         if "errors" in raw:
-            self.errors = self.errors or {kind: [0.0, 0.0] for kind in ERRORS}
+            self.errors = self.errors or empty_sums()
             for kind in ERRORS:
-                self.errors[kind][0] += raw["errors"][kind]["sum"]
-                self.errors[kind][1] += raw["errors"][kind]["sum_sq"]
+                for i, name in enumerate(SUMS):
+                    self.errors[kind][i] += raw["errors"][kind][name]
         self.captured += raw["captured"]
         self.duplicates += raw["duplicates"]
         self.examples += raw["examples"]
@@ -116,8 +127,8 @@ class Cell:
         return cell
 
     def regression_json(self, level: float) -> dict:
-        """Raw sums and what they say: MSE, RMSE and MAE with Student's t intervals; no accuracy, no estimate."""
-        n, sums = self.examples, self.errors or {kind: [0.0, 0.0] for kind in ERRORS}
+        """Raw sums and what they say: MSE, RMSE and MAE with skew-corrected intervals; no accuracy, no estimate."""
+        n, sums = self.examples, self.errors or empty_sums()
         cell = self._counts() | {
             "correct": 0,
             "loss_sum": self.loss_sum,
@@ -128,12 +139,12 @@ class Cell:
             "loss": self.loss_sum / n if n else None,
             "estimate": None,
             "estimate_labelled": None,
-            "errors": {kind: {"sum": total, "sum_sq": total_sq} for kind, (total, total_sq) in sums.items()},
+            "errors": {kind: dict(zip(SUMS, values)) for kind, values in sums.items()},
         }
-        for kind, (total, total_sq) in sums.items():
+        for kind, values in sums.items():
             metric = METRIC_OF[kind]
-            cell[metric] = total / n if n else None
-            cell[f"{metric}_interval"] = mean_interval_from_sums(n, total, total_sq, level)
+            cell[metric] = values[0] / n if n else None
+            cell[f"{metric}_interval"] = skewed_mean_interval(n, *values, level)
         mse, ends = cell["mse"], cell["mse_interval"]
         cell["rmse"] = None if mse is None else math.sqrt(mse)
         cell["rmse_interval"] = None if ends is None else [math.sqrt(max(e, 0.0)) for e in ends]
