@@ -316,7 +316,7 @@ def test_the_estimates_stated_error_covers_the_realised_accuracy_as_often_as_it_
         calibration = fit_calibration(1, *draw(400), max_ece=1.0)
         probabilities, labels = draw(500)
         bins = calibration.bins_of(probabilities[:, 0])
-        said = estimate(calibration, np.bincount(bins, minlength=len(calibration.counts)), 0.95)
+        said = estimate(calibration, np.bincount(bins, minlength=len(calibration.counts)), 0.95, 0.25)
         covered += abs(np.mean(labels == 0) - said["value"]) <= said["error"]
     assert 0.92 <= covered / draws <= 0.99, covered / draws
 

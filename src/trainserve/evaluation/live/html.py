@@ -8,7 +8,7 @@ import datetime
 from pathlib import Path
 
 from trainserve import html_page
-from trainserve.evaluation.live.report import report_warnings
+from trainserve.evaluation.live.report import report_warnings, window_label
 from trainserve.files import write_file_atomic
 
 COUNTS = ("answers", "labelled", "unlabelled", "duplicates")  # each answer is one of the last three
@@ -77,7 +77,7 @@ def _error_section(section: dict, window: str) -> str:
         said = [(f"[{e[0]:.4g}, {e[1]:.4g}]" if (e := _interval_of(cell, m)) else None) for m in ("mse", "mae")]
         return [name, *_counts(cell), cell["mse"], said[0], cell["rmse"], cell["mae"], said[1]]
 
-    rows = [row(_when(w["start"], window), w) for w in section["windows"]] + [row("all", section["overall"])]
+    rows = [row(window_label(w["start"], window), w) for w in section["windows"]] + [row("all", section["overall"])]
     parts = [f"<h2>Version {v}</h2>", f"<p>{html_page.escape(section['estimate_note'] or '')}</p>"]
     parts.append(html_page.table(header, rows, ident=f"live-v{v}"))
     for column, cells in section["slices"].items():
@@ -99,7 +99,7 @@ def _section(section: dict, window: str) -> str:
         "accuracy - estimate (labelled answers)",
         "loss",
     ]
-    rows = [_row(_when(w["start"], window), w) for w in section["windows"]]
+    rows = [_row(window_label(w["start"], window), w) for w in section["windows"]]
     rows.append(_row("all", section["overall"]))
     parts = [f"<h2>Version {v}</h2>"]
     if section["estimate_note"]:
@@ -127,7 +127,7 @@ def _row(name: str, cell: dict) -> list:
         *_counts(cell),
         cell["accuracy"],
         interval,
-        None if est is None else f"{est['value']:.4f} ± {est['error']:.4f}",
+        _estimate(est),
         None
         if cell["estimate_labelled"] is None or cell["accuracy"] is None
         else f"{cell['accuracy'] - cell['estimate_labelled']['value']:+.4f}",
@@ -135,14 +135,21 @@ def _row(name: str, cell: dict) -> list:
     ]
 
 
+def _estimate(est: dict | None) -> str | None:
+    if est is None:
+        return None
+    moved = est["shift"]
+    said = f"{est['value']:.4f} ± {est['error']:.4f}"
+    if moved["flagged"]:
+        said += (
+            f" (FLAGGED: confidences moved, PSI {moved['psi']:.2f} > {moved['threshold']:.2f}; "
+            f"widened by {moved['moved']:.2f})"
+        )
+    return said
+
+
 def _counts(cell: dict) -> list[int]:
     return [cell["captured"], cell["examples"], cell["unlabelled"], cell["duplicates"]]
-
-
-def _when(start: int, window: str) -> str:
-    if window == "all":
-        return "all"
-    return datetime.datetime.fromtimestamp(start, datetime.UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def plot_over_time(report: dict, out) -> None:

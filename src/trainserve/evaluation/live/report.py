@@ -14,6 +14,8 @@ from trainserve.files import write_file_atomic
 
 SCHEMA_ID = "trainserve.live-eval/1"
 SCHEMA_PATH = Path(__file__).with_name("live_eval_report.schema.json")
+ESTIMATES = ("estimate", "estimate_labelled")
+MOVED = "!"  # beside an estimate whose answers' confidences moved: its error is widened by the share that moved
 TABLE_WINDOWS = 12  # the terminal shows each version's last windows; the report and the page hold them all
 
 
@@ -34,6 +36,7 @@ def settings(config: LiveEvalConfig) -> dict:
         "inconclusive": config.inconclusive,
         "level": config.level,
         "max_ece": config.max_ece,
+        "max_psi": config.max_psi,
         "model_base_path": None if config.model_base_path is None else str(config.model_base_path),
         "calibrations": None if config.calibrations is None else str(config.calibrations),
     }
@@ -58,6 +61,7 @@ def config_of(report: dict, data_dir: Path | None = None) -> LiveEvalConfig:
         inconclusive=s["inconclusive"],
         level=s["level"],
         max_ece=s["max_ece"],
+        max_psi=s["max_psi"],
         model_base_path=None if s["model_base_path"] is None else Path(s["model_base_path"]),
         calibrations=None if s.get("calibrations") is None else Path(s["calibrations"]),
     )
@@ -67,7 +71,8 @@ def build_report(config: LiveEvalConfig, captures: list[Path], joined) -> dict:
     """`joined`: a join.Joined, or a merge's sums with the same attributes."""
     label_names = list(joined.task.label_names) or [str(i) for i in range(joined.task.classes)]
     sections = {
-        v: side.to_json(label_names, config.window_s, config.level) | {"estimate_note": joined.estimate_notes.get(v)}
+        v: side.to_json(label_names, config.window_s, config.level, config.max_psi)
+        | {"estimate_note": joined.estimate_notes.get(v)}
         for v, side in sorted(joined.versions.items())
     }
     pairs = joined.pairs()
@@ -119,7 +124,30 @@ def report_warnings(report: dict) -> list[str]:
         flagged = (section["calibration"] or {}).get("flagged")
         if flagged:
             lines.append(f"estimate flagged: {flagged}")
+        moved = _moved_windows(section, report["settings"]["window"])
+        if moved:
+            lines.append(
+                f"estimate flagged: version {section['version']}'s answers' confidences moved from its held-out "
+                f"split's in {len(moved)} window(s) ({', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''}): "
+                "traffic its calibration has not seen; the stated error is widened by the share that moved"
+            )
     return lines
+
+
+def _moved_windows(section: dict, window: str) -> list[str]:
+    """The windows whose estimate over every answer is flagged for moved confidences, with their PSI."""
+    return [
+        f"{window_label(w['start'], window)} PSI {w['estimate']['shift']['psi']:.2f}"
+        for w in section["windows"]
+        if w["estimate"] and w["estimate"]["shift"]["flagged"]
+    ]
+
+
+def window_label(start: int, window: str) -> str:
+    """A window's start as the table and the page show it."""
+    if window == "all":
+        return "all"
+    return datetime.datetime.fromtimestamp(start, datetime.UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def validate_report(report: dict) -> None:
@@ -149,10 +177,11 @@ def live_table(report: dict) -> str:
         if len(windows) > TABLE_WINDOWS:
             lines.append(f"    ... {len(windows) - TABLE_WINDOWS} earlier windows in the report")
         for w in windows[-TABLE_WINDOWS:]:
-            start = datetime.datetime.fromtimestamp(w["start"], datetime.UTC).strftime("%Y-%m-%d %H:%M")
-            lines.append(row(start, w))
+            lines.append(row(window_label(w["start"], "1d"), w))
     if regression:
         lines.append("  (a regression model: no label-free estimate; it needs class probabilities)")
+    elif any(_flagged(c[k]) for s in report["versions"] for c in [s["overall"], *s["windows"]] for k in ESTIMATES):
+        lines.append(f"  {MOVED}: the answers' confidences moved from the held-out split's (PSI beyond --max-psi)")
     for gate in report["gates"]:
         lines.append(f"gate {'PASS' if gate['passed'] else 'FAIL'}: {gate['said']}")
     return "\n".join(lines)
@@ -185,9 +214,13 @@ def _row(name: str, cell: dict) -> str:
     realised accuracy: the estimate's own error shows)."""
     accuracy = "" if cell["accuracy"] is None else f"{cell['accuracy']:.4f}"
     interval = "" if cell["interval"] is None else f"[{cell['interval'][0]:.3f}, {cell['interval'][1]:.3f}]"
-    every, labelled = (_estimate(cell[k]) for k in ("estimate", "estimate_labelled"))
+    every, labelled = (_estimate(cell[k]) for k in ESTIMATES)
     return f"{_counts(name, cell)} {accuracy:>9} {interval:>17} {every:>16} {labelled:>15}"
 
 
 def _estimate(said: dict | None) -> str:
-    return "" if said is None else f"{said['value']:.4f} ±{said['error']:.3f}"
+    return "" if said is None else f"{said['value']:.4f} ±{said['error']:.3f}{MOVED if _flagged(said) else ''}"
+
+
+def _flagged(said: dict | None) -> bool:
+    return bool(said and said["shift"]["flagged"])

@@ -106,7 +106,7 @@ class Cell:
             "unlabelled": self.unlabelled,
         }
 
-    def to_json(self, calibration: Calibration | None, level: float) -> dict:
+    def to_json(self, calibration: Calibration | None, level: float, max_psi: float) -> dict:
         """Raw counts (what a merge adds) and what they say: accuracy with Wilson's interval, the loss, and the
         estimate over every answer and over the scored ones (so its error beside the realised accuracy shows)."""
         accuracy = self.correct / self.examples if self.examples else None
@@ -122,8 +122,8 @@ class Cell:
             "estimate_labelled": None,
         }
         if calibration is not None and self.bins_all is not None:
-            cell["estimate"] = estimate(calibration, self.bins_all, level)
-            cell["estimate_labelled"] = estimate(calibration, self.bins_labelled, level)
+            cell["estimate"] = estimate(calibration, self.bins_all, level, max_psi)
+            cell["estimate_labelled"] = estimate(calibration, self.bins_labelled, level, max_psi)
         return cell
 
     def regression_json(self, level: float) -> dict:
@@ -174,10 +174,10 @@ class VersionTally:
     def slice_cell(self, column: str, value: str) -> Cell:
         return self.slices.setdefault(column, {}).setdefault(value, Cell())
 
-    def cell_json(self, cell: Cell, level: float) -> dict:
-        return cell.regression_json(level) if self.regression else cell.to_json(self.calibration, level)
+    def cell_json(self, cell: Cell, level: float, max_psi: float) -> dict:
+        return cell.regression_json(level) if self.regression else cell.to_json(self.calibration, level, max_psi)
 
-    def to_json(self, label_names: list[str], window_s: int | None, level: float) -> dict:
+    def to_json(self, label_names: list[str], window_s: int | None, level: float, max_psi: float) -> dict:
         c, cal = self.overall, self.calibration
         return {
             "version": self.version,
@@ -186,15 +186,21 @@ class VersionTally:
             "joined": c.examples,
             "unlabelled": c.unlabelled,
             "duplicates": c.duplicates,
-            "overall": self.cell_json(c, level),
+            "overall": self.cell_json(c, level, max_psi),
             "per_class": per_class(self.confusion, label_names),
             "confusion_matrix": self.confusion.tolist(),
             "windows": [
-                {"start": start, "end": None if window_s is None else start + window_s, **self.cell_json(cell, level)}
+                {
+                    "start": start,
+                    "end": None if window_s is None else start + window_s,
+                    **self.cell_json(cell, level, max_psi),
+                }
                 for start, cell in sorted(self.windows.items())
             ],
             "slices": {
-                column: [{"value": value, **self.cell_json(cell, level)} for value, cell in sorted(cells.items())]
+                column: [
+                    {"value": value, **self.cell_json(cell, level, max_psi)} for value, cell in sorted(cells.items())
+                ]
                 for column, cells in sorted(self.slices.items())
             },
             "calibration": None if cal is None else cal.to_json(),
