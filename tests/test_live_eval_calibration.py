@@ -72,3 +72,13 @@ def test_held_out_like_windows_are_rarely_flagged_and_the_lowest_confidences_alw
             low, high = said["interval"]
             assert low <= np.mean(labels == 0) <= high, said
     assert false_flags / draws <= 0.05, false_flags
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_a_max_psi_that_is_no_positive_number_is_one_line(tmp_path, capsys, value):
+    from trainserve.cli import main
+
+    (tmp_path / "labels.csv").write_text("request_id,label\n")
+    assert main(["live-eval", str(tmp_path), "--labels", str(tmp_path / "labels.csv"), "--max-psi", value]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "--max-psi" in errors[0], errors
