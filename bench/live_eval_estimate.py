@@ -18,7 +18,7 @@ import argparse
 
 import numpy as np
 
-from trainserve.evaluation.live.calibration import (
+from trainserve.live.calibration import (
     calibration_of,
     equal_count_bins,
     estimate,

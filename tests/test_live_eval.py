@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from captures import capture_name, prediction_log, write_capture
 from trainserve.cli import main
-from trainserve.evaluation.live.calibration import estimate, fit_calibration
-from trainserve.evaluation.live.gates import MIN_PAIRED
-from trainserve.evaluation.live.labels import example_key, read_labels
-from trainserve.evaluation.live.report import validate_report
+from trainserve.live.calibration import estimate, fit_calibration
+from trainserve.live.gates import MIN_PAIRED
+from trainserve.live.labels import example_key, read_labels
+from trainserve.live.report import validate_report
 from trainserve.shards import Shard
 from trainserve.stats.proportions import newcombe_interval, wilson_interval
 

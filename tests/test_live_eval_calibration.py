@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainserve.evaluation.live.calibration import estimate, fit_calibration
+from trainserve.live.calibration import estimate, fit_calibration
 from trainserve.stats.isotonic import isotonic_blocks
 
 pytestmark = pytest.mark.unit

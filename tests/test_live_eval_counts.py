@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from captures import capture_name, prediction_log, write_capture
 from trainserve.cli import main
-from trainserve.evaluation.live import join as join_module
-from trainserve.evaluation.live.calibration import fit_calibration, read_answers
-from trainserve.evaluation.live.labels import read_labels
+from trainserve.live import join as join_module
+from trainserve.live.calibration import fit_calibration, read_answers
+from trainserve.live.labels import read_labels
 
 pytestmark = pytest.mark.unit
 CLASSES, ROWS, HOUR = 3, 3, 3600

@@ -16,8 +16,8 @@ from test_skewed_means import hall_one, hall_two
 
 from captures import capture_name, prediction_log, write_capture
 from trainserve.cli import main
-from trainserve.evaluation.live.gates import MIN_PAIRED
-from trainserve.evaluation.live.report import validate_report
+from trainserve.live.gates import MIN_PAIRED
+from trainserve.live.report import validate_report
 
 pytestmark = pytest.mark.unit
 REQUESTS, ROWS = 60, 2

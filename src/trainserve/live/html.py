@@ -8,8 +8,8 @@ import datetime
 from pathlib import Path
 
 from trainserve import html_page
-from trainserve.evaluation.live.report import report_warnings, window_label
 from trainserve.files import write_file_atomic
+from trainserve.live.report import report_warnings, window_label
 
 COUNTS = ("answers", "labelled", "unlabelled", "duplicates")  # each answer is one of the last three
 

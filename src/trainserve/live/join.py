@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.live.answers import error_pair, input_values, predictions, probabilities, width
-from trainserve.evaluation.live.calibration import Calibration, calibrate_version, flag_calibration, read_answers
-from trainserve.evaluation.live.config import LiveEvalConfig, drop_margin
-from trainserve.evaluation.live.labels import (
+from trainserve.live.answers import error_pair, input_values, predictions, probabilities, width
+from trainserve.live.calibration import Calibration, calibrate_version, flag_calibration, read_answers
+from trainserve.live.config import LiveEvalConfig, drop_margin
+from trainserve.live.labels import (
     LabelTable,
     SliceCodes,
     example_key,
@@ -38,8 +38,8 @@ from trainserve.evaluation.live.labels import (
     read_labels,
     request_hash,
 )
-from trainserve.evaluation.live.seen import SeenKeys
-from trainserve.evaluation.live.tally import VersionTally
+from trainserve.live.seen import SeenKeys
+from trainserve.live.tally import VersionTally
 from trainserve.splits import VERSIONS, read_version_record
 from trainserve.task import Task
 from trainserve.traffic.reader import CapturedRequest, ReadSummary, read_capture
@@ -206,8 +206,8 @@ def _calibration(joined: Joined, config: LiveEvalConfig, version: int) -> Calibr
 
 def _reused_calibration(joined: Joined, config: LiveEvalConfig, version: int) -> Calibration | None:
     """The version's calibration from an earlier report, refitted for this run's --max-ece."""
-    from trainserve.evaluation.live.report import SCHEMA_PATH
     from trainserve.evidence.document import read_document
+    from trainserve.live.report import SCHEMA_PATH
 
     if joined.reused is None:
         joined.reused = {

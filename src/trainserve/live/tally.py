@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainserve.evaluation.live.calibration import Calibration, estimate
-from trainserve.evaluation.metrics import per_class
+from trainserve.class_scores import per_class
+from trainserve.live.calibration import Calibration, estimate
 from trainserve.stats.proportions import wilson_interval
 from trainserve.stats.skewed_means import skewed_mean_interval
 

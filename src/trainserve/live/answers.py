@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.live.tally import SUMS, power_sums
 from trainserve.layout import PREDICTIONS, PROBABILITIES
+from trainserve.live.tally import SUMS, power_sums
 from trainserve.tensors import from_tensor_proto
 from trainserve.traffic.reader import CapturedRequest
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Literal
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.noninferiority import Margin, parse_margins
 from trainserve.files import ensure_writable_dir
+from trainserve.margins import Margin, parse_margins
 from trainserve.options import option, positive_int, share
 from trainserve.shards import Shard, parse_shard
 

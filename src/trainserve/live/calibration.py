@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainserve.class_scores import log_probabilities, output_kind
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.metrics import log_probabilities, output_kind
 from trainserve.stats.distributions import two_sided_z
 from trainserve.stats.divergence import psi, sampling_noise, shares
 from trainserve.stats.isotonic import Blocks, isotonic_blocks
@@ -97,7 +97,7 @@ class Calibration:
 
 def read_answers(probabilities: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(log class probabilities, top probability, predicted class) of each row, from probabilities or logits as
-    eval reads them (trainserve.evaluation.metrics)."""
+    eval reads them (trainserve.class_scores)."""
     scores = probabilities.reshape(len(probabilities), -1)
     log_p = log_probabilities(scores, output_kind(scores, "probabilities"))
     predicted = log_p.argmax(axis=1)

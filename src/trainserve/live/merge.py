@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.live.calibration import Calibration
-from trainserve.evaluation.live.report import build_report, config_of
-from trainserve.evaluation.live.tally import SUMS, VersionTally
+from trainserve.live.calibration import Calibration
+from trainserve.live.report import build_report, config_of
+from trainserve.live.tally import SUMS, VersionTally
 from trainserve.task import Task
 from trainserve.traffic.reader import ReadSummary
 

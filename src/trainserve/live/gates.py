@@ -17,8 +17,8 @@ long side (trainserve.stats.skewed_means). Both come from additive sums, so merg
 from __future__ import annotations
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.live.config import drop_margin
 from trainserve.evidence.decision import non_inferiority
+from trainserve.live.config import drop_margin
 from trainserve.stats.proportions import newcombe_interval, paired_proportion_interval, wilson_interval
 from trainserve.stats.skewed_means import skewed_difference_interval, skewed_mean_interval
 

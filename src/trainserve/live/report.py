@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 from trainserve import __version__
-from trainserve.evaluation.live.config import LiveEvalConfig
-from trainserve.evaluation.live.gates import judge_gates
 from trainserve.files import write_file_atomic
+from trainserve.live.config import LiveEvalConfig
+from trainserve.live.gates import judge_gates
 
 SCHEMA_ID = "trainserve.live-eval/1"
 SCHEMA_PATH = Path(__file__).with_name("live_eval_report.schema.json")
