@@ -15,29 +15,25 @@ c = 1 - 0.85 * Beta(0.8, 4) (about 86 %). Seeded: the same numbers every run.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 
-from trainserve.live.calibration import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from test_live_eval_calibration import answers  # noqa: E402
+
+from trainserve.live.calibration import (  # noqa: E402
     calibration_of,
     equal_count_bins,
     estimate,
     fit_calibration,
 )
 
-CLASSES = 10
 MAX_PSI = 0.25
 TRAFFIC = {"like held-out": (0.5, 10.0), "a bit harder": (0.6, 8.0), "harder": (0.8, 4.0), "lowest only": (5.0, 1.2)}
 TRUTH = {"calibrated": lambda c: c, "over-confident": lambda c: c**2}
-
-
-def answers(rng, n: int, beta: tuple[float, float], truth) -> tuple[np.ndarray, np.ndarray]:
-    """(probabilities, labels) of n answers: class 0 on top with confidence c, right with chance truth(c)."""
-    c = 1 - 0.85 * rng.beta(*beta, n)
-    probabilities = np.empty((n, CLASSES))
-    probabilities[:, 0] = c
-    probabilities[:, 1:] = ((1 - c) / (CLASSES - 1))[:, None]
-    return probabilities, np.where(rng.random(n) < truth(c), 0, 1)
 
 
 def deciles(probabilities: np.ndarray, labels: np.ndarray):

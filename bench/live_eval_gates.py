@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 
-from trainserve.stats.means import mean_interval_from_sums, welch_interval
-from trainserve.stats.skewed_means import skewed_difference_interval, skewed_mean_interval
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from test_skewed_means import sums  # noqa: E402
+
+from trainserve.stats.means import mean_interval_from_sums, welch_interval  # noqa: E402
+from trainserve.stats.skewed_means import skewed_difference_interval, skewed_mean_interval  # noqa: E402
 
 KINDS = ("normal", "t5", "laplace")
 METRICS = {"mse": np.square, "mae": np.abs}
@@ -35,15 +41,6 @@ def errors(rng, kind: str, shape) -> np.ndarray:
 def paired(rng, kind: str, n: int, draws: int, rho: float, spread: float = 1.3) -> tuple[np.ndarray, np.ndarray]:
     base = errors(rng, kind, (draws, n))
     return base, spread * (rho * base + math.sqrt(1 - rho**2) * errors(rng, kind, (draws, n)))
-
-
-def sums(values: np.ndarray) -> dict:
-    return {
-        "n": len(values),
-        "sum": float(values.sum()),
-        "sum_sq": float(np.sum(values**2)),
-        "sum_cu": float(np.sum(values**3)),
-    }
 
 
 def paired_rates(rng, kind: str, metric: str, n: int, rho: float, draws: int) -> tuple[float, float]:

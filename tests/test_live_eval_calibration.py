@@ -17,13 +17,14 @@ CLASSES = 10
 LIKE_HELD_OUT, HARDER, LOWEST = (0.5, 10.0), (0.8, 4.0), (5.0, 1.2)  # Beta of 1 - confidence, scaled by 0.85
 
 
-def answers(rng, n: int, beta: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
-    """(probabilities, labels): class 0 on top with confidence c, right with chance c."""
+def answers(rng, n: int, beta: tuple[float, float], truth=lambda c: c) -> tuple[np.ndarray, np.ndarray]:
+    """(probabilities, labels): class 0 on top with confidence c = 1 - 0.85 * Beta(beta), right with chance
+    truth(c) (calibrated: c). bench/live_eval_estimate.py draws its model from here."""
     c = 1 - 0.85 * rng.beta(*beta, n)
     probabilities = np.empty((n, CLASSES))
     probabilities[:, 0] = c
     probabilities[:, 1:] = ((1 - c) / (CLASSES - 1))[:, None]
-    return probabilities, np.where(rng.random(n) < c, 0, 1)
+    return probabilities, np.where(rng.random(n) < truth(c), 0, 1)
 
 
 def estimate_of(calibration, probabilities: np.ndarray) -> dict:

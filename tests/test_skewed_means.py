@@ -20,7 +20,8 @@ NOMINAL = 0.025  # one-sided: the gate passes when the interval's upper end (of 
 
 
 def sums(values: np.ndarray) -> dict:
-    return {"n": len(values), "sum": values.sum(), "sum_sq": np.sum(values**2), "sum_cu": np.sum(values**3)}
+    """What a report keeps of `values` (bench/live_eval_gates.py sums alike)."""
+    return {"n": len(values), **{k: float(np.sum(values**p)) for p, k in ((1, "sum"), (2, "sum_sq"), (3, "sum_cu"))}}
 
 
 def hall_reference(centre: float, se: float, lam: float, df: float, level: float = 0.95) -> list[float]:
