@@ -130,7 +130,8 @@ def _comparison(case: str, outcomes, **options) -> dict:
 
 
 def _gate_line(comparison: dict, margin: str) -> str:
-    from trainserve.evaluation.noninferiority import describe_margin_gate, margin_gate, parse_margins
+    from trainserve.evaluation.noninferiority import describe_margin_gate, margin_gate
+    from trainserve.margins import parse_margins
 
     gate = margin_gate(parse_margins(margin)[0], comparison)
     return f"  gate            {describe_margin_gate(gate)}: {'PASS' if gate['passed'] else 'FAIL'}"

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.unit
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "trainserve"
-STAGES = ("training", "serving", "evaluation", "replay", "drift", "rollout")
+STAGES = ("training", "serving", "evaluation", "live", "replay", "drift", "rollout")
 
 
 def imported_modules(source: str) -> set[str]:

@@ -35,7 +35,8 @@ STAGE_COMMANDS = {
     "training": {"train", "verify", "runs", "tf-config"},
     "serving": {"serve-local"},
     "capture": {"capture"},  # with `capture export` beneath it (traffic.commands builds that parser)
-    "evaluation": {"eval", "load", "report", "live-eval", "live-eval-merge"},
+    "evaluation": {"eval", "load", "report"},
+    "live": {"live-eval", "live-eval-merge"},
     "replay": {"replay", "replay-merge"},
     "drift": {"drift", "drift-merge"},
     "rollout": {"candidate", "promote", "rollback", "rollout"},

@@ -13,7 +13,8 @@ from scipy import stats
 
 from trainserve.evaluation.comparison import summarize
 from trainserve.evaluation.gates import ChangeGate, change_gates, not_worse_gate, parse_change_gates
-from trainserve.evaluation.noninferiority import Margin, margin_gate, parse_margins
+from trainserve.evaluation.noninferiority import margin_gate
+from trainserve.margins import Margin, parse_margins
 from trainserve.stats.means import RESAMPLES, bootstrap_interval, bootstrap_t_interval, root_mean
 from trainserve.stats.significance import mcnemar_exact, sign_flip_test
 

@@ -1,7 +1,9 @@
 """The label-free estimate on the trained digits model: calibrated on one half of its held-out split, it tracks the
 realised accuracy on traffic drawn like the other half (within its stated error) and drops with it on traffic
-shifted so that accuracy drops. One day of each in one capture: the daily windows show both. Then the same estimate
-from the report's calibrations, in a process that cannot import TensorFlow (the eval image)."""
+shifted so that accuracy drops; a day of heavily noised images and a day of inverted ones are flagged (the
+confidences moved) in the JSON, the table and the page, with an error widened to cover what was realised, and the
+held-out-like day is not. One day of each in one capture: the daily windows show them. Then the same estimate from
+the report's calibrations, in a process that cannot import TensorFlow (the eval image)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ def test_the_estimate_tracks_realised_accuracy_and_drops_on_shifted_traffic(trai
     days = {
         0: images[traffic],  # drawn like the held-out split
         1: np.clip(images[traffic].astype(np.int32) + noisy, 0, 255).astype(np.uint8),  # noise: accuracy drops
+        2: 255 - images[traffic],  # inverted: a model trained on dark backgrounds has not seen these
     }
     model = LoadedModel(version_dir)
     records, rows = [], ["request_id,request_row,label"]
@@ -91,14 +94,27 @@ def test_the_estimate_tracks_realised_accuracy_and_drops_on_shifted_traffic(trai
             str(tmp_path / "live.json"),
         ]
     )
-    assert code == 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert code == 0, err
     section = json.loads((tmp_path / "live.json").read_text())["versions"][0]
-    like, shifted = section["windows"]
+    like, shifted, inverted = section["windows"]
+    flagged = [w["estimate"]["shift"]["flagged"] for w in section["windows"]]
+    print(
+        "PSI, threshold, moved:",
+        [[w["estimate"]["shift"][k] for k in ("psi", "threshold", "moved")] for w in section["windows"]],
+    )
+    assert flagged == [False, True, True], section["windows"]
+    for w in (shifted, inverted):
+        assert w["estimate_labelled"]["interval"][0] <= w["accuracy"] <= w["estimate_labelled"]["interval"][1], w
+    table = [line for line in out.splitlines() if line.strip().startswith(("20", "v1"))]
+    assert [line.count("!") for line in table[1:]] == [0, 2, 2], out  # every answer's estimate and the labelled's
+    assert "confidences moved from its held-out split's in 2 window(s)" in err
+    assert (tmp_path / "live.html").read_text().count("FLAGGED: confidences moved") >= 2  # the two days
     said = {
         name: (w["accuracy"], w["estimate_labelled"]["value"], w["estimate_labelled"]["error"])
         for name, w in (("like held-out", like), ("shifted", shifted))
     }
-    print("realised, estimate, stated error:", said)
+    print("realised, estimate, stated error:", said, [w["estimate"]["value"] for w in section["windows"]])
     realised, estimated, error = said["like held-out"]
     assert abs(realised - estimated) <= error, said
     assert said["shifted"][0] < realised - 0.05, f"the noise did not lower the accuracy: {said}"

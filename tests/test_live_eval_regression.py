@@ -1,7 +1,8 @@
 """`trainserve live-eval` for a regression model, on captures written as capture writes them: MSE, RMSE and MAE
 per version, window and slice against numpy on the recorded answers and the labels the test wrote, their intervals
-against trainserve.stats' Student's t (eval's), --max-drop mse/mae paired and unpaired (Welch's interval against
-scipy's), the bad rows of a labels file of numbers, the shards' merge, and the flags refused for regression."""
+against Hall's skew-corrected t computed from the values (test_skewed_means), --max-drop mse/mae paired and
+unpaired (the skew-corrected Welch interval), the bad rows of a labels file of numbers, the shards' merge, and the
+flags refused for regression."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats as scipy_stats
 from test_live_eval import T0, live_eval, write_labels
+from test_skewed_means import hall_one, hall_two
 
 from captures import capture_name, prediction_log, write_capture
 from trainserve.cli import main
-from trainserve.evaluation.live.gates import MIN_PAIRED
-from trainserve.evaluation.live.report import validate_report
-from trainserve.stats.means import mean_interval
+from trainserve.live.gates import MIN_PAIRED
+from trainserve.live.report import validate_report
 
 pytestmark = pytest.mark.unit
 REQUESTS, ROWS = 60, 2
@@ -115,11 +115,10 @@ def test_per_version_mse_and_mae_equal_numpy_on_the_recorded_answers(tmp_path, r
         assert cell["mse"] == pytest.approx(np.mean(error**2), rel=1e-9)
         assert cell["mae"] == pytest.approx(np.mean(np.abs(error)), rel=1e-9)
         assert cell["rmse"] == pytest.approx(np.sqrt(np.mean(error**2)), rel=1e-9)
-        assert cell["mse_interval"] == pytest.approx(list(mean_interval(error**2)), rel=1e-9)
-        assert cell["mae_interval"] == pytest.approx(list(mean_interval(np.abs(error))), rel=1e-9)
-        retried = sum(int(rid[4:]) % 4 == 0 for rid, _ in labelled)
-        assert section["duplicates"] == retried  # the retry's answer (one off) was not scored
-        assert section["unlabelled"] == REQUESTS * ROWS + 15 * ROWS - len(labelled) - retried
+        assert cell["mse_interval"] == pytest.approx(hall_one(error**2), rel=1e-7)
+        assert cell["mae_interval"] == pytest.approx(hall_one(np.abs(error)), rel=1e-7)
+        assert section["duplicates"] == 15 * ROWS  # every retry's answer (one off), labelled or not, not scored
+        assert section["unlabelled"] == REQUESTS * ROWS - len(labelled)
         assert sum(w["examples"] for w in section["windows"]) == len(labelled)
         assert sum(w["errors"]["squared_error"]["sum"] for w in section["windows"]) == pytest.approx(np.sum(error**2))
         web = [k for k in labelled if k[1] == 0]
@@ -132,7 +131,7 @@ def test_per_version_mse_and_mae_equal_numpy_on_the_recorded_answers(tmp_path, r
 def test_max_drop_mse_is_paired_on_shadowed_requests_against_the_mean_difference(tmp_path, regression, capsys):
     predicted, labelled = regression
     paired = errors_of(predicted, labelled, 2) ** 2 - errors_of(predicted, labelled, 1) ** 2
-    low, high = mean_interval(paired)
+    low, high = hall_one(paired)
     labels = str(tmp_path / "labels.csv")
     assert low > 0  # version 2 is worse: a margin above the interval passes, one below its lower end fails
     for margin, expected in ((high + 0.05, 0), (low / 2, 1)):
@@ -144,7 +143,9 @@ def test_max_drop_mse_is_paired_on_shadowed_requests_against_the_mean_difference
         assert code == expected, gate["said"]
 
 
-def test_max_drop_mae_is_unpaired_where_versions_split_the_traffic_with_welchs_interval(tmp_path, capsys):
+def test_max_drop_mae_is_unpaired_where_versions_split_the_traffic_with_a_skew_corrected_welch_interval(
+    tmp_path, capsys
+):
     predicted, truth = write_regression_traffic(tmp_path, shadow=False, worse=2.0, seed=3)
     write_labels(tmp_path / "labels.csv", [(rid, row, repr(v), "web") for (rid, row), v in truth.items()])
     code, report, _ = live_eval(
@@ -156,8 +157,7 @@ def test_max_drop_mae_is_unpaired_where_versions_split_the_traffic_with_welchs_i
         np.array([abs(p - truth[(rid, row)]) for (v, rid, row), p in predicted.items() if v == version])
         for version in (2, 1)
     )
-    welch = scipy_stats.ttest_ind(mine, theirs, equal_var=False).confidence_interval(0.95)
-    assert gate["interval"] == pytest.approx([welch.low, welch.high], rel=1e-6)
+    assert gate["interval"] == pytest.approx(hall_two(mine, theirs), rel=1e-6)
     assert gate["margin"] == pytest.approx(0.05 * theirs.mean(), rel=1e-9)
     # Version 2's errors are three times as spread: shown worse by far more than 5 %.
     assert gate["verdict"] == "inferior" and code == 1

@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     from trainserve.capture import commands as capture
     from trainserve.drift import commands as drift
     from trainserve.evaluation import commands as evaluation
+    from trainserve.live import commands as live
     from trainserve.replay import commands as replay
     from trainserve.rollout import commands as rollout
     from trainserve.serving import commands as serving
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=EnvDefaults)
     # the data's path, and the order of --help
-    for stage in (training, serving, capture, evaluation, replay, drift, rollout):
+    for stage in (training, serving, capture, evaluation, live, replay, drift, rollout):
         stage.add_parsers(commands)
     return parser
 

@@ -1,11 +1,9 @@
-"""`trainserve eval`, `trainserve load`, `trainserve report merge`, `trainserve live-eval` (and its merge): the
-evaluation stage's command-line parsers."""
+"""`trainserve eval`, `trainserve load`, `trainserve report merge`: the evaluation stage's command-line parsers."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from trainserve.options import add_options, config_from_args
 from trainserve.shards import add_merge_parser
@@ -16,7 +14,6 @@ def add_parsers(commands) -> None:
     add_eval_parser(commands)
     add_load_parser(commands)
     add_report_parser(commands)
-    add_live_eval_parser(commands)
 
 
 def add_eval_parser(commands) -> None:
@@ -114,64 +111,3 @@ def run_load(args: argparse.Namespace) -> int:
     if config.plots:
         print(f"plot: {write_load_plot(result.report, config.plots)}")
     return 0 if result.passed else 1
-
-
-def add_live_eval_parser(commands) -> None:
-    from trainserve.evaluation.live.config import LiveEvalConfig
-
-    p = commands.add_parser(
-        "live-eval",
-        help="score captured answers against labels that arrived later: live accuracy per version and window",
-        description="Join a labels file to the captured answers by request id (the client's x-request-id) and row, "
-        "and score the answers each version really gave: accuracy with intervals per version, per time window and "
-        "per slice, the counts joined, unlabelled, labelled but not captured, and duplicates. No request is sent. "
-        "With --model-base-path, a label-free estimate of each window's accuracy from the model's calibrated "
-        "confidence. Exit 1 when a gate fails (--min-accuracy, --max-drop).",
-    )
-    p.add_argument("captures", nargs="+", type=Path, metavar="CAPTURES", help="capture directories or files")
-    add_options(p, LiveEvalConfig)
-    p.set_defaults(func=run_live_eval)
-    add_merge_parser(
-        commands,
-        "live-eval-merge",
-        "live-eval",
-        "Add the shards' counts (each shard holds whole requests, every version's answers and labels of them) and "
-        "compute the intervals, estimates and gates again: the report one client would have written. Exit 1 when "
-        "a gate fails.",
-        run_live_eval_merge,
-    )
-
-
-def run_live_eval(args: argparse.Namespace) -> int:
-    from trainserve.evaluation.live.config import LiveEvalConfig
-    from trainserve.evaluation.live.join import join_capture
-    from trainserve.evaluation.live.report import build_report
-
-    config = config_from_args(LiveEvalConfig, args)
-    return _publish_live(build_report(config, args.captures, join_capture(config, args.captures)), config.report)
-
-
-def run_live_eval_merge(args: argparse.Namespace) -> int:
-    from trainserve.evaluation.live.merge import merge_reports
-    from trainserve.evaluation.live.report import SCHEMA_PATH
-    from trainserve.evidence.document import read_document
-
-    reports = [read_document(path, "live-eval", SCHEMA_PATH).report for path in args.reports]
-    return _publish_live(merge_reports(reports, [str(p) for p in args.reports]), args.output)
-
-
-def _publish_live(report: dict, path: Path | None) -> int:
-    from trainserve.evaluation.live.html import write_html
-    from trainserve.evaluation.live.report import live_table, report_warnings, write_report
-
-    print(live_table(report))
-    for line in report_warnings(report):
-        print(f"trainserve live-eval: {line}", file=sys.stderr)
-    if path is not None:
-        print(f"report: {write_report(report, path)}")
-        print(f"report: {write_html(report, path.with_suffix('.html'))}")
-    failed = [g["said"] for g in report["gates"] if not g["passed"]]
-    if failed:
-        print(f"trainserve live-eval: gate failed: {'; '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0

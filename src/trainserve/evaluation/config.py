@@ -11,10 +11,10 @@ from typing import Literal
 
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.gates import ChangeGate, Gate, parse_change_gates, parse_gates
-from trainserve.evaluation.noninferiority import Margin, parse_margins
 from trainserve.evaluation.slicing import parse_slice, parse_slice_margin
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
+from trainserve.margins import Margin, parse_margins
 from trainserve.options import key_values, option, parse_bool, positive_int
 from trainserve.shards import Shard, parse_shard
 from trainserve.sources.synthetic import SyntheticSpec

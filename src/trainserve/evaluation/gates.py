@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from trainserve.evidence.decision import ABSENCE, BOUND, basis_of, change_of, holds
+from trainserve.margins import HIGHER_IS_BETTER, LOWER_IS_BETTER
 
-HIGHER_IS_BETTER = frozenset({"accuracy", "top_k_accuracy", "r2", "roc_auc", "average_precision"})
-LOWER_IS_BETTER = frozenset({"loss", "mse", "rmse", "mae"})
 # The metrics compared example by example (an interval, a change gate), by task; the first decides the verdict.
 PAIRED_METRICS = {"classification": ("accuracy", "top_k_accuracy", "loss"), "regression": ("mse", "rmse", "mae")}
 _GATE = re.compile(r"^\s*([a-z_0-9]+)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")

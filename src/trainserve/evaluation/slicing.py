@@ -25,9 +25,9 @@ import numpy as np
 
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.data import ArrayData, EvalData, NpzData
-from trainserve.evaluation.noninferiority import Margin, parse_margins
 from trainserve.evidence.decision import gain_interval, non_inferiority
 from trainserve.layout import SPLIT_INPUTS
+from trainserve.margins import Margin, parse_margins
 from trainserve.stats.means import bootstrap_t_interval
 from trainserve.stats.multiplicity import METHODS, adjust, adjusted_level
 from trainserve.stats.power import discordant_share, mdd_paired_proportions

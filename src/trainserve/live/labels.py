@@ -1,11 +1,12 @@
 """The labels file, read once into compact sorted arrays: 8 bytes of hash, a class and a slice code per label, so
 a million labels take tens of megabytes and the capture, however long, is streamed past them.
 
-Format: CSV with a header. `--key` (request_id) holds the request id the client sent as `x-request-id`;
-`--row-column` (request_row), where present, the example's row within a batched request (0 for the first;
-`trainserve capture export` writes both); `--label-column` (label) the true class, as its index or its name, or
-for a regression model the true number.
-Other columns may be named by `--slice`.
+Format: CSV with a header, UTF-8 with or without a byte-order mark (a spreadsheet's "CSV UTF-8" writes one), any
+line ending (a spreadsheet on Windows writes CRLF); spaces around a header name are ignored. `--key` (request_id)
+holds the request id the client sent as `x-request-id`; `--row-column` (request_row), where present, the example's
+row within a batched request (0 for the first; `trainserve capture export` writes both); `--label-column` (label)
+the true class, as its index or its name, or for a regression model the true number. Other columns may be named
+by `--slice`.
 
 Bad rows are counted by kind, never a traceback, and the rest are scored: `missing id`, `bad row index`,
 `unparseable label` (neither an integer nor a class name; for regression, not a finite number), `unknown class`
@@ -30,6 +31,7 @@ from trainserve.shards import Shard
 
 OTHER = "(other)"  # slice values past MAX_SLICE_VALUES
 MAX_SLICE_VALUES = 50
+ENCODING = "utf-8-sig"  # UTF-8, its byte-order mark (if any) dropped
 BAD_KINDS = ("missing id", "bad row index", "unparseable label", "unknown class")
 
 
@@ -118,9 +120,9 @@ def read_labels(
     bad: Counter = Counter()
     rows = 0
     try:
-        with open(path, newline="", encoding="utf-8") as stream:
+        with open(path, newline="", encoding=ENCODING) as stream:
             reader = csv.DictReader(stream)
-            header = reader.fieldnames or []
+            header = reader.fieldnames = [name.strip() for name in reader.fieldnames or []]
             _check_header(path, header, key, label_column, slices)
             has_rows = row_column in header
             for record in reader:
@@ -145,16 +147,33 @@ def read_labels(
                 for column in slices:
                     coded[column].append(codes[column].code((record.get(column) or "").strip()))
     except UnicodeDecodeError as exc:
-        raise TrainserveError(f"--labels {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise _not_utf8(path, exc) from None
     except csv.Error as exc:
         raise TrainserveError(f"--labels {path}: not a CSV file ({exc})") from None
     return _table(keys, np.array(labels, np.float64 if regression else np.int32), codes, coded, rows, bad, has_rows)
 
 
+def read_header(path: Path) -> list[str]:
+    """The labels file's column names, as read_labels reads them (byte-order mark dropped, names stripped)."""
+    try:
+        with open(path, newline="", encoding=ENCODING) as stream:
+            return [name.strip() for name in next(csv.reader(stream), [])]
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, exc) from None
+    except csv.Error as exc:
+        raise TrainserveError(f"--labels {path}: not a CSV file ({exc})") from None
+
+
+def _not_utf8(path: Path, exc: UnicodeDecodeError) -> TrainserveError:
+    return TrainserveError(f"--labels {path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+
+
 def _check_header(path: Path, header: list[str], key: str, label_column: str, slices: tuple[str, ...]) -> None:
+    """One error line naming the missing column and the header as read, each name as repr writes it, so a character
+    that does not show (a zero-width space, a non-breaking one) shows."""
     for column, flag in ((key, "--key"), (label_column, "--label-column")):
         if column not in header:
-            said = ", ".join(header) or "no header"
+            said = ", ".join(repr(name) for name in header) or "no header"
             raise TrainserveError(f"--labels {path}: no column {column!r} ({flag}); its header has: {said}")
 
 

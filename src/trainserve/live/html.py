@@ -8,8 +8,10 @@ import datetime
 from pathlib import Path
 
 from trainserve import html_page
-from trainserve.evaluation.live.report import report_warnings
 from trainserve.files import write_file_atomic
+from trainserve.live.report import report_warnings, window_label
+
+COUNTS = ("answers", "labelled", "unlabelled", "duplicates")  # each answer is one of the last three
 
 
 def write_html(report: dict, path: Path) -> Path:
@@ -69,13 +71,13 @@ def _interval_of(cell: dict, metric: str) -> list[float] | None:
 def _error_section(section: dict, window: str) -> str:
     """A regression version: MSE, RMSE and MAE with their intervals, per window and per slice value."""
     v = section["version"]
-    header = ["window (UTC)", "answers", "labelled", "mse", "interval", "rmse", "mae", "interval"]
+    header = ["window (UTC)", *COUNTS, "mse", "interval", "rmse", "mae", "interval"]
 
     def row(name: str, cell: dict) -> list:
         said = [(f"[{e[0]:.4g}, {e[1]:.4g}]" if (e := _interval_of(cell, m)) else None) for m in ("mse", "mae")]
-        return [name, cell["captured"], cell["examples"], cell["mse"], said[0], cell["rmse"], cell["mae"], said[1]]
+        return [name, *_counts(cell), cell["mse"], said[0], cell["rmse"], cell["mae"], said[1]]
 
-    rows = [row(_when(w["start"], window), w) for w in section["windows"]] + [row("all", section["overall"])]
+    rows = [row(window_label(w["start"], window), w) for w in section["windows"]] + [row("all", section["overall"])]
     parts = [f"<h2>Version {v}</h2>", f"<p>{html_page.escape(section['estimate_note'] or '')}</p>"]
     parts.append(html_page.table(header, rows, ident=f"live-v{v}"))
     for column, cells in section["slices"].items():
@@ -90,15 +92,14 @@ def _section(section: dict, window: str) -> str:
     v = section["version"]
     header = [
         "window (UTC)",
-        "answers",
-        "labelled",
+        *COUNTS,
         "accuracy",
         "interval",
         "estimate (every answer)",
         "accuracy - estimate (labelled answers)",
         "loss",
     ]
-    rows = [_row(_when(w["start"], window), w) for w in section["windows"]]
+    rows = [_row(window_label(w["start"], window), w) for w in section["windows"]]
     rows.append(_row("all", section["overall"]))
     parts = [f"<h2>Version {v}</h2>"]
     if section["estimate_note"]:
@@ -123,11 +124,10 @@ def _row(name: str, cell: dict) -> list:
     interval = None if cell["interval"] is None else f"[{cell['interval'][0]:.4f}, {cell['interval'][1]:.4f}]"
     return [
         name,
-        cell["captured"],
-        cell["examples"],
+        *_counts(cell),
         cell["accuracy"],
         interval,
-        None if est is None else f"{est['value']:.4f} ± {est['error']:.4f}",
+        _estimate(est),
         None
         if cell["estimate_labelled"] is None or cell["accuracy"] is None
         else f"{cell['accuracy'] - cell['estimate_labelled']['value']:+.4f}",
@@ -135,10 +135,21 @@ def _row(name: str, cell: dict) -> list:
     ]
 
 
-def _when(start: int, window: str) -> str:
-    if window == "all":
-        return "all"
-    return datetime.datetime.fromtimestamp(start, datetime.UTC).strftime("%Y-%m-%d %H:%M")
+def _estimate(est: dict | None) -> str | None:
+    if est is None:
+        return None
+    moved = est["shift"]
+    said = f"{est['value']:.4f} ± {est['error']:.4f}"
+    if moved["flagged"]:
+        said += (
+            f" (FLAGGED: confidences moved, PSI {moved['psi']:.2f} > {moved['threshold']:.2f}; "
+            f"widened by {moved['moved']:.2f})"
+        )
+    return said
+
+
+def _counts(cell: dict) -> list[int]:
+    return [cell["captured"], cell["examples"], cell["unlabelled"], cell["duplicates"]]
 
 
 def plot_over_time(report: dict, out) -> None:

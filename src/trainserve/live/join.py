@@ -3,11 +3,14 @@
 label and version (whether that version answered it, and rightly: the pairs and the duplicates), whatever the
 capture's length.
 
-Per version, each captured example (every row of every record) is exactly one of: `joined` (scored), `duplicate`
-(a labelled example this version had answered before: the first answer is scored) or `unlabelled`. A label no
-version answered is `labelled but not captured` (the request was not sampled, or its id is wrong). The same example
-answered by two versions (shadowed traffic, a retry that reached another version) is a pair: the gates compare on
-pairs where there are enough.
+Per version, each captured answer (every row of every record) is exactly one of: `duplicate` (an example, request id
+and row, this version had answered before, labelled or not: a client's retry; only the first answer counts),
+`joined` (scored) or `unlabelled`, in the version's row, every window's and every slice's alike, so they add up to
+the answers; the label-free estimate counts each example once too. Recognising a retry of an unlabelled example
+takes its key (8 bytes per unlabelled example and version, seen.SeenKeys). A label no version answered is
+`labelled but not captured` (the request was not sampled, or its id is wrong). The same example answered by two
+versions (shadowed traffic, a retry that reached another version) is a pair: the gates compare on pairs where
+there are enough.
 
 A regression model (one target) is joined the same way: its labels are numbers, its answers `predictions`, and
 per label and version the join keeps the squared error (8 bytes; NaN: not answered), from which the pairs'
@@ -16,7 +19,6 @@ differences of squared and absolute errors are summed.
 
 from __future__ import annotations
 
-import csv
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -25,11 +27,19 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.live.answers import error_pair, input_values, predictions, probabilities, width
-from trainserve.evaluation.live.calibration import Calibration, calibrate_version, flag_calibration, read_answers
-from trainserve.evaluation.live.config import LiveEvalConfig, drop_margin
-from trainserve.evaluation.live.labels import LabelTable, SliceCodes, example_key, read_labels, request_hash
-from trainserve.evaluation.live.tally import VersionTally
+from trainserve.live.answers import error_pair, input_values, predictions, probabilities, width
+from trainserve.live.calibration import Calibration, calibrate_version, flag_calibration, read_answers
+from trainserve.live.config import LiveEvalConfig, drop_margin
+from trainserve.live.labels import (
+    LabelTable,
+    SliceCodes,
+    example_key,
+    read_header,
+    read_labels,
+    request_hash,
+)
+from trainserve.live.seen import SeenKeys
+from trainserve.live.tally import VersionTally
 from trainserve.splits import VERSIONS, read_version_record
 from trainserve.task import Task
 from trainserve.traffic.reader import CapturedRequest, ReadSummary, read_capture
@@ -47,6 +57,7 @@ class Joined:
     versions: dict[int, VersionTally] = field(default_factory=dict)
     # version -> per label: -1 not answered, 0 wrong, 1 right; regression: the squared error, NaN not answered
     answered: dict[int, np.ndarray] = field(default_factory=dict)
+    unlabelled_seen: dict[int, SeenKeys] = field(default_factory=dict)  # version -> keys of unlabelled examples
     input_slices: dict[str, SliceCodes] = field(default_factory=dict)
     estimate_notes: dict[int, str] = field(default_factory=dict)  # version -> why it has no estimate
     reused: dict[int, dict] | None = None  # --calibrations: version -> calibration, read once
@@ -117,7 +128,7 @@ def join_capture(config: LiveEvalConfig, captures: list[Path]) -> Joined:
     first = next(records)
     task = model_task(config.data_dir, config.model, width(first))
     _check_task(config, task)
-    header = _header(config.labels)
+    header = read_header(config.labels)
     label_slices = tuple(s for s in config.slice if s in header)
     class_of = {name: i for i, name in enumerate(task.label_names)}
     labels = read_labels(
@@ -143,14 +154,6 @@ def join_capture(config: LiveEvalConfig, captures: list[Path]) -> Joined:
     if not joined.versions:
         log.warning("no captured request of this shard: nothing scored")
     return joined
-
-
-def _header(path: Path) -> list[str]:
-    try:
-        with open(path, newline="", encoding="utf-8") as stream:
-            return next(csv.reader(stream), [])
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise TrainserveError(f"--labels {path}: not a UTF-8 CSV file ({exc})") from None
 
 
 def _check_task(config: LiveEvalConfig, task: Task) -> None:
@@ -180,6 +183,7 @@ def _side(joined: Joined, config: LiveEvalConfig, version: int) -> VersionTally:
         side = joined.versions[version] = VersionTally(version, joined.task.classes, calibration, joined.regression)
         empty = (np.nan, np.float64) if joined.regression else (NOT_ANSWERED, np.int8)
         joined.answered[version] = np.full(len(joined.labels.keys), *empty)
+        joined.unlabelled_seen[version] = SeenKeys()
     return side
 
 
@@ -202,8 +206,8 @@ def _calibration(joined: Joined, config: LiveEvalConfig, version: int) -> Calibr
 
 def _reused_calibration(joined: Joined, config: LiveEvalConfig, version: int) -> Calibration | None:
     """The version's calibration from an earlier report, refitted for this run's --max-ece."""
-    from trainserve.evaluation.live.report import SCHEMA_PATH
     from trainserve.evidence.document import read_document
+    from trainserve.live.report import SCHEMA_PATH
 
     if joined.reused is None:
         joined.reused = {
@@ -236,13 +240,11 @@ def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest
     log_p, confidence, predicted = read_answers(scores)
     n = len(predicted)
     found, duplicate = _lookup(joined, record, n)
-    answered = joined.answered[record.version]
     scored = (found >= 0) & ~duplicate
     at = found[scored]
     truth = joined.labels.labels[at]
     hits = predicted[scored] == truth
-    answered[at] = hits
-    side.duplicates += int(duplicate.sum())
+    joined.answered[record.version][at] = hits
     np.add.at(side.confusion, (truth, predicted[scored]), 1)
     losses = -log_p[scored][np.arange(len(at)), truth]  # eval's cross-entropy (probabilities clipped as Keras does)
     cal = side.calibration
@@ -250,28 +252,36 @@ def _join_record(joined: Joined, config: LiveEvalConfig, record: CapturedRequest
     n_bins = len(cal.counts) if cal is not None else 0
 
     def count(cell, rows: np.ndarray) -> None:
-        """Add the record's examples `rows` (a mask over its n rows) to `cell`."""
+        """Add the record's answers `rows` (a mask over its n rows) to `cell`: the estimate counts each example once."""
         take = rows[scored]
+        first = rows & ~duplicate
         cell.add(
             int(np.sum(rows)),
+            int(np.sum(rows & duplicate)),
             hits[take],
             losses[take],
-            None if bins is None else bins[rows],
+            None if bins is None else bins[first],
             None if bins is None else bins[rows & scored],
             n_bins,
         )
 
-    _count_everywhere(joined, config, record, side, count, n, scored, at)
+    _count_everywhere(joined, config, record, side, count, found)
 
 
 def _lookup(joined: Joined, record: CapturedRequest, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(each row's label index or -1, the duplicate rows: labelled examples this version had answered before)."""
+    """(each row's label index or -1, the duplicate rows: examples this version had answered before, labelled or
+    not). Remembers this record's unlabelled examples."""
     keys = np.fromiter((example_key(record.request_id, row) for row in range(n)), np.uint64, n)
     found = joined.labels.find(keys)
-    if not len(joined.labels.keys):
-        return found, np.zeros(n, bool)
-    before = joined.answered[record.version][np.maximum(found, 0)]  # only this record's rows: O(n), not O(labels)
-    return found, (found >= 0) & _was_answered(before)
+    labelled_before = np.zeros(n, bool)
+    if len(joined.labels.keys):
+        before = joined.answered[record.version][np.maximum(found, 0)]  # this record's rows: O(n), not O(labels)
+        labelled_before = (found >= 0) & _was_answered(before)
+    seen = joined.unlabelled_seen[record.version]
+    unlabelled = found < 0
+    unlabelled_before = unlabelled & seen.seen(keys)
+    seen.add(keys[unlabelled & ~unlabelled_before])
+    return found, labelled_before | unlabelled_before
 
 
 def _join_regression(joined: Joined, config: LiveEvalConfig, record: CapturedRequest, side: VersionTally) -> None:
@@ -283,25 +293,27 @@ def _join_regression(joined: Joined, config: LiveEvalConfig, record: CapturedReq
     at = found[scored]
     squared = (predicted[scored] - joined.labels.labels[at]) ** 2
     joined.answered[record.version][at] = squared
-    side.duplicates += int(duplicate.sum())
 
     def count(cell, rows: np.ndarray) -> None:
-        cell.add_errors(int(np.sum(rows)), squared[rows[scored]])
+        cell.add_errors(int(np.sum(rows)), int(np.sum(rows & duplicate)), squared[rows[scored]])
 
-    _count_everywhere(joined, config, record, side, count, n, scored, at)
+    _count_everywhere(joined, config, record, side, count, found)
 
 
-def _count_everywhere(joined, config, record, side: VersionTally, count, n: int, scored, at) -> None:
-    """`count` the record's rows into the version's overall cell, its window's and each slice value's."""
+def _count_everywhere(joined, config, record, side: VersionTally, count, found: np.ndarray) -> None:
+    """`count` the record's rows into the version's overall cell, its window's and each slice value's. A labels-file
+    column slices the labelled answers (a retry of a labelled example among them, as a duplicate)."""
+    n = len(found)
     every = np.ones(n, bool)
     count(side.overall, every)
     every_s = config.window_s
     window = 0 if every_s is None else record.timestamp_s // every_s * every_s
     count(side.window(window), every)
+    labelled = found >= 0
     for column, codes in joined.labels.slice_codes.items():
         values = np.full(n, -1, np.int32)
-        values[scored] = codes[at]
-        for code in np.unique(values[scored]):
+        values[labelled] = codes[found[labelled]]
+        for code in np.unique(values[labelled]):
             count(side.slice_cell(column, joined.labels.slices[column].values[code]), values == code)
     for column, codes in joined.input_slices.items():
         values = input_values(record, column, n)

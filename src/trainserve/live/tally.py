@@ -1,10 +1,11 @@
 """Additive counts of scored answers, so that windows, slices and shards combine exactly: a `Cell` per version
 and window, per version and slice value, and one per version overall (with its confusion matrix).
 
-Regression cells keep, per error kind (squared, absolute), the sum and the sum of squares of the per-example
-errors: MSE and MAE are their means, and Student's t interval of a mean (trainserve.stats.means.mean_interval,
-eval's interval of a loss) needs only those two sums, so a window, a slice and a merged shard stay exact in
-bounded memory. RMSE's interval is the square root of MSE's ends (the root is monotone)."""
+Regression cells keep, per error kind (squared, absolute), the sum, the sum of squares and the sum of cubes of the
+per-example errors: MSE and MAE are their means, and the skew-corrected interval of a mean
+(trainserve.stats.skewed_means: Hall's transformation of Student's t) needs only those three sums, so a window, a
+slice and a merged shard stay exact in bounded memory. RMSE's interval is the square root of MSE's ends (the root
+is monotone)."""
 
 from __future__ import annotations
 
@@ -13,30 +14,49 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainserve.evaluation.live.calibration import Calibration, estimate
-from trainserve.evaluation.metrics import per_class
-from trainserve.stats.means import mean_interval_from_sums
+from trainserve.class_scores import per_class
+from trainserve.live.calibration import Calibration, estimate
 from trainserve.stats.proportions import wilson_interval
+from trainserve.stats.skewed_means import skewed_mean_interval
 
-ERRORS = ("squared_error", "absolute_error")  # regression: per kind, the sums [sum, sum of squares] a cell keeps
+ERRORS = ("squared_error", "absolute_error")  # regression: per kind, the sums a cell keeps
+SUMS = ("sum", "sum_sq", "sum_cu")  # of the values, their squares and their cubes
 METRIC_OF = {"squared_error": "mse", "absolute_error": "mae"}
+
+
+def empty_sums() -> dict[str, list[float]]:
+    return {kind: [0.0] * len(SUMS) for kind in ERRORS}
+
+
+def power_sums(values: np.ndarray) -> list[float]:
+    """The SUMS of `values`: what a mean's skew-corrected interval needs, and what a merge adds."""
+    return [float(np.sum(values**power)) for power in (1, 2, 3)]
 
 
 @dataclass
 class Cell:
-    """Answers of one version in one window (or slice): `captured` every answered example, `examples` those
-    scored against a label, `bins_*` the answers per calibration bin (all, and the scored ones)."""
+    """Answers of one version in one window (or slice): `captured` every answer, `duplicates` those to an example
+    the version had answered before, `examples` those scored against a label (the rest are unlabelled), `bins_*`
+    the examples per calibration bin (each answered example once, and the scored ones)."""
 
     captured: int = 0
+    duplicates: int = 0
     examples: int = 0
     correct: int = 0
     loss_sum: float = 0.0
     bins_all: np.ndarray | None = None
     bins_labelled: np.ndarray | None = None
-    errors: dict[str, list[float]] | None = None  # regression: kind -> [sum, sum of squares]
+    errors: dict[str, list[float]] | None = None  # regression: kind -> the SUMS
 
-    def add(self, captured: int, hits: np.ndarray, losses: np.ndarray, bins_all, bins_labelled, n_bins: int) -> None:
+    @property
+    def unlabelled(self) -> int:
+        return self.captured - self.duplicates - self.examples
+
+    def add(
+        self, captured: int, duplicates: int, hits: np.ndarray, losses: np.ndarray, bins_all, bins_labelled, n_bins: int
+    ) -> None:
         self.captured += captured
+        self.duplicates += duplicates
         self.examples += len(hits)
         self.correct += int(hits.sum())
         self.loss_sum += float(losses.sum())
@@ -46,25 +66,27 @@ class Cell:
             self.bins_all += np.bincount(bins_all, minlength=n_bins)
             self.bins_labelled += np.bincount(bins_labelled, minlength=n_bins)
 
-    def add_errors(self, captured: int, squared: np.ndarray) -> None:
-        """Regression: `captured` answered examples, `squared` the squared errors of those scored (one target, so
-        the absolute error is the root)."""
+    def add_errors(self, captured: int, duplicates: int, squared: np.ndarray) -> None:
+        """Regression: `captured` answers, `duplicates` of them repeated, `squared` the squared errors of those
+        scored (one target, so the absolute error is the root)."""
         self.captured += captured
+        self.duplicates += duplicates
         self.examples += len(squared)
         self.loss_sum += float(squared.sum())
-        self.errors = self.errors or {kind: [0.0, 0.0] for kind in ERRORS}
+        self.errors = self.errors or empty_sums()
         for kind, values in (("squared_error", squared), ("absolute_error", np.sqrt(squared))):
-            self.errors[kind][0] += float(values.sum())
-            self.errors[kind][1] += float(np.sum(values * values))
+            for i, added in enumerate(power_sums(values)):
+                self.errors[kind][i] += added
 
     def merge(self, raw: dict) -> None:
         """Add a report's cell (its raw counts)."""
         if "errors" in raw:
-            self.errors = self.errors or {kind: [0.0, 0.0] for kind in ERRORS}
+            self.errors = self.errors or empty_sums()
             for kind in ERRORS:
-                self.errors[kind][0] += raw["errors"][kind]["sum"]
-                self.errors[kind][1] += raw["errors"][kind]["sum_sq"]
+                for i, name in enumerate(SUMS):
+                    self.errors[kind][i] += raw["errors"][kind][name]
         self.captured += raw["captured"]
+        self.duplicates += raw["duplicates"]
         self.examples += raw["examples"]
         self.correct += raw["correct"]
         self.loss_sum += raw["loss_sum"]
@@ -75,13 +97,20 @@ class Cell:
             self.bins_all += np.asarray(raw["bins_all"], np.int64)
             self.bins_labelled += np.asarray(raw["bins_labelled"], np.int64)
 
-    def to_json(self, calibration: Calibration | None, level: float) -> dict:
+    def _counts(self) -> dict:
+        """Every answer is one of: duplicate, scored (examples), unlabelled."""
+        return {
+            "captured": self.captured,
+            "duplicates": self.duplicates,
+            "examples": self.examples,
+            "unlabelled": self.unlabelled,
+        }
+
+    def to_json(self, calibration: Calibration | None, level: float, max_psi: float) -> dict:
         """Raw counts (what a merge adds) and what they say: accuracy with Wilson's interval, the loss, and the
         estimate over every answer and over the scored ones (so its error beside the realised accuracy shows)."""
         accuracy = self.correct / self.examples if self.examples else None
-        cell = {
-            "captured": self.captured,
-            "examples": self.examples,
+        cell = self._counts() | {
             "correct": self.correct,
             "loss_sum": self.loss_sum,
             "bins_all": None if self.bins_all is None else self.bins_all.tolist(),
@@ -93,16 +122,14 @@ class Cell:
             "estimate_labelled": None,
         }
         if calibration is not None and self.bins_all is not None:
-            cell["estimate"] = estimate(calibration, self.bins_all, level)
-            cell["estimate_labelled"] = estimate(calibration, self.bins_labelled, level)
+            cell["estimate"] = estimate(calibration, self.bins_all, level, max_psi)
+            cell["estimate_labelled"] = estimate(calibration, self.bins_labelled, level, max_psi)
         return cell
 
     def regression_json(self, level: float) -> dict:
-        """Raw sums and what they say: MSE, RMSE and MAE with Student's t intervals; no accuracy, no estimate."""
-        n, sums = self.examples, self.errors or {kind: [0.0, 0.0] for kind in ERRORS}
-        cell = {
-            "captured": self.captured,
-            "examples": n,
+        """Raw sums and what they say: MSE, RMSE and MAE with skew-corrected intervals; no accuracy, no estimate."""
+        n, sums = self.examples, self.errors or empty_sums()
+        cell = self._counts() | {
             "correct": 0,
             "loss_sum": self.loss_sum,
             "bins_all": None,
@@ -112,12 +139,12 @@ class Cell:
             "loss": self.loss_sum / n if n else None,
             "estimate": None,
             "estimate_labelled": None,
-            "errors": {kind: {"sum": total, "sum_sq": total_sq} for kind, (total, total_sq) in sums.items()},
+            "errors": {kind: dict(zip(SUMS, values)) for kind, values in sums.items()},
         }
-        for kind, (total, total_sq) in sums.items():
+        for kind, values in sums.items():
             metric = METRIC_OF[kind]
-            cell[metric] = total / n if n else None
-            cell[f"{metric}_interval"] = mean_interval_from_sums(n, total, total_sq, level)
+            cell[metric] = values[0] / n if n else None
+            cell[f"{metric}_interval"] = skewed_mean_interval(n, *values, level)
         mse, ends = cell["mse"], cell["mse_interval"]
         cell["rmse"] = None if mse is None else math.sqrt(mse)
         cell["rmse_interval"] = None if ends is None else [math.sqrt(max(e, 0.0)) for e in ends]
@@ -133,7 +160,6 @@ class VersionTally:
     calibration: Calibration | None = None
     regression: bool = False
     records: int = 0
-    duplicates: int = 0  # answers to an example this version had already answered (not scored again)
     overall: Cell = field(default_factory=Cell)
     windows: dict[int, Cell] = field(default_factory=dict)  # window start (UTC seconds) -> cell
     slices: dict[str, dict[str, Cell]] = field(default_factory=dict)  # column -> value -> cell
@@ -148,27 +174,33 @@ class VersionTally:
     def slice_cell(self, column: str, value: str) -> Cell:
         return self.slices.setdefault(column, {}).setdefault(value, Cell())
 
-    def cell_json(self, cell: Cell, level: float) -> dict:
-        return cell.regression_json(level) if self.regression else cell.to_json(self.calibration, level)
+    def cell_json(self, cell: Cell, level: float, max_psi: float) -> dict:
+        return cell.regression_json(level) if self.regression else cell.to_json(self.calibration, level, max_psi)
 
-    def to_json(self, label_names: list[str], window_s: int | None, level: float) -> dict:
+    def to_json(self, label_names: list[str], window_s: int | None, level: float, max_psi: float) -> dict:
         c, cal = self.overall, self.calibration
         return {
             "version": self.version,
             "records": self.records,
             "captured": c.captured,
             "joined": c.examples,
-            "unlabelled": c.captured - c.examples - self.duplicates,
-            "duplicates": self.duplicates,
-            "overall": self.cell_json(c, level),
+            "unlabelled": c.unlabelled,
+            "duplicates": c.duplicates,
+            "overall": self.cell_json(c, level, max_psi),
             "per_class": per_class(self.confusion, label_names),
             "confusion_matrix": self.confusion.tolist(),
             "windows": [
-                {"start": start, "end": None if window_s is None else start + window_s, **self.cell_json(cell, level)}
+                {
+                    "start": start,
+                    "end": None if window_s is None else start + window_s,
+                    **self.cell_json(cell, level, max_psi),
+                }
                 for start, cell in sorted(self.windows.items())
             ],
             "slices": {
-                column: [{"value": value, **self.cell_json(cell, level)} for value, cell in sorted(cells.items())]
+                column: [
+                    {"value": value, **self.cell_json(cell, level, max_psi)} for value, cell in sorted(cells.items())
+                ]
                 for column, cells in sorted(self.slices.items())
             },
             "calibration": None if cal is None else cal.to_json(),

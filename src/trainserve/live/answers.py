@@ -8,6 +8,7 @@ import numpy as np
 
 from trainserve.errors import TrainserveError
 from trainserve.layout import PREDICTIONS, PROBABILITIES
+from trainserve.live.tally import SUMS, power_sums
 from trainserve.tensors import from_tensor_proto
 from trainserve.traffic.reader import CapturedRequest
 
@@ -21,9 +22,7 @@ def error_pair(first: int, second: int, a: np.ndarray, b: np.ndarray) -> dict:
         "first_only": 0,
         "second_only": 0,
         "both_right": 0,
-        "differences": {
-            kind: {"sum": float(d.sum()), "sum_sq": float(np.sum(d * d))} for kind, d in differences.items()
-        },
+        "differences": {kind: dict(zip(SUMS, power_sums(d))) for kind, d in differences.items()},
     }
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Literal
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.noninferiority import Margin, parse_margins
 from trainserve.files import ensure_writable_dir
+from trainserve.margins import Margin, parse_margins
 from trainserve.options import option, positive_int, share
 from trainserve.shards import Shard, parse_shard
 
@@ -150,6 +150,12 @@ class LiveEvalConfig:
         "flag a version's estimate when its expected calibration error on the held-out split exceeds this",
         parse=share,
     )
+    max_psi: float = option(
+        0.25,
+        "flag a window's estimate when its answers' confidences moved from the held-out split's by more than this "
+        "PSI (and more than sampling alone reaches at 1 %%): its stated error is widened by the share that moved",
+        parse=float,
+    )
     shard: Shard | None = option(
         None,
         "I/N: score the requests whose id hashes to I of N (every shard reads the whole capture)",
@@ -172,6 +178,8 @@ class LiveEvalConfig:
             raise TrainserveError("--labels: expected the labels file (CSV with a header)")
         if not self.labels.is_file():
             raise TrainserveError(f"--labels {self.labels}: no such file: expected a CSV of late labels")
+        if not self.max_psi > 0:
+            raise TrainserveError(f"--max-psi {self.max_psi}: expected a positive PSI, e.g. 0.25")
         if not 0 < self.level < 1:
             raise TrainserveError(f"--level {self.level}: expected a confidence level in (0, 1), e.g. 0.95")
         if self.baseline_version is not None and self.baseline_version == self.version:

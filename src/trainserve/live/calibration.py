@@ -3,16 +3,27 @@ classification with probabilities.
 
 A version's accuracy on traffic it has answered, before any label arrives, is the mean over those answers of the
 chance each one is right. The model's own confidence (its top probability) says that chance only when the model
-is calibrated, so it is calibrated first, on the version's own held-out split: the split's confidences are cut into
-BINS bins of equal count, and each bin's confidence becomes the accuracy the version showed in it (histogram
-binning). The estimate for a window is then sum_b n_b a_b / n over the window's n answers, n_b of them in bin b.
+is calibrated, so it is calibrated first, on the version's own held-out split: isotonic regression of being right on
+the confidence (pool-adjacent-violators, trainserve.stats.isotonic) cuts the split into blocks of consecutive
+confidences, each with the accuracy the version showed in it and at least 1/MAX_BLOCKS of the split
+(MIN_BLOCK examples at least). The blocks follow the confidence itself: equal-count deciles put a tenth of a
+96 %-accurate model's split in one lowest bin spanning confidence 0.30-0.86, so that on harder traffic, which
+lands there, the estimate read that bin's average and came out high (bench/live_eval_estimate.py). The estimate
+for a window is sum_b n_b a_b / n over the window's n answers, n_b of them in block b.
 
 Its stated error (at --level) adds two variances: the window's own sampling (each answer right with chance a_b:
 sum_b n_b a_b (1 - a_b) / n^2) and the calibration's (a_b itself measured on m_b held-out examples:
 sum_b (n_b / n)^2 a_b (1 - a_b) / m_b). It assumes what CBPE assumes: the inputs may move, but the chance of being
-right at a given confidence does not (no concept shift). The expected calibration error (ECE) of the raw
-confidences on the held-out split is reported; above --max-ece the estimate is flagged: the model's confidence
-says little by itself and the estimate rests on the calibration map alone.
+right at a given confidence does not (no concept shift). The expected calibration error (ECE, over equal-count
+deciles) of the raw confidences on the held-out split is reported; above --max-ece the estimate is flagged: the
+model's confidence says little by itself and the estimate rests on the calibration map alone.
+
+What it cannot judge, it says: a window whose answers' confidences are spread over the blocks unlike the held-out
+split's (PSI above --max-psi and above what sampling alone reaches at 1 %, trainserve.stats.divergence) is
+traffic the calibration has not seen (inverted images answered with low confidence, say): the chance of being right
+at a given confidence is then exactly what may have changed. Such an estimate is flagged, and its error widened by
+the share of answers that moved (half the sum of the share differences, the total variation distance): each of
+those could be right or wrong.
 """
 
 from __future__ import annotations
@@ -25,18 +36,22 @@ from pathlib import Path
 
 import numpy as np
 
+from trainserve.class_scores import log_probabilities, output_kind
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.metrics import log_probabilities, output_kind
 from trainserve.stats.distributions import two_sided_z
+from trainserve.stats.divergence import psi, sampling_noise, shares
+from trainserve.stats.isotonic import Blocks, isotonic_blocks
 
 log = logging.getLogger(__name__)
-BINS = 10
+ECE_BINS = 10  # the ECE's equal-count bins
+MAX_BLOCKS, MIN_BLOCK = 100, 10  # each calibration block holds 1/MAX_BLOCKS of the split, MIN_BLOCK examples at least
 
 
 @dataclass(frozen=True)
 class Calibration:
     """One version's calibration map: bin b holds confidences in (edges[b-1], edges[b]]; `accuracy[b]` is what
-    the version's held-out examples in it scored, `counts[b]` how many there were."""
+    the version's held-out examples in it scored, `counts[b]` how many there were. (A report of an earlier release
+    holds equal-count bins, read alike.)"""
 
     version: int
     edges: tuple[float, ...]
@@ -46,6 +61,7 @@ class Calibration:
     ece: float
     held_out_accuracy: float
     flagged: str | None  # why the estimate should not be trusted alone, or None
+    method: str = "histogram binning of the top probability, equal-count bins"
 
     def bins_of(self, confidence: np.ndarray) -> np.ndarray:
         return np.searchsorted(np.asarray(self.edges), confidence, side="left")
@@ -53,7 +69,7 @@ class Calibration:
     def to_json(self) -> dict:
         return {
             "version": self.version,
-            "method": f"histogram binning of the top probability, {len(self.counts)} equal-count bins",
+            "method": self.method,
             "edges": list(self.edges),
             "accuracy": list(self.accuracy),
             "confidence": list(self.confidence),
@@ -75,24 +91,31 @@ class Calibration:
             raw["ece"],
             raw["held_out_accuracy"],
             raw["flagged"],
+            raw["method"],
         )
 
 
 def read_answers(probabilities: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(log class probabilities, top probability, predicted class) of each row, from probabilities or logits as
-    eval reads them (trainserve.evaluation.metrics)."""
+    eval reads them (trainserve.class_scores)."""
     scores = probabilities.reshape(len(probabilities), -1)
     log_p = log_probabilities(scores, output_kind(scores, "probabilities"))
     predicted = log_p.argmax(axis=1)
     return log_p, np.exp(log_p[np.arange(len(log_p)), predicted]), predicted
 
 
-def fit_calibration(
-    version: int, probabilities: np.ndarray, labels: np.ndarray, max_ece: float, bins: int = BINS
-) -> Calibration:
-    """The calibration map of `version` from its held-out answers and labels."""
+def fit_calibration(version: int, probabilities: np.ndarray, labels: np.ndarray, max_ece: float) -> Calibration:
+    """The calibration map of `version` from its held-out answers and labels: isotonic blocks."""
     _, confidence, predicted = read_answers(probabilities)
     correct = predicted == labels
+    least = max(MIN_BLOCK, -(-len(correct) // MAX_BLOCKS))
+    blocks = isotonic_blocks(confidence, correct, least) if len(correct) else Blocks(*([np.zeros(0)] * 4))
+    method = f"isotonic regression (PAV) on the top probability, {len(blocks.count)} blocks of >= {least} examples"
+    return calibration_of(version, blocks, confidence, correct, max_ece, method)
+
+
+def equal_count_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> Blocks:
+    """The held-out answers in `bins` bins of equal count: each bin's accuracy and mean confidence."""
     inner = np.unique(np.quantile(confidence, np.arange(1, bins) / bins, method="lower"))
     inner = inner[inner < confidence.max()]  # a top edge at the maximum would leave an empty last bin
     where = np.searchsorted(inner, confidence, side="left")
@@ -101,16 +124,25 @@ def fit_calibration(
     conf_sum = np.bincount(where, weights=confidence, minlength=len(inner) + 1)
     accuracy = np.divide(hits, counts, out=np.zeros(len(counts)), where=counts > 0)
     mean_conf = np.divide(conf_sum, counts, out=np.zeros(len(counts)), where=counts > 0)
-    ece = float(np.sum(counts * np.abs(accuracy - mean_conf)) / max(len(labels), 1))
+    return Blocks(np.r_[inner, confidence.max()], accuracy, counts, mean_conf)
+
+
+def calibration_of(
+    version: int, blocks: Blocks, confidence: np.ndarray, correct: np.ndarray, max_ece: float, method: str
+) -> Calibration:
+    """The calibration with map `blocks`, its ECE over equal-count bins of the raw confidences."""
+    deciles = equal_count_bins(confidence, correct) if len(correct) else Blocks(*([np.zeros(0)] * 4))
+    ece = float(np.sum(deciles.count * np.abs(deciles.mean - deciles.score)) / max(len(correct), 1))
     calibration = Calibration(
         version,
-        tuple(float(e) for e in inner),
-        tuple(float(a) for a in accuracy),
-        tuple(float(c) for c in mean_conf),
-        tuple(int(c) for c in counts),
+        tuple(float(e) for e in blocks.upper[:-1]),
+        tuple(float(a) for a in blocks.mean),
+        tuple(float(c) for c in blocks.score),
+        tuple(int(c) for c in blocks.count),
         ece,
         float(correct.mean()) if len(correct) else 0.0,
         None,
+        method,
     )
     return flag_calibration(calibration, max_ece)
 
@@ -126,9 +158,9 @@ def flag_calibration(calibration: Calibration, max_ece: float) -> Calibration:
     return dataclasses.replace(calibration, flagged=flagged)
 
 
-def estimate(calibration: Calibration, bin_counts, level: float) -> dict | None:
-    """The expected accuracy of answers counted into the calibration's bins, and its stated error (half-width at
-    `level`); None without answers."""
+def estimate(calibration: Calibration, bin_counts, level: float, max_psi: float) -> dict | None:
+    """The expected accuracy of answers counted into the calibration's bins, its stated error (half-width at
+    `level`), and whether their confidences moved from the held-out split's (`shift`); None without answers."""
     n_b = np.asarray(bin_counts, np.float64)
     n = n_b.sum()
     if n == 0:
@@ -140,8 +172,25 @@ def estimate(calibration: Calibration, bin_counts, level: float) -> dict | None:
     sampling = float(np.sum(n_b * smooth * (1 - smooth))) / n**2
     mapping = float(np.sum(np.divide((n_b / n) ** 2 * smooth * (1 - smooth), m, out=np.zeros_like(m), where=m > 0)))
     value = float(np.sum(n_b * a) / n)
-    error = two_sided_z(level) * math.sqrt(sampling + mapping)
-    return {"value": value, "error": error, "interval": [max(0.0, value - error), min(1.0, value + error)]}
+    shift = confidence_shift(calibration.counts, n_b, max_psi)
+    error = two_sided_z(level) * math.sqrt(sampling + mapping) + (shift["moved"] if shift["flagged"] else 0.0)
+    return {
+        "value": value,
+        "error": error,
+        "interval": [max(0.0, value - error), min(1.0, value + error)],
+        "shift": shift,
+    }
+
+
+def confidence_shift(held_out_counts, counts: np.ndarray, max_psi: float) -> dict:
+    """How far the answers' confidences moved over the calibration's bins from the held-out split's: PSI, the
+    threshold it is judged by (--max-psi, or what sampling alone reaches at 1 % where that is higher), the share
+    of answers that moved (total variation distance), and whether the move is beyond the threshold."""
+    said = psi(held_out_counts, counts)
+    noise = sampling_noise(held_out_counts, int(counts.sum())).psi if len(counts) > 1 else 0.0
+    threshold = max(max_psi, noise)
+    moved = 0.5 * float(np.abs(shares(counts) - shares(held_out_counts)).sum())
+    return {"psi": said, "threshold": threshold, "moved": moved, "flagged": bool(said > threshold)}
 
 
 def calibrate_version(

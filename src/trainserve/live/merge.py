@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.live.calibration import Calibration
-from trainserve.evaluation.live.report import build_report, config_of
-from trainserve.evaluation.live.tally import VersionTally
+from trainserve.live.calibration import Calibration
+from trainserve.live.report import build_report, config_of
+from trainserve.live.tally import SUMS, VersionTally
 from trainserve.task import Task
 from trainserve.traffic.reader import ReadSummary
 
@@ -112,9 +112,9 @@ def _sum_pairs(reports: list[dict]) -> list[dict]:
             for field_name in PAIR_COUNTS:
                 into[field_name] += pair[field_name]
             for kind, added in pair.get("differences", {}).items():  # regression: paired error differences
-                total = into.setdefault("differences", {}).setdefault(kind, {"sum": 0.0, "sum_sq": 0.0})
-                total["sum"] += added["sum"]
-                total["sum_sq"] += added["sum_sq"]
+                total = into.setdefault("differences", {}).setdefault(kind, dict.fromkeys(SUMS, 0.0))
+                for name in SUMS:
+                    total[name] += added[name]
     return [sums[k] for k in sorted(sums)]
 
 
@@ -128,7 +128,6 @@ def _add_version(merged: Merged, section: dict) -> None:
         if section["estimate_note"]:
             merged.estimate_notes[v] = section["estimate_note"]
     side.records += section["records"]
-    side.duplicates += section["duplicates"]
     side.overall.merge(section["overall"])
     side.confusion += np.asarray(section["confusion_matrix"], np.int64)
     for w in section["windows"]:

@@ -8,18 +8,19 @@ the examples both answered. Where fewer than MIN_PAIRED were, it is unpaired: Ne
 from the two versions' Wilson intervals, over each version's own labelled examples. The report says which.
 
 For a regression model `--max-drop mse=X` (or mae=X, or X% of the baseline's value) judges the rise of the mean
-squared (absolute) error: paired, Student's t interval of the mean per-example difference on the examples both
-answered; unpaired, Welch's interval of the difference of the two means (each over its own labelled examples,
-degrees of freedom by Welch-Satterthwaite). Both come from additive sums, so merged shards judge alike.
+squared (absolute) error: paired, the skew-corrected interval of the mean per-example difference on the examples
+both answered; unpaired, the skew-corrected Welch interval of the difference of the two means (each over its own
+labelled examples). Squared errors are skewed, where Student's and Welch's t put too little of their error on the
+long side (trainserve.stats.skewed_means). Both come from additive sums, so merged shards judge alike.
 """
 
 from __future__ import annotations
 
 from trainserve.errors import TrainserveError
-from trainserve.evaluation.live.config import drop_margin
 from trainserve.evidence.decision import non_inferiority
-from trainserve.stats.means import mean_interval_from_sums, welch_interval
+from trainserve.live.config import drop_margin
 from trainserve.stats.proportions import newcombe_interval, paired_proportion_interval, wilson_interval
+from trainserve.stats.skewed_means import skewed_difference_interval, skewed_mean_interval
 
 MIN_PAIRED = 30
 
@@ -124,16 +125,16 @@ def error_drop_gate(
     if paired:
         n, sums = pair["examples"], pair["differences"][kind]
         sign = 1 if pair["versions"][0] == candidate["version"] else -1  # the pair holds first minus second
-        ends = mean_interval_from_sums(n, sums["sum"], sums["sum_sq"], level)
+        ends = skewed_mean_interval(n, sums["sum"], sums["sum_sq"], sums["sum_cu"], level)
         difference = sign * sums["sum"] / n
         low, high = (None, None) if ends is None else sorted(sign * e for e in ends)
-        method = f"paired on {n} examples both answered (Student's t interval of the per-example difference)"
+        method = f"paired on {n} examples both answered (skew-corrected t interval of the per-example difference)"
     else:
         sides = [{"n": s["examples"], **s["errors"][kind]} for s in (c, b)]
         difference = None if not (c["examples"] and b["examples"]) else c[metric] - b[metric]
-        low, high = welch_interval(*sides, level)
+        low, high = skewed_difference_interval(*sides, level)
         shared = pair["examples"] if pair else 0
-        method = f"unpaired ({shared} examples answered by both, fewer than {MIN_PAIRED}; Welch's interval)"
+        method = f"unpaired ({shared} examples answered by both, fewer than {MIN_PAIRED}; skew-corrected Welch)"
     allowed = margin.absolute(b[metric] or 0.0)
     # Lower is better: the gain is minus the rise, so the gain's interval is the rise's, negated and swapped.
     verdict = non_inferiority(None if high is None else -high, None if low is None else -low, allowed)

@@ -8,12 +8,14 @@ import json
 from pathlib import Path
 
 from trainserve import __version__
-from trainserve.evaluation.live.config import LiveEvalConfig
-from trainserve.evaluation.live.gates import judge_gates
 from trainserve.files import write_file_atomic
+from trainserve.live.config import LiveEvalConfig
+from trainserve.live.gates import judge_gates
 
 SCHEMA_ID = "trainserve.live-eval/1"
 SCHEMA_PATH = Path(__file__).with_name("live_eval_report.schema.json")
+ESTIMATES = ("estimate", "estimate_labelled")
+MOVED = "!"  # beside an estimate whose answers' confidences moved: its error is widened by the share that moved
 TABLE_WINDOWS = 12  # the terminal shows each version's last windows; the report and the page hold them all
 
 
@@ -34,6 +36,7 @@ def settings(config: LiveEvalConfig) -> dict:
         "inconclusive": config.inconclusive,
         "level": config.level,
         "max_ece": config.max_ece,
+        "max_psi": config.max_psi,
         "model_base_path": None if config.model_base_path is None else str(config.model_base_path),
         "calibrations": None if config.calibrations is None else str(config.calibrations),
     }
@@ -58,6 +61,7 @@ def config_of(report: dict, data_dir: Path | None = None) -> LiveEvalConfig:
         inconclusive=s["inconclusive"],
         level=s["level"],
         max_ece=s["max_ece"],
+        max_psi=s["max_psi"],
         model_base_path=None if s["model_base_path"] is None else Path(s["model_base_path"]),
         calibrations=None if s.get("calibrations") is None else Path(s["calibrations"]),
     )
@@ -67,7 +71,8 @@ def build_report(config: LiveEvalConfig, captures: list[Path], joined) -> dict:
     """`joined`: a join.Joined, or a merge's sums with the same attributes."""
     label_names = list(joined.task.label_names) or [str(i) for i in range(joined.task.classes)]
     sections = {
-        v: side.to_json(label_names, config.window_s, config.level) | {"estimate_note": joined.estimate_notes.get(v)}
+        v: side.to_json(label_names, config.window_s, config.level, config.max_psi)
+        | {"estimate_note": joined.estimate_notes.get(v)}
         for v, side in sorted(joined.versions.items())
     }
     pairs = joined.pairs()
@@ -119,7 +124,30 @@ def report_warnings(report: dict) -> list[str]:
         flagged = (section["calibration"] or {}).get("flagged")
         if flagged:
             lines.append(f"estimate flagged: {flagged}")
+        moved = _moved_windows(section, report["settings"]["window"])
+        if moved:
+            lines.append(
+                f"estimate flagged: version {section['version']}'s answers' confidences moved from its held-out "
+                f"split's in {len(moved)} window(s) ({', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''}): "
+                "traffic its calibration has not seen; the stated error is widened by the share that moved"
+            )
     return lines
+
+
+def _moved_windows(section: dict, window: str) -> list[str]:
+    """The windows whose estimate over every answer is flagged for moved confidences, with their PSI."""
+    return [
+        f"{window_label(w['start'], window)} PSI {w['estimate']['shift']['psi']:.2f}"
+        for w in section["windows"]
+        if w["estimate"] and w["estimate"]["shift"]["flagged"]
+    ]
+
+
+def window_label(start: int, window: str) -> str:
+    """A window's start as the table and the page show it."""
+    if window == "all":
+        return "all"
+    return datetime.datetime.fromtimestamp(start, datetime.UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def validate_report(report: dict) -> None:
@@ -134,24 +162,26 @@ def write_report(report: dict, path: Path) -> Path:
 
 
 def live_table(report: dict) -> str:
-    if report["task"]["kind"] == "regression":
-        return _regression_table(report)
-    j = report["join"]
-    lines = [
-        f"live-eval {report['model']}: {j['joined']} answers joined to labels, {j['unlabelled']} unlabelled, "
-        f"{j['duplicates']} duplicate answers, {j['labelled_not_captured']} labels without a captured answer "
-        f"(join on {j['key']})",
-        f"  {'':>16} {'labelled':>8} {'unlabelled':>10} {'accuracy':>9} {'interval':>17} "
-        f"{'estimate, all':>16} {'on the labelled':>15}",
-    ]
+    """The version's row, then its windows': labelled + unlabelled + duplicates = the answers, in every row."""
+    regression = report["task"]["kind"] == "regression"
+    row = _error_row if regression else _row
+    head = (
+        f"{'mse':>10} {'interval':>23} {'mae':>10} {'interval':>23}"
+        if regression
+        else f"{'accuracy':>9} {'interval':>17} {'estimate, all':>16} {'on the labelled':>15}"
+    )
+    lines = [_joined_line(report), f"  {'':>16} {'labelled':>8} {'unlabelled':>10} {'dupl.':>5} {head}"]
     for s in report["versions"]:
-        lines.append(_row(f"v{s['version']}", s["overall"], s["joined"], s["unlabelled"]))
-        if len(s["windows"]) > 1:
-            if len(s["windows"]) > TABLE_WINDOWS:
-                lines.append(f"    ... {len(s['windows']) - TABLE_WINDOWS} earlier windows in the report")
-            for w in s["windows"][-TABLE_WINDOWS:]:
-                start = datetime.datetime.fromtimestamp(w["start"], datetime.UTC).strftime("%Y-%m-%d %H:%M")
-                lines.append(_row(start, w, w["examples"], w["captured"] - w["examples"]))
+        lines.append(row(f"v{s['version']}", s["overall"]))
+        windows = s["windows"] if len(s["windows"]) > 1 else []
+        if len(windows) > TABLE_WINDOWS:
+            lines.append(f"    ... {len(windows) - TABLE_WINDOWS} earlier windows in the report")
+        for w in windows[-TABLE_WINDOWS:]:
+            lines.append(row(window_label(w["start"], "1d"), w))
+    if regression:
+        lines.append("  (a regression model: no label-free estimate; it needs class probabilities)")
+    elif any(_flagged(c[k]) for s in report["versions"] for c in [s["overall"], *s["windows"]] for k in ESTIMATES):
+        lines.append(f"  {MOVED}: the answers' confidences moved from the held-out split's (PSI beyond --max-psi)")
     for gate in report["gates"]:
         lines.append(f"gate {'PASS' if gate['passed'] else 'FAIL'}: {gate['said']}")
     return "\n".join(lines)
@@ -166,43 +196,31 @@ def _joined_line(report: dict) -> str:
     )
 
 
-def _regression_table(report: dict) -> str:
-    """A regression model's table: MSE and MAE with their intervals (no accuracy, no label-free estimate)."""
-    lines = [
-        _joined_line(report),
-        f"  {'':>16} {'labelled':>8} {'unlabelled':>10} {'mse':>10} {'interval':>23} {'mae':>10} {'interval':>23}",
-    ]
-    for s in report["versions"]:
-        lines.append(_error_row(f"v{s['version']}", s["overall"], s["joined"], s["unlabelled"]))
-        windows = s["windows"] if len(s["windows"]) > 1 else []
-        if len(windows) > TABLE_WINDOWS:
-            lines.append(f"    ... {len(windows) - TABLE_WINDOWS} earlier windows in the report")
-        for w in windows[-TABLE_WINDOWS:]:
-            start = datetime.datetime.fromtimestamp(w["start"], datetime.UTC).strftime("%Y-%m-%d %H:%M")
-            lines.append(_error_row(start, w, w["examples"], w["captured"] - w["examples"]))
-    lines.append("  (a regression model: no label-free estimate; it needs class probabilities)")
-    for gate in report["gates"]:
-        lines.append(f"gate {'PASS' if gate['passed'] else 'FAIL'}: {gate['said']}")
-    return "\n".join(lines)
+def _counts(name: str, cell: dict) -> str:
+    return f"  {name:>16} {cell['examples']:>8} {cell['unlabelled']:>10} {cell['duplicates']:>5}"
 
 
-def _error_row(name: str, cell: dict, joined: int, unlabelled: int) -> str:
+def _error_row(name: str, cell: dict) -> str:
     said = []
     for metric in ("mse", "mae"):
         ends = cell[f"{metric}_interval"]
         said.append("" if cell[metric] is None else f"{cell[metric]:.4g}")
         said.append("" if ends is None else f"[{ends[0]:.4g}, {ends[1]:.4g}]")
-    return f"  {name:>16} {joined:>8} {unlabelled:>10} {said[0]:>10} {said[1]:>23} {said[2]:>10} {said[3]:>23}"
+    return f"{_counts(name, cell)} {said[0]:>10} {said[1]:>23} {said[2]:>10} {said[3]:>23}"
 
 
-def _row(name: str, cell: dict, joined: int, unlabelled: int) -> str:
+def _row(name: str, cell: dict) -> str:
     """One line: the realised accuracy, the estimate over every answer, and over the labelled ones (beside the
     realised accuracy: the estimate's own error shows)."""
     accuracy = "" if cell["accuracy"] is None else f"{cell['accuracy']:.4f}"
     interval = "" if cell["interval"] is None else f"[{cell['interval'][0]:.3f}, {cell['interval'][1]:.3f}]"
-    every, labelled = (_estimate(cell[k]) for k in ("estimate", "estimate_labelled"))
-    return f"  {name:>16} {joined:>8} {unlabelled:>10} {accuracy:>9} {interval:>17} {every:>16} {labelled:>15}"
+    every, labelled = (_estimate(cell[k]) for k in ESTIMATES)
+    return f"{_counts(name, cell)} {accuracy:>9} {interval:>17} {every:>16} {labelled:>15}"
 
 
 def _estimate(said: dict | None) -> str:
-    return "" if said is None else f"{said['value']:.4f} ±{said['error']:.3f}"
+    return "" if said is None else f"{said['value']:.4f} ±{said['error']:.3f}{MOVED if _flagged(said) else ''}"
+
+
+def _flagged(said: dict | None) -> bool:
+    return bool(said and said["shift"]["flagged"])
