@@ -148,6 +148,7 @@ def test_the_report_says_what_the_observed_discordance_did_to_power():
     line = preflight_line(section)
     assert f"equal versions would pass the margin {margin.drop:g} in {observed['power_at_margin']:.0%} of evals" in line
     assert f"({planned['power_at_margin']:.0%} assumed)" in line
+    assert line.endswith(f"; {default_line(default_rule(355, 0.03))}"), "how the default was chosen, in the summary"
 
 
 _BENCH = Path(__file__).resolve().parents[1] / "bench" / "promote_defaults.py"

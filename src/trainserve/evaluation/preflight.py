@@ -144,6 +144,8 @@ def preflight_line(section: dict) -> str:
             f"would pass the margin {observed['margin']:.4g} in {observed['power_at_margin']:.0%} of evals "
             f"({assumed['power_at_margin']:.0%} assumed)"
         )
+    if assumed.get("default_margin"):
+        said += f"; {default_line(assumed['default_margin'])}"
     return said
 
 
