@@ -245,7 +245,8 @@ def test_max_drop_per_slice_judges_each_slice_on_its_own_interval_an_intersectio
     each would be inconclusive, and equal versions would almost never pass ten slices. The gate needs every slice
     to pass, so its error is at most one slice's: a slice truly 3 points worse passes its own test in at most
     2.5 % of evals (exactly, trainserve.stats.gate_power), whatever the other nine do."""
-    from trainserve.evaluation.slicing import parse_slice_margin, slice_margin_gate
+    from trainserve.evaluation.slicing import parse_slice_margin, slice_lines, slice_margin_gate
+    from trainserve.evaluation.statistics_html import slice_section
     from trainserve.stats.gate_power import pass_probability
     from trainserve.stats.proportions import paired_proportion_interval
 
@@ -265,5 +266,9 @@ def test_max_drop_per_slice_judges_each_slice_on_its_own_interval_an_intersectio
         assert row["interval"][0] < -0.03, "the adjusted interval alone would call it inconclusive"
     gate = slice_margin_gate(c["slices"], 1)
     assert gate["passed"] is True and "each on its own 95% interval" in gate["said"]
+    assert slice_lines(c["slices"])[0].endswith("; verdicts on each slice's own 95% interval")
+    assert "<th>95% interval (margin)</th>" in slice_section(c["slices"]) and "intersection-union" in slice_section(
+        c["slices"]
+    )
     assert decision.derive_gate(gate, {"comparison": c}) is True
     assert pass_probability(300, 0.03, 0.04, drop=0.03) <= 0.025

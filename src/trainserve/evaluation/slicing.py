@@ -306,6 +306,7 @@ def slice_lines(table: dict) -> list[str]:
         f"  slices          {len(rows)} by evidence, p adjusted by {table['correction_name']}"
         + (f", intervals at {100 * level:.4g}% to match" if level is not None else "")
         + f"; significantly worse: {', '.join(table['worse']) or 'none'}"
+        + (f"; verdicts on each slice's own {100 * (1 - table['alpha']):.4g}% interval" if "margin" in table else "")
     ]
     for r in rows[:SHOWN]:
         values = "" if r.get("candidate") is None else f"{r['candidate']:.4f} vs {r['baseline']:.4f}  "

@@ -5,8 +5,8 @@ that the lower end of the gate's own interval (trainserve.stats.proportions.pair
 Before an eval neither the number of discordant pairs nor their split is known: the pairs D are Binomial(n, psi)
 (psi, the discordance, the share of examples exactly one version gets right) and, of those, the candidate wins
 Binomial(D, q), q = (psi - drop) / (2 psi) for a candidate truly `drop` worse (1/2 for equal versions). Fixing D
-at round(n psi), as a planning formula does, gets the power wrong by up to 10 points either way at a few dozen
-pairs (the review measured 71-95 % for a promised 80 %); summing over both draws gets it right.
+at round(n psi), as a planning formula does, gets the power wrong: 71-94 % for a promised 80 % at a few dozen
+pairs, 18 % where n psi is half a pair (rounded to none); summing over both draws gets it right.
 
 The interval's lower end lies above -m exactly when Tango's score statistic at the difference -m exceeds z and the
 exact conditional bound of b / D (Clopper-Pearson) lies above (1 - m n / D) / 2: both are read at -m directly,
