@@ -35,10 +35,11 @@ from trainserve.stats.power import ALPHA, POWER, examples_to_decide
 
 log = logging.getLogger(__name__)
 
-# The default margin's bounds, chosen with bench/promote_defaults.py (docs/evidence.md): at 0.04 the demo's
-# 355 held-out rows still pass 20-epoch retrains and refuse planted 5-point drops; below 0.005 retrains of a
-# 0.97-accurate model with other seeds would be refused on a large enough eval set for differences that are
-# the training's own noise, not a regression.
+# The default margin's bounds (bench/promote_defaults.py, docs/evidence.md). CEILING: a set too small to decide
+# 4 points (under about 220 examples at 0.03) still gates on 4, and the pre-flight says it will mostly be
+# inconclusive, rather than on a margin wide enough to let planted 5-point drops through. FLOOR: retrains of a
+# 0.97-accurate model with other seeds differ by up to 0.27 points; on a huge set a tighter margin would refuse
+# the training's own noise as a regression.
 FLOOR, CEILING = 0.005, 0.04
 AUTO = "auto"
 REGRESSION_DEFAULT = Margin("mse", 5.0, relative=True, default=True)

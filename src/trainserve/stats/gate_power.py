@@ -15,6 +15,7 @@ with no root to find, so a whole table of (D, b) is judged at once.
 
 from __future__ import annotations
 
+import functools
 import math
 from statistics import NormalDist
 
@@ -29,6 +30,7 @@ _SEARCH_STEPS = 18  # bisection halvings of the margin: to 4e-6, below the 4 dec
 SHOWN = 10_000  # margins are shown with 4 decimals, and rounded up to them, so the shown number keeps its power
 
 
+@functools.lru_cache(maxsize=256)  # the pre-flight, the default rule and the report ask for the same numbers
 def pass_probability(n: int, margin: float, discordance: float, drop: float = 0.0, alpha: float = ALPHA) -> float:
     """The chance the gate (one-sided `alpha`) passes a candidate truly `drop` worse than the baseline (accuracy
     points as a share; 0: equal versions) on `n` paired examples that disagree on a share `discordance`, with
@@ -42,6 +44,7 @@ def pass_probability(n: int, margin: float, discordance: float, drop: float = 0.
     return pairs.probability(margin, two_sided_z(1 - 2 * alpha), alpha)
 
 
+@functools.lru_cache(maxsize=256)
 def decidable_margin(n: int, discordance: float, power: float = POWER, alpha: float = ALPHA) -> float:
     """The smallest accuracy margin, rounded up to the 4 decimals it is shown with, that equal versions on `n`
     paired examples with this discordance pass with at least `power`: a margin equal to the number passes
