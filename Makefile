@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 TF_VERSION ?= $(shell sed -n 's/.*"tensorflow-cpu==\([0-9.]*\)".*/\1/p' pyproject.toml)
 MODEL_NAME ?= digits
 DEMO_DIR ?= demo
-DEMO_EPOCHS ?= 10
+DEMO_EPOCHS ?= 20
 GRPC_PORT ?= 8500
 REST_PORT ?= 8501
 PYTEST_ARGS ?=

@@ -6,7 +6,7 @@ set -euo pipefail
 BIN=${BIN:-.venv/bin}
 DIR=${DEMO_DIR:-demo}
 MODEL=${MODEL_NAME:-digits}
-EPOCHS=${DEMO_EPOCHS:-10}
+EPOCHS=${DEMO_EPOCHS:-20}
 GRPC_PORT=${GRPC_PORT:-8500}
 REST_PORT=${REST_PORT:-8501}
 

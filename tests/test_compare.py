@@ -21,7 +21,7 @@ from scipy import stats
 from conftest import digits_cnn, export_digits_cnn, install_version, predict_count, save_foreign_model
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
-from trainserve.evaluation.preflight import DEFAULT_MARGINS
+from trainserve.evaluation.preflight import default_margin
 from trainserve.evaluation.report import describe_gate
 from trainserve.evidence.document import validate_report
 from trainserve.savedmodel import LoadedModel
@@ -139,9 +139,10 @@ def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, t
     assert report["data"]["examples"] == SYN.size
     (gate,) = report["gates"]  # no --max-drop: the default margin, said so
     assert (gate["kind"], gate["default_margin"], gate["basis"]) == ("non-inferiority", True, "bound")
-    assert gate["margin"] == DEFAULT_MARGINS["classification"].drop
+    expected = default_margin(SYN.size, 0.03)  # the rule at eval's assumed discordance, before any request
+    assert gate["margin"] == expected.drop and c["preflight"]["assumed"]["default_margin"]["margin"] == expected.drop
     assert report["passed"] is True and "[bound, default margin]: PASS" in capsys.readouterr().out
-    said = f"no --max-drop: gating on the default margin {DEFAULT_MARGINS['classification'].describe()}"
+    said = f"no --max-drop: gating on the default margin {expected.describe()}: the smallest margin {SYN.size:,} "
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith(said)], "one line says which"
 
 

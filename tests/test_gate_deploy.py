@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,13 @@ from test_k8s import all_containers, flag, render, volume_path
 
 from conftest import REPO
 from trainserve.cli import build_parser
-from trainserve.evaluation.config import EvalConfig
-from trainserve.evaluation.preflight import DEFAULT_MARGINS
+from trainserve.evaluation.config import EvalConfig, parse_max_drop
+from trainserve.evaluation.preflight import AUTO
 from trainserve.options import config_from_args
 
 pytestmark = pytest.mark.unit  # kubectl, docker-compose config and make -n run as subprocesses; nothing is started
 COMPOSE = Path(sys.executable).parent / "docker-compose"
-DEFAULT = DEFAULT_MARGINS["classification"].describe()  # what make promote, compose and the k8s Job gate on
+DEFAULT = None  # what make promote, compose and the k8s Job gate on (auto): eval's own default margin rule
 
 
 def eval_config(args: list[str], env: dict[str, str] | None = None) -> EvalConfig:
@@ -49,7 +48,7 @@ def test_the_promote_job_compares_with_stable_on_the_candidates_own_split():
         True,
     )
     assert config.min_accuracy and config.min_accuracy > 0
-    assert config.max_drop == (replace(DEFAULT_MARGINS["classification"], default=False),), "eval's default margin"
+    assert flag(step, "max-drop") == AUTO and config.max_drop is None, "eval's default margin rule"
     assert config.data == "held-out"
     claim, inside, _ = volume_path(spec, step, f"{flag(step, 'data-dir')}/digits/versions/3.json")
     assert (claim, inside) == ("data", "digits/versions/3.json"), "where training writes the version records"
@@ -78,9 +77,9 @@ def compose_config(**env: str) -> dict:
 @pytest.mark.parametrize(
     ("env", "compare_with", "min_accuracy", "max_drop"),
     [
-        pytest.param({}, "stable", 0.9, [DEFAULT], id="default-both-gates"),
-        pytest.param({"COMPARE_WITH": ""}, None, 0.9, [DEFAULT], id="comparison-off"),
-        pytest.param({"MIN_ACCURACY": ""}, "stable", None, [DEFAULT], id="min-accuracy-off"),
+        pytest.param({}, "stable", 0.9, DEFAULT, id="default-both-gates"),
+        pytest.param({"COMPARE_WITH": ""}, None, 0.9, DEFAULT, id="comparison-off"),
+        pytest.param({"MIN_ACCURACY": ""}, "stable", None, DEFAULT, id="min-accuracy-off"),
         pytest.param({"MAX_DROP": ""}, "stable", 0.9, None, id="empty-is-evals-default-margin"),
         pytest.param({"MAX_DROP": "none"}, "stable", 0.9, [], id="none-is-significance-only"),
     ],
@@ -96,6 +95,14 @@ def test_compose_promote_eval_gates_by_default_and_each_gate_turns_off(env, comp
     assert mounts[str(config.data_dir)] == "data" and mounts[str(config.report.parent)] == "reports"
     promote = compose_config(**env)["services"]["promote"]["environment"]["TRAINSERVE_CONFIG"]
     assert str(config.rollout_config) == promote and mounts[str(config.rollout_config.parent)] == "rollout"
+
+
+def test_env_and_evals_own_default_are_the_same_margin_rule():
+    """.env's MAX_DROP (what `make promote` and compose read) is `auto`: eval's own default, the margin the split's
+    examples decide, not a number that drifts from it."""
+    (line,) = [x for x in (REPO / ".env").read_text().splitlines() if x.startswith("MAX_DROP=")]
+    assert line == f"MAX_DROP={AUTO}" and parse_max_drop(line.split("=", 1)[1]) is None
+    assert eval_config([]).max_drop is None
 
 
 def test_make_promote_runs_candidate_then_the_gate_then_promote():

@@ -11,6 +11,7 @@ from typing import Literal
 
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.gates import ChangeGate, Gate, parse_change_gates, parse_gates
+from trainserve.evaluation.preflight import AUTO, CEILING, FLOOR
 from trainserve.evaluation.slicing import parse_slice, parse_slice_margin
 from trainserve.files import ensure_writable_dir
 from trainserve.layout import DEFAULT_SIGNATURE
@@ -40,8 +41,9 @@ def optional_text(text: str) -> str | None:
 
 
 def parse_max_drop(text: str) -> tuple[Margin, ...] | None:
-    """`accuracy=0.01,loss=5%` -> margins; empty -> None (the default margin); `none` -> () (no margin)."""
-    if not text.strip():
+    """`accuracy=0.01,loss=5%` -> margins; empty or `auto` -> None (the default margin); `none` -> () (no
+    margin)."""
+    if text.strip().lower() in ("", AUTO):
         return None
     return () if text.strip().lower() == "none" else parse_margins(text)
 
@@ -152,15 +154,17 @@ class EvalConfig(ClientOptions):
         None,
         "METRIC=DROP[%%][,...]: with --compare-with, the non-inferiority gate: pass only when the 95%% interval "
         "shows METRIC fell by less than DROP (absolute, or %% of the baseline's value; the interval's lower end "
-        "is a one-sided 2.5%% bound); too few examples to tell is 'inconclusive', which does not pass (default: "
-        "accuracy=0.04, or mse=5%% for regression; none: no margin, only 'not significantly worse', which "
-        "promote refuses)",
+        "is a one-sided 2.5%% bound); too few examples to tell is 'inconclusive', which does not pass (default, "
+        "or auto: the smallest accuracy margin the examples decide with 80%% power at --assume-discordance, "
+        f"within [{FLOOR:g}, {CEILING:g}], said before any request; mse=5%% for regression; none: no margin, only 'not "
+        "significantly worse', which promote refuses)",
         parse=parse_max_drop,
     )
     assume_discordance: float = option(
         0.03,
-        "with --max-drop on accuracy: the share of examples the two versions are assumed to disagree on, for "
-        "the pre-flight's smallest decidable margin (the observed share is reported after the run)",
+        "with --compare-with on accuracy: the share of examples the two versions are assumed to disagree on, "
+        "for the pre-flight's smallest decidable margin and the default margin (the observed share is reported "
+        "after the run, with the power it left the margin)",
         parse=float,
     )
     require_power: bool = option(

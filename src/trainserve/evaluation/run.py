@@ -28,7 +28,7 @@ from trainserve.evaluation.held_out import open_for_version
 from trainserve.evaluation.metrics import predicted_classes, task_metrics
 from trainserve.evaluation.noninferiority import check_margins
 from trainserve.evaluation.plan import Plan, expected_kind, plan_requests, with_class_ids
-from trainserve.evaluation.preflight import margins_for, observed_power, preflight
+from trainserve.evaluation.preflight import default_line, margins_for, observed_power, preflight
 from trainserve.evaluation.proof import baseline_evidence, evidence_section
 from trainserve.evaluation.records import BatchAnswer, EvalResult, FinishedRun, LocalComparison, RunTotals, Tally
 from trainserve.evaluation.report import build_report
@@ -102,13 +102,11 @@ def _plan_comparison(config: EvalConfig, data: EvalData, baseline: int | None) -
     if config.compare_with is None or baseline is None:
         return config, None
     kind = expected_kind(config.task, data)
-    margins, default = margins_for(config.max_drop, kind)
+    margins, default = margins_for(config.max_drop, kind, data.count, config.assume_discordance)
+    planned = preflight(margins, data.count, config.assume_discordance, config.require_power, default)
     if default:
-        log.info(
-            "no --max-drop: gating on the default margin %s (non-inferiority; --max-drop none: no margin)",
-            margins[0].describe(),
-        )
-    planned = preflight(margins, data.count, config.assume_discordance, True, config.require_power)
+        rule = default_line(planned["default_margin"]) if planned else f"default margin {margins[0].describe()}"
+        log.info("no --max-drop: gating on the %s (non-inferiority; --max-drop none: no margin)", rule)
     return replace(config, max_drop=margins), planned
 
 

@@ -135,7 +135,8 @@ def _slices_non_inferior(gate: dict, comparison: dict) -> bool | None:
     failing = []
     for row in table.get("rows", []):
         margin = margin_of(gate, {"baseline": row.get("baseline") or 0.0})
-        direction = {"interval": row.get("interval") or [None, None], "higher_is_better": table.get("higher_is_better")}
+        interval = row.get("margin_interval") or row.get("interval") or [None, None]  # unadjusted: an IUT
+        direction = {"interval": interval, "higher_is_better": table.get("higher_is_better")}
         verdict = non_inferiority(*gain_interval(direction), margin)
         if row.get("verdict") != verdict:
             return None
