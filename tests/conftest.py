@@ -75,8 +75,9 @@ TIERS = ("unit", "integration", "e2e")
 
 def pytest_collection_modifyitems(config, items):
     """Every test names exactly one tier (what it needs), so `-m unit` is a complete fast tier. The slower tiers
-    run first: xdist hands out tests in this order, and the many quick unit tests then fill the workers' last
-    minutes instead of one worker finishing a long training while the others idle."""
+    run first: xdist hands out tests in this order (`make test` passes --no-loadscope-reorder), and the many quick
+    unit tests then fill the workers' last minutes instead of one worker finishing a long training while the
+    others idle."""
     tiers = {item: [m.name for m in item.iter_markers() if m.name in TIERS] for item in items}
     wrong = [f"{item.nodeid}: {names or 'none'}" for item, names in tiers.items() if len(names) != 1]
     if wrong:
