@@ -146,9 +146,11 @@ e2e: venv ## Only the e2e tier: a real Docker engine with stand-in bases (train 
 # sockets), e2e (a Docker engine). Tests run on 1.5 workers per core (pytest-xdist): about a fifth of the
 # suite waits on servers, scrapes and the Docker engine, and a third worker fills that time (on 2 cores the
 # whole suite took 707 s on 2 workers, 574 s on 3, 638 s on 4). The Docker tests share one worker
-# (xdist_group "docker") so they do not fight over the engine.
+# (xdist_group "docker") so they do not fight over the engine. Groups go out in collection order (conftest.py
+# puts e2e first), not xdist's default of the largest group first: that sent the Docker group, the suite's
+# longest chain, out only once a worker had finished the monitoring, two-trainings or compare group.
 PYTEST_WORKERS ?= $(shell echo $$(( ($$(nproc) * 3 + 1) / 2 )))
-PYTEST_PARALLEL ?= -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST_PARALLEL ?= -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: test
 test: venv ## Run the whole test suite: unit, integration (real TensorFlow, gRPC, serve-local), e2e (Docker)

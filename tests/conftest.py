@@ -75,8 +75,9 @@ TIERS = ("unit", "integration", "e2e")
 
 def pytest_collection_modifyitems(config, items):
     """Every test names exactly one tier (what it needs), so `-m unit` is a complete fast tier. The slower tiers
-    run first: xdist hands out tests in this order, and the many quick unit tests then fill the workers' last
-    minutes instead of one worker finishing a long training while the others idle."""
+    run first: xdist hands out tests in this order (`make test` passes --no-loadscope-reorder), and the many quick
+    unit tests then fill the workers' last minutes instead of one worker finishing a long training while the
+    others idle."""
     tiers = {item: [m.name for m in item.iter_markers() if m.name in TIERS] for item in items}
     wrong = [f"{item.nodeid}: {names or 'none'}" for item, names in tiers.items() if len(names) != 1]
     if wrong:
@@ -510,20 +511,46 @@ def docker_images(docker_client, tmp_path_factory, worker_id) -> dict[str, str]:
     session (the e2e files share one xdist worker, and a lock keeps any other from building them again beside
     it); returns each image's tag."""
     tags = {name: f"trainserve/{name}:{TF_VERSION_ENV}" for name in DOCKER_IMAGES}
-
-    def build(_root: Path) -> None:
-        subprocess.run(
-            [REPO / "scripts" / "standins" / "build.sh"], env={**os.environ, "TF_VERSION": TF_VERSION_ENV}, check=True
-        )
-        for name, (dockerfile, base_image) in DOCKER_IMAGES.items():
-            docker_client.images.build(
-                path=str(REPO / Path(dockerfile).parent if name == "serve-cpu" else REPO),
-                dockerfile=str(REPO / dockerfile),
-                tag=tags[name],
-                buildargs={"BASE_IMAGE": base_image, "TF_VERSION": TF_VERSION_ENV},
-                network_mode="host",
-                rm=True,
-            )
-
-    once_per_session(tmp_path_factory, worker_id, "docker-images", build)
+    once_per_session(tmp_path_factory, worker_id, "docker-images", lambda _root: build_images(tags))
     return tags
+
+
+def build_images(tags: dict[str, str]) -> None:
+    """The eval image needs only the Python stand-in, so it builds while build.sh copies TensorFlow into the
+    other stand-ins; then train-gpu and serve-cpu build side by side. The builds wait on the network and the
+    engine more than on the CPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    standins = [REPO / "scripts" / "standins" / "build.sh"]
+    env = {**os.environ, "TF_VERSION": TF_VERSION_ENV}
+    subprocess.run([*standins, "base"], env=env, check=True)
+    with ThreadPoolExecutor(len(DOCKER_IMAGES)) as pool:
+        builds = [pool.submit(build_image, "eval", tags["eval"])]
+        subprocess.run(standins, env=env, check=True)
+        builds += [pool.submit(build_image, name, tags[name]) for name in ("train-gpu", "serve-cpu")]
+        for build in builds:
+            build.result()
+
+
+def build_image(name: str, tag: str) -> None:
+    """One of DOCKER_IMAGES on its stand-in base, through a client of its own (one per thread); its time is
+    appended to $STANDINS_TIMES where set, beside the stand-ins' (.ci/run prints them)."""
+    import docker
+
+    started = time.monotonic()
+    dockerfile, base_image = DOCKER_IMAGES[name]
+    client = docker.from_env()
+    try:
+        client.images.build(
+            path=str(REPO / Path(dockerfile).parent if name == "serve-cpu" else REPO),
+            dockerfile=str(REPO / dockerfile),
+            tag=tag,
+            buildargs={"BASE_IMAGE": base_image, "TF_VERSION": TF_VERSION_ENV},
+            network_mode="host",
+            rm=True,
+        )
+    finally:
+        client.close()
+    if os.environ.get("STANDINS_TIMES"):
+        with open(os.environ["STANDINS_TIMES"], "a") as times:
+            times.write(f"images: {tag} in {time.monotonic() - started:.0f} s\n")

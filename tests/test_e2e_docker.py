@@ -64,12 +64,13 @@ def container(client, service: str):
 
 
 def wait_until(predicate, what: str, timeout: float = 120):
+    """Polls every quarter second: each look is one engine or REST call, and a wait ends that much sooner."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(1)
+        time.sleep(0.25)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 

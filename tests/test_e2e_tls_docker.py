@@ -67,7 +67,7 @@ def run_serving(client, image: str, models: Path, tls_dir: Path | None):
         container.reload()
         assert container.status in ("created", "running"), container.logs().decode()[-3000:]
         assert time.monotonic() < deadline, f"m v1 not AVAILABLE:\n{container.logs().decode()[-3000:]}"
-        time.sleep(1)
+        time.sleep(0.25)
     return container, f"127.0.0.1:{grpc_port}"
 
 
