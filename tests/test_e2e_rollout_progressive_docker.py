@@ -89,7 +89,7 @@ def test_a_good_candidate_is_rolled_out_step_by_step_on_the_serve_cpu_image(
             proxy=f"127.0.0.1:{proxy.rest_port}",
         )
         prometheus.wait_scraped(2)
-        clients = Clients(proxy, routing)
+        clients = Clients(proxy)
 
         code, out = roll_out(config, base, server, prometheus, 2), capsys.readouterr().out
         assert code == 0 and out.startswith("promoted: model m: stable -> 2, previous -> 1"), (out, server.log())

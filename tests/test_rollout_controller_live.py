@@ -170,8 +170,8 @@ def roll_out(config, base, server, prometheus, version: int, plan: str = FULL, s
             *("--config", str(config), "--report", str(report), "--server", server.target, "--wait", "60"),
             *("--routing-file", str(config.parent / "routing.json"), "--prometheus", prometheus.url),
             *("--plan", plan, "--interval", "0.25", "--gate-min-requests", "10"),
-            # seconds-long steps: budgets wide enough for a few hundred calls to show a good candidate within them
-            *("--gate-flip-budget-floor", "0.05", "--gate-max-slow-increase", slow),
+            # seconds-long steps: budgets wide enough for some tens of calls to show a good candidate within them
+            *("--gate-flip-budget-floor", "0.05", "--gate-max-slow-increase", slow, "--gate-max-error-increase", "0.1"),
         ]
     )
 
