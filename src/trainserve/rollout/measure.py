@@ -28,6 +28,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainserve.capture.proxy_metrics import (
+    REQUEST_LATENCY,
+    SHADOW_CLASSIFIED_PAIRS,
+    SHADOW_FLIPS,
+    SHADOW_PAIRS,
+    SHADOW_REQUESTS,
+)
 from trainserve.rollout.counting import tallied
 from trainserve.rollout.prometheus import Prometheus
 from trainserve.rollout.targets import PROXY_JOB, REQUESTS, proxy_targets, refuse_if_never_scraped
@@ -35,8 +42,7 @@ from trainserve.rollout.targets import PROXY_JOB, REQUESTS, proxy_targets, refus
 # The statuses that are no version's error on a routed request, as trainserve:proxy_route_errors:ratio_rate5m
 # reads them (monitoring/rules.yml; a test keeps the two equal): a client that gave up (CANCELLED) is nobody's.
 ERRORS_EXCEPT = "OK|CANCELLED"
-LATENCY = ":trainserve:proxy:request_latency"
-SHADOW = ":trainserve:proxy:shadow_requests"
+LATENCY, SHADOW = REQUEST_LATENCY, SHADOW_REQUESTS
 QUANTILE = 0.99
 
 
@@ -53,9 +59,9 @@ COUNTERS = {
         "canary_errors": REQUESTS + '{{{cand},route="canary",status!~"{ok}"}}',
         "stable_requests": REQUESTS + '{{{stable},route="stable"}}',
         "stable_errors": REQUESTS + '{{{stable},route="stable",status!~"{ok}"}}',
-        "shadow_pairs": ":trainserve:proxy:shadow_pairs{{{cand}}}",
-        "shadow_flips": ":trainserve:proxy:shadow_flips{{{cand}}}",
-        "shadow_classified": ":trainserve:proxy:shadow_classified_pairs{{{cand}}}",
+        "shadow_pairs": SHADOW_PAIRS + "{{{cand}}}",
+        "shadow_flips": SHADOW_FLIPS + "{{{cand}}}",
+        "shadow_classified": SHADOW_CLASSIFIED_PAIRS + "{{{cand}}}",
         "shadow_compared": SHADOW + '{{{cand},outcome="compared"}}',
         "shadow_incomparable": SHADOW + '{{{cand},outcome="incomparable"}}',
         "shadow_errors": SHADOW + '{{{cand},outcome="error"}}',

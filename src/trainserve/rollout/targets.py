@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainserve.capture.proxy_metrics import REQUEST_COUNT
 from trainserve.errors import TrainserveError
 from trainserve.rollout.prometheus import Prometheus
 
 PROXY_JOB = "capture"  # the scrape job of the proxy in monitoring/prometheus*.yml and the k8s PodMonitor
-REQUESTS = ":trainserve:proxy:request_count"
+REQUESTS = REQUEST_COUNT
 LOOKBACK = "1h"  # a job without a target that long is not a replica being replaced: nothing scrapes the proxy
 
 
