@@ -142,7 +142,7 @@ def roll_out(traffic: Traffic, plan: Plan, gate: StepGate, interval: float, max_
         flips, shares = plan.shadow_during(index) > 0, traffic.slow_shares()
         now, held_since, resumed = 0.0, None, False
         while True:
-            found = analysis.checks(step, flips, counts, {}, gate, OFFLINE)
+            found = analysis.checks(step, flips, counts, gate, OFFLINE)
             decision = analysis.decide(found, now >= step.seconds)
             if decision == analysis.ROLLBACK:
                 return Outcome("rolled back", index, canary_seen + counts["canary_requests"])

@@ -174,7 +174,7 @@ PAIRS = {"shadow_pairs": 8000, "shadow_classified": 8000, "shadow_compared": 800
     ],
 )
 def test_a_step_is_judged_on_its_counts(step, flips, seen, ended, decision, results):
-    found = checks(step, flips, seen, {}, GATE, OFFLINE)
+    found = checks(step, flips, seen, GATE, OFFLINE)
     assert [c.result for c in found] == results, [c.said for c in found]
     assert decide(found, ended) == decision
 

@@ -62,7 +62,7 @@ def canary_looks(rng, looks: int, per_look: int, rates: tuple[float, float]):
 
 def verdicts(step: Step, flips: bool, looks, ends: int = 20) -> list[str]:
     """The decision at each look; the step's time is up from look `ends` on (10 minutes of 30 s looks)."""
-    return [decide(checks(step, flips, seen, {}, GATE, OFFLINE), k >= ends) for k, seen in enumerate(looks)]
+    return [decide(checks(step, flips, seen, GATE, OFFLINE), k >= ends) for k, seen in enumerate(looks)]
 
 
 def test_a_candidate_at_the_error_budget_is_rarely_rolled_back_however_often_looked_at():
@@ -110,10 +110,10 @@ def test_the_flip_budget_is_anchored_to_the_offline_disagreement():
     assert flip_budget({}, GATE) is None
     # an ordinary retrain flipping 3 % live, offline 2 %: within its budget (the old fixed 2 % failed it)
     seen = contract(shadow_pairs=20_000, shadow_classified=20_000, shadow_compared=20_000, shadow_flips=600)
-    assert [c.result for c in checks(SHADOW_STEP, True, seen, {}, GATE, OFFLINE)] == [PASS, PASS]
+    assert [c.result for c in checks(SHADOW_STEP, True, seen, GATE, OFFLINE)] == [PASS, PASS]
     seen = seen | {"shadow_flips": 1200}  # 3 x the offline rate
-    assert [c.result for c in checks(SHADOW_STEP, True, seen, {}, GATE, OFFLINE)] == [PASS, FAIL]
-    found = checks(SHADOW_STEP, True, seen, {}, GATE, {})
+    assert [c.result for c in checks(SHADOW_STEP, True, seen, GATE, OFFLINE)] == [PASS, FAIL]
+    found = checks(SHADOW_STEP, True, seen, GATE, {})
     assert found[1].result == UNKNOWN and "no offline disagreement" in found[1].said
 
 

@@ -50,11 +50,10 @@ def check_names(step: Step, flips: bool) -> list[str]:
     return [*names, "flip_rate"] if flips else names
 
 
-def checks(step: Step, flips: bool, counts: dict[str, int], values: dict, gate: StepGate, offline: dict) -> list[Check]:
+def checks(step: Step, flips: bool, counts: dict[str, int], gate: StepGate, offline: dict) -> list[Check]:
     """The checks that apply to `step`, on the step's `counts` (measure's contract). Each passes, fails or knows
     nothing yet; `decide` weighs them by whether the step's time is up. `offline`: what the candidate's offline
-    evidence said (the START record's `offline`). `values` (the recording rules' ratios) judge nothing: they are
-    the history's context."""
+    evidence said (the START record's `offline`)."""
     return [_CHECKS[name](counts, gate, offline) for name in check_names(step, flips)]
 
 

@@ -245,7 +245,7 @@ class Controller:
             ended = self.clock() >= started + step.seconds
             look = self._ask(start, index, lambda state=counters: meter.look(state))
             changed, counters = look.state != counters, look.state
-            found = analysis.checks(step, flips, look.counts, look.values, self.config.gate, offline)
+            found = analysis.checks(step, flips, look.counts, self.config.gate, offline)
             decision = analysis.decide(found, ended)
             if look.unjudged and decision == analysis.ADVANCE:  # never advance on counts that may be incomplete
                 decision = analysis.HOLD
