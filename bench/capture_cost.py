@@ -1,7 +1,7 @@
-"""What `trainserve capture` costs: throughput and p50/p99 latency through the proxy against direct, in one run.
+"""What `trainserve proxy` costs: throughput and p50/p99 latency through the proxy against direct, in one run.
 
 One published model (the small CNN on 28x28x1 uint8 of bench/eval_throughput.py) on serve-local, and
-`trainserve capture` in front of it in a process of its own, writing every Predict call (sampling rate 1: the
+`trainserve proxy` in front of it in a process of its own, writing every Predict call (sampling rate 1: the
 most it can cost). `trainserve load` measures each path in its own process, as users run it: batch 256 in a
 closed loop (4 in flight: throughput), and batch 1 in an open loop at a moderate rate (Poisson arrivals, latency
 from the scheduled send time: what capture adds to a request). Direct and proxy alternate, and which goes first,
@@ -30,9 +30,9 @@ from trainserve.tfrecord import iter_records
 
 
 def start_proxy(tmp: Path, upstream: str) -> tuple[subprocess.Popen, str]:
-    """`trainserve capture` in its own process in front of `upstream`, every Predict written under tmp/captures."""
+    """`trainserve proxy` in its own process in front of `upstream`, every Predict written under tmp/captures."""
     port = free_port()
-    command = [sys.executable, "-m", "trainserve", "capture", "--upstream", upstream, "--port", str(port)]
+    command = [sys.executable, "-m", "trainserve", "proxy", "--upstream", upstream, "--port", str(port)]
     command += ["--filename-prefix", str(tmp / "captures" / "bench"), "--sampling-rate", "1"]
     with open(tmp / "capture.log", "w") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT), f"127.0.0.1:{port}"

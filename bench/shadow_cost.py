@@ -1,8 +1,8 @@
 """What shadowing costs the client: p50/p99 latency and throughput of `stable` requests direct, through
-`trainserve capture` alone, and through it with every request shadowed to a second version, in one run.
+`trainserve proxy` alone, and through it with every request shadowed to a second version, in one run.
 
 Two versions of the small CNN of bench/eval_throughput.py (28x28x1 uint8) on serve-local, `stable` = 1;
-`trainserve capture` in a process of its own, with no routing file, then with one that shadows 100 % of `stable`
+`trainserve proxy` in a process of its own, with no routing file, then with one that shadows 100 % of `stable`
 requests to version 2 (the most shadow can cost: the server does every request twice on the same CPUs). The
 client is this script's own (trainserve's `load` sends `x-trainserve-origin`, which the proxy never routes): batch
 256 in a closed loop (4 threads: throughput), then, once the shadow has sent or shed every copy of that phase,
@@ -33,8 +33,8 @@ import numpy as np
 from capture_cost import wait_ready
 from loopback import DIRECT, free_port, start_serve_local, train_bench_model
 
-from trainserve.capture.routing import ModelRoute, Routing, write_routing
 from trainserve.protos import predict_pb2
+from trainserve.proxy.routing import ModelRoute, Routing, write_routing
 from trainserve.tensors import to_tensor_proto
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
@@ -99,9 +99,9 @@ def open_loop(target: str, body: bytes, rate: float, window_s: float) -> list[fl
 def start_proxy(
     tmp: Path, upstream: str, upstream_rest: str, routing: Path | None, *flags: str
 ) -> tuple[subprocess.Popen, str, str]:
-    """`trainserve capture` in its own process: (process, gRPC target, its metrics page's URL)."""
+    """`trainserve proxy` in its own process: (process, gRPC target, its metrics page's URL)."""
     port, rest_port = free_port(), free_port()
-    command = [sys.executable, "-m", "trainserve", "capture", "--upstream", upstream, "--port", str(port)]
+    command = [sys.executable, "-m", "trainserve", "proxy", "--upstream", upstream, "--port", str(port)]
     command += ["--upstream-rest", upstream_rest, "--rest-port", str(rest_port)]
     command += ["--filename-prefix", str(tmp / "captures" / "bench"), *flags]
     command += ["--sampling-rate", "0"] + (["--routing-file", str(routing)] if routing else [])
@@ -109,7 +109,7 @@ def start_proxy(
         proxy = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     target = f"127.0.0.1:{port}"
     grpc.channel_ready_future(grpc.insecure_channel(target)).result(timeout=120)
-    return proxy, target, f"http://127.0.0.1:{rest_port}/monitoring/capture/metrics"
+    return proxy, target, f"http://127.0.0.1:{rest_port}/monitoring/proxy/metrics"
 
 
 def proxy_page(page: str) -> dict[str, float]:

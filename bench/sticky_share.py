@@ -1,7 +1,7 @@
 """What share of the requests a sticky canary gets: sticky routing splits callers, not requests, so a canary of 5 %
 of the callers carries whatever those callers send. Callers' request counts follow Zipf's law (the caller of rank r
 sends in proportion to 1 / r**s, a seeded draw of the requests), each rollout's canary is the callers whose salted
-hash (trainserve.capture.routing, the proxy's own code) falls under the share, and a new salt per rollout (model
+hash (trainserve.proxy.routing, the proxy's own code) falls under the share, and a new salt per rollout (model
 and candidate) picks other callers. Prints, over many salts, the canary's share of the requests against its share
 of the callers.
 
@@ -14,7 +14,7 @@ import argparse
 
 import numpy as np
 
-from trainserve.capture.routing import ModelRoute
+from trainserve.proxy.routing import ModelRoute
 
 
 def request_counts(callers: int, requests: int, s: float, seed: int) -> np.ndarray:

@@ -47,14 +47,14 @@ class Prometheus:
         proxy: str | list[str] | None = None,
         interval: str = "1s",
     ):
-        """`proxy`: the capture proxy's REST address (or its replicas'), scraped as the config's `capture` job (left
+        """`proxy`: the proxy's REST address (or its replicas'), scraped as the config's `proxy` job (left
         out without); `interval`: of the scrapes and the rules' evaluation."""
         require("prometheus", shutil.which("prometheus") is not None, "Debian's prometheus package")
         config = yaml.safe_load((MONITORING / config_file).read_text())
         config["global"].update(scrape_interval=interval, evaluation_interval=interval)
         config["rule_files"] = [str(MONITORING / name) for name in config["rule_files"]]
         scrape, *others = config["scrape_configs"]
-        (proxy_scrape,) = [s for s in others if s["job_name"] == "capture"]
+        (proxy_scrape,) = [s for s in others if s["job_name"] == "proxy"]
         config["scrape_configs"] = [scrape] + ([proxy_scrape] if proxy else [])
         for job, addresses in ((scrape, [target]), (proxy_scrape, [proxy] if isinstance(proxy, str) else proxy)):
             (static,) = job["static_configs"]
@@ -199,7 +199,7 @@ def traffic(server, stop: threading.Event) -> None:
 
 
 def proxy_traffic(target: str, stop: threading.Event) -> None:
-    """Clients of the capture proxy at `target` (gRPC): Predict calls addressed to `stable`, which its routing
+    """Clients of the proxy at `target` (gRPC): Predict calls addressed to `stable`, which its routing
     answers from stable or the canary and shadows to the canary."""
     import grpc
 
@@ -220,7 +220,7 @@ def proxy_traffic(target: str, stop: threading.Event) -> None:
 @contextlib.contextmanager
 def watching(server, root: Path, target: str, config_file: str = "prometheus.yml", proxy=None):
     """A real Prometheus scraping `server` at `target` once versions 1 and 2 serve, version 3 has failed to load
-    and clients are sending traffic; with `proxy` (a started trainserve.capture.proxy.CaptureProxy in front of
+    and clients are sending traffic; with `proxy` (a started trainserve.proxy.server.Proxy in front of
     `server`), scraping it too while clients call it; stopped, and the traffic with it, on leaving."""
     stop, prometheus = threading.Event(), None
     senders = [threading.Thread(target=traffic, args=(server, stop), daemon=True)]
@@ -246,7 +246,7 @@ def watching(server, root: Path, target: str, config_file: str = "prometheus.yml
 
 
 def reads_proxy(expr: str) -> bool:
-    """Whether an expression reads what only the capture proxy exports (its counts, its capture writer's)."""
+    """Whether an expression reads what only the proxy exports (its counts, its capture writer's)."""
     proxy_only = (":trainserve:proxy:", ":trainserve:capture:", "trainserve:proxy", "trainserve:shadow")
     return any(name.startswith((*proxy_only, "trainserve:capture")) for name in SELECTOR.findall(expr))
 
@@ -293,7 +293,7 @@ def check_version_state(prometheus: Prometheus) -> None:
 
 def every_check(proxy: bool = False) -> list[tuple[str, Callable[[Prometheus], None]]]:
     """(what it checks, the check) for every recording rule, alert, dashboard query, the model variable and the
-    versions' states: what the e2e test runs in one go; those that read the capture proxy's metrics only with
+    versions' states: what the e2e test runs in one go; those that read the proxy's metrics only with
     `proxy` (a Prometheus that scrapes one)."""
     keep = (lambda expr: True) if proxy else (lambda expr: not reads_proxy(expr))
     checks: list[tuple[str, Callable[[Prometheus], None]]] = [

@@ -10,9 +10,9 @@ import urllib.error
 import urllib.request
 
 from conftest import DIRECT, install_version
-from serving_fixtures import IMAGES, capture_proxy, predict_request, serve_every_version, stubs
-from trainserve.capture.proxy import CaptureProxy
-from trainserve.capture.routing import ModelRoute, Routing, write_routing
+from serving_fixtures import IMAGES, predict_request, running_proxy, serve_every_version, stubs
+from trainserve.proxy.routing import ModelRoute, Routing, write_routing
+from trainserve.proxy.server import Proxy
 
 SEED = 7
 
@@ -29,11 +29,11 @@ def proxy_starter(server, tmp_path, proxies: list):
     """start(routing=None, **flags): a proxy in front of `server` following tmp_path/routing.json (written first
     when `routing` is given), its draws seeded, polled only when a test calls `router.poll()`."""
 
-    def start(routing: Routing | None = None, **flags) -> CaptureProxy:
+    def start(routing: Routing | None = None, **flags) -> Proxy:
         path = tmp_path / "routing.json"
         if routing is not None:
             write_routing(path, routing)
-        proxy = capture_proxy(
+        proxy = running_proxy(
             server,
             tmp_path / "captures" / "c",
             uniform=random.Random(SEED).random,
@@ -52,15 +52,15 @@ def route(candidate=2, shadow=0.0, canary=0.0, sticky=None, salt=None) -> Routin
     return Routing({"m": ModelRoute(candidate, shadow, canary, sticky, salt)})
 
 
-def answered_by(proxy: CaptureProxy, n: int, metadata=(), **spec) -> list[int]:
+def answered_by(proxy: Proxy, n: int, metadata=(), **spec) -> list[int]:
     predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{proxy.port}"}))
     request = predict_request(**({"label": "stable"} | spec))
     return [predict.Predict(request, timeout=30, metadata=metadata).model_spec.version.value for _ in range(n)]
 
 
-def page(proxy: CaptureProxy) -> dict[str, float]:
+def page(proxy: Proxy) -> dict[str, float]:
     """The proxy's metrics page as {series with labels: value}."""
-    with DIRECT.open(f"http://127.0.0.1:{proxy.rest_port}/monitoring/capture/metrics", timeout=10) as answer:
+    with DIRECT.open(f"http://127.0.0.1:{proxy.rest_port}/monitoring/proxy/metrics", timeout=10) as answer:
         text = answer.read().decode()
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
 

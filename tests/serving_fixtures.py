@@ -155,11 +155,11 @@ def serve_every_version(
     return server
 
 
-def capture_proxy(upstream: Server, prefix: Path, uniform=None, **fields):
-    """`trainserve capture` in process in front of `upstream` (gRPC and REST), writing under `prefix`; `fields` are
+def running_proxy(upstream: Server, prefix: Path, uniform=None, **fields):
+    """`trainserve proxy` in process in front of `upstream` (gRPC and REST), writing under `prefix`; `fields` are
     ProxyConfig's (tls, routing_file, ...), `uniform` the sampling and routing draws (seeded in tests)."""
-    from trainserve.capture.config import ProxyConfig
-    from trainserve.capture.proxy import CaptureProxy
+    from trainserve.proxy.config import ProxyConfig
+    from trainserve.proxy.server import Proxy
 
     config = ProxyConfig(
         upstream=upstream.target,
@@ -169,4 +169,4 @@ def capture_proxy(upstream: Server, prefix: Path, uniform=None, **fields):
         filename_prefix=str(prefix),
         **fields,
     )
-    return CaptureProxy(config, uniform=uniform)
+    return Proxy(config, uniform=uniform)

@@ -23,8 +23,8 @@ COMMANDS = [
     "replay-merge",
     "drift",
     "drift-merge",
-    "capture",
-    "capture export",
+    "proxy",
+    "proxy export",
     "candidate",
     "promote",
     "rollback",
@@ -34,7 +34,7 @@ COMMANDS = [
 STAGE_COMMANDS = {
     "training": {"train", "verify", "runs", "tf-config"},
     "serving": {"serve-local"},
-    "capture": {"capture"},  # with `capture export` beneath it (traffic.commands builds that parser)
+    "proxy": {"proxy", "capture"},  # capture: its former name; `proxy export` from traffic.commands
     "evaluation": {"eval", "load", "report"},
     "live": {"live-eval", "live-eval-merge"},
     "replay": {"replay", "replay-merge"},

@@ -16,9 +16,9 @@ from test_rollout_controller_live import Applied, Clients, roll_out
 from conftest import free_port, install_version
 from prometheus_server import Prometheus
 from serving_fixtures import predict_request, stubs
-from trainserve.capture.config import ProxyConfig
-from trainserve.capture.proxy import CaptureProxy
-from trainserve.capture.routing import read_routing
+from trainserve.proxy.config import ProxyConfig
+from trainserve.proxy.routing import read_routing
+from trainserve.proxy.server import Proxy
 from trainserve.rollout.config import CandidateConfig, PromoteConfig
 from trainserve.rollout.config_file import history_path, read_config
 from trainserve.rollout.history import read_history
@@ -70,7 +70,7 @@ def test_a_good_candidate_is_rolled_out_step_by_step_on_the_serve_cpu_image(
     proxy = prometheus = clients = None
     try:
         server.wait_available("m", 1)
-        proxy = CaptureProxy(
+        proxy = Proxy(
             ProxyConfig(
                 upstream=server.target,
                 upstream_rest=server.rest.removeprefix("http://"),

@@ -24,7 +24,7 @@ KUSTOMIZATIONS = [
     "k8s/overlays/gpu",
     "k8s/overlays/multi-worker",
     "k8s/overlays/tls",
-    "k8s/overlays/capture",
+    "k8s/overlays/proxy",
 ]
 TOOLS = Path(sys.executable).parent.parent / "tools" / "bin"  # .venv/tools: see the Makefile
 KUBERNETES_VERSION = "1.33.0"
@@ -137,7 +137,7 @@ def test_every_container_is_locked_down(rendered):
 
 def serving_container(docs: list[dict]) -> dict:
     (deployment,) = (d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "serve-cpu")
-    # TF Serving's container; the capture component adds a sidecar beside it.
+    # TF Serving's container; the proxy component adds a sidecar beside it.
     (container,) = (c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "serve-cpu")
     return container
 
@@ -171,8 +171,8 @@ def test_serving_is_consistent(rendered):
         (tmp / key).write_text(config[key])
         parse(tmp / key)
     access = {d["metadata"]["name"]: d["spec"]["accessModes"] for d in docs if d["kind"] == "PersistentVolumeClaim"}
-    expected = ["ReadWriteOnce"] if name.endswith(("local", "tls", "capture")) else ["ReadWriteMany"]  # on local
-    captures = {"captures": expected} if name.endswith("capture") else {}
+    expected = ["ReadWriteOnce"] if name.endswith(("local", "tls", "proxy")) else ["ReadWriteMany"]  # on local
+    captures = {"captures": expected} if name.endswith("proxy") else {}
     assert access == {"models": expected, "data": expected, **captures}
 
 
@@ -238,8 +238,8 @@ def resolved(docs: list[dict]) -> dict[str, dict]:
     data = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
     found = {}
     for doc, spec in pod_specs(docs):
-        # The workload's own container (the capture component adds a `capture` sidecar to serve-cpu's pods).
-        (container,) = (c for c in spec["containers"] if c["name"] != "capture")
+        # The workload's own container (the proxy component adds a `capture` sidecar to serve-cpu's pods).
+        (container,) = (c for c in spec["containers"] if c["name"] != "proxy")
         env = {}
         for var in container.get("env", []):
             if "value" in var:
@@ -370,8 +370,8 @@ def test_promote_job_gates_a_rollout_with_least_privilege(rendered):
             for r in egress
             if r["to"][0].get("podSelector", {}).get("matchLabels") == {"app.kubernetes.io/name": "serve-cpu"}
         ]
-        # (with the capture component, its sidecar's gRPC port too: the Service sends calls through it)
-        assert [p["port"] for r in to_serving for p in r["ports"]] == [8500] + ([8510] if "capture" in overlay else [])
+        # (with the proxy component, its sidecar's gRPC port too: the Service sends calls through it)
+        assert [p["port"] for r in to_serving for p in r["ports"]] == [8500] + ([8510] if "proxy" in overlay else [])
         dns = [r for r in egress if {p["port"] for p in r["ports"]} == {53}]
         assert dns and all(r in to_serving + dns for r in egress), "serve-cpu by name, then its gRPC port only"
         ingress = by_kind[("NetworkPolicy", "serve-cpu-from-clients")]["spec"]["ingress"][0]

@@ -1,7 +1,7 @@
 """k8s/components/monitoring: rendered on the base, its PodMonitor and PrometheusRule valid against the Prometheus
 Operator's CRD schemas (vendored in k8s/schemas, kubeconform's layout and strictness), the PrometheusRule the same
 rules as monitoring/rules.yml, and the PodMonitor aimed at the port and path serving exposes its metrics on, and,
-with the capture sidecar, at the sidecar's as the job `trainserve rollout` reads the proxy's counts from."""
+with the proxy sidecar, at the sidecar's as the job `trainserve rollout` reads the proxy's counts from."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import yaml
 from test_k8s import render
 
 from conftest import REPO
-from trainserve.capture.config import ProxyConfig
+from trainserve.proxy.config import ProxyConfig
 from trainserve.rollout.config import RolloutConfig
 from trainserve.serving.config import parse_monitoring
 
@@ -109,20 +109,20 @@ def test_pod_monitor_scrapes_the_serving_pods_where_they_serve_metrics(docs):
 
 
 def test_pod_monitor_scrapes_the_capture_sidecar_as_the_job_the_rollout_reads(tmp_path_factory):
-    """With the capture and progressive-delivery components (k8s/overlays/capture): the sidecar's REST port, at the
+    """With the capture and progressive-delivery components (k8s/overlays/proxy): the sidecar's REST port, at the
     path the proxy serves its counts on, as the job `trainserve rollout --proxy-job` reads by default, and reachable
     from Prometheus' namespace."""
-    docs = with_monitoring(tmp_path_factory, "capture")
+    docs = with_monitoring(tmp_path_factory, "proxy")
     assert any(d["kind"] == "CronJob" and d["metadata"]["name"] == "rollout" for d in docs)  # the rollout is there
     monitor = custom(docs, "PodMonitor")["spec"]
     template = custom(docs, "Deployment")["spec"]["template"]
-    (sidecar,) = [c for c in template["spec"]["containers"] if c["name"] == "capture"]
+    (sidecar,) = [c for c in template["spec"]["containers"] if c["name"] == "proxy"]
     rest_port = {e["name"]: e["value"] for e in sidecar["env"]}["TRAINSERVE_REST_PORT"]
     (port,) = [p for p in sidecar["ports"] if str(p["containerPort"]) == rest_port]
     (endpoint,) = [e for e in monitor["podMetricsEndpoints"] if e["port"] == port["name"]]
     assert endpoint["path"] == ProxyConfig.__dataclass_fields__["metrics_path"].default
     jobs = [r["replacement"] for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
-    assert jobs == [RolloutConfig.__dataclass_fields__["proxy_job"].default] == ["capture"]
+    assert jobs == [RolloutConfig.__dataclass_fields__["proxy_job"].default] == ["proxy"]
     (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "serve-cpu-from-clients"]
     from_monitoring = [
         rule

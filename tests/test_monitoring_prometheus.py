@@ -1,4 +1,4 @@
-"""The rules and the dashboard against a real Prometheus scraping a real serve-local and the capture proxy in front
+"""The rules and the dashboard against a real Prometheus scraping a real serve-local and the proxy in front
 of it: two versions serving (stable and canary) with batching on, a third whose load failed, clients asking both
 and sending a malformed request now and then, and clients of the proxy asking `stable`, which the proxy's routing
 answers from stable or the canary and shadows to the canary. Every recording rule, every alert's expression and
@@ -56,11 +56,11 @@ def prometheus_fixture(model_versions, tmp_path_factory):
 
 
 def routing_proxy(server, root):
-    """The capture proxy in front of `server`, in this process: 30 % of `stable` (1) answered by the canary (2),
+    """The proxy in front of `server`, in this process: 30 % of `stable` (1) answered by the canary (2),
     every stable answer shadowed to it, every call captured."""
-    from trainserve.capture.config import ProxyConfig
-    from trainserve.capture.proxy import CaptureProxy
-    from trainserve.capture.routing import ModelRoute, Routing, write_routing
+    from trainserve.proxy.config import ProxyConfig
+    from trainserve.proxy.routing import ModelRoute, Routing, write_routing
+    from trainserve.proxy.server import Proxy
 
     routing = write_routing(root / "routing.json", Routing({"m": ModelRoute(2, shadow_percent=100, canary_percent=30)}))
     config = ProxyConfig(
@@ -71,7 +71,7 @@ def routing_proxy(server, root):
         filename_prefix=str(root / "captures" / "m"),
         routing_file=routing,
     )
-    return CaptureProxy(config)
+    return Proxy(config)
 
 
 @pytest.mark.parametrize("record", sorted(RECORDS))

@@ -1,4 +1,4 @@
-"""`trainserve capture` under the faults production brings (issue 45 item 7, the proxy's part of items 4 and 10):
+"""`trainserve proxy` under the faults production brings (issue 45 item 7, the proxy's part of items 4 and 10):
 an upstream outage (a real serve-local stopped and started again on the same ports), a shutdown with calls in
 flight and records queued, trainserve's own calls. Every record is accounted for (offered = written + dropped +
 lost), and no call waits on the capture."""
@@ -21,9 +21,9 @@ import grpc
 import pytest
 
 from conftest import Gate, free_port, install_version, save_gated_model
-from serving_fixtures import InProcessServer, capture_proxy, predict_request
-from trainserve.capture.pages import READY_PATH
-from trainserve.capture.proxy import CaptureProxy
+from serving_fixtures import InProcessServer, predict_request, running_proxy
+from trainserve.proxy.config import FORMER_PATHS, LIVE_PATH, METRICS_PATH, READY_PATH
+from trainserve.proxy.server import Proxy
 from trainserve.tfrecord import iter_records
 from trainserve.traffic import writer as writer_module
 from trainserve.traffic.origin import REPLAY, origin_metadata
@@ -40,7 +40,7 @@ def serve_on(model_dir: Path, port: int, rest_port: int, *flags: str) -> InProce
     return server
 
 
-def page(proxy: CaptureProxy, path: str) -> tuple[int, str]:
+def page(proxy: Proxy, path: str) -> tuple[int, str]:
     connection = http.client.HTTPConnection("127.0.0.1", proxy.rest_port, timeout=30)
     try:
         connection.request("GET", path)
@@ -108,12 +108,12 @@ class RefusingListener:
 def test_an_upstream_outage_is_logged_once_readiness_follows_it_and_the_restarted_server_is_used_at_once(
     tmp_path, model_versions, caplog
 ):
-    caplog.set_level(logging.INFO, logger="trainserve.capture")
+    caplog.set_level(logging.INFO, logger="trainserve.proxy")
     install_version(model_versions[0], tmp_path / "m", 1)
     port, rest_port = free_port(), free_port()
     server = serve_on(tmp_path / "m", port, rest_port, "--model_name=m", f"--model_base_path={tmp_path / 'm'}")
     server.wait_available("m", 1)
-    proxy = capture_proxy(server, tmp_path / "captures" / "p", upstream_wait=0.25)
+    proxy = running_proxy(server, tmp_path / "captures" / "p", upstream_wait=0.25)
     failed_grpc = failed_rest = 0
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{proxy.port}")
@@ -146,18 +146,18 @@ def test_an_upstream_outage_is_logged_once_readiness_follows_it_and_the_restarte
         assert predict_code(channel) == "OK"
         assert rest_predict(proxy.rest_port) == 200
         assert page(proxy, READY_PATH)[0] == 200
-        metrics = page(proxy, "/monitoring/capture/metrics")[1]
+        metrics = page(proxy, "/monitoring/proxy/metrics")[1]
         channel.close()
     finally:
         proxy.stop()
         server.stop()
-    lines = [r.getMessage() for r in caplog.records if r.name.startswith("trainserve.capture")]
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("trainserve.proxy")]
     for side, failed in (("gRPC", failed_grpc), ("REST", failed_rest)):
         assert len([line for line in lines if f"cannot reach TF Serving's {side}" in line]) == 1, lines
         (back,) = [line for line in lines if f"TF Serving's {side} at" in line and "answers again" in line]
         assert f"after {failed} failed call(s)" in back
-        assert metric(metrics, ":trainserve:capture:upstream_failures", side=side) == failed
-        assert metric(metrics, ":trainserve:capture:upstream_up", side=side) == 1
+        assert metric(metrics, ":trainserve:proxy:upstream_failures", side=side) == failed
+        assert metric(metrics, ":trainserve:proxy:upstream_up", side=side) == 1
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +211,7 @@ def gated_grpc_call(channel: grpc.Channel, gate: Gate, seen: dict) -> threading.
 
 def test_sigterm_lets_a_rest_call_in_flight_finish_and_says_what_it_wrote(m_and_g, tmp_path):
     port, rest_port = free_port(), free_port()
-    command = [sys.executable, "-m", "trainserve", "capture", "--upstream", m_and_g.target, "--port", str(port)]
+    command = [sys.executable, "-m", "trainserve", "proxy", "--upstream", m_and_g.target, "--port", str(port)]
     command += ["--upstream-rest", m_and_g.rest.removeprefix("http://"), "--rest-port", str(rest_port)]
     command += ["--filename-prefix", str(tmp_path / "caps" / "p")]
     proxy = subprocess.Popen(
@@ -245,7 +245,7 @@ def test_sigterm_lets_a_rest_call_in_flight_finish_and_says_what_it_wrote(m_and_
 
 
 def test_calls_in_flight_past_the_grace_are_cut_and_queued_records_lost_counted(m_and_g, tmp_path, monkeypatch):
-    proxy = capture_proxy(m_and_g, tmp_path / "captures" / "p")
+    proxy = running_proxy(m_and_g, tmp_path / "captures" / "p")
     held, stuck = threading.Event(), threading.Event()
     real_write = writer_module.write_all
 
@@ -282,12 +282,12 @@ def test_calls_in_flight_past_the_grace_are_cut_and_queued_records_lost_counted(
 
 
 def test_trainserves_own_calls_are_forwarded_counted_and_never_recorded(m_and_g, tmp_path):
-    proxy = capture_proxy(m_and_g, tmp_path / "captures" / "p")
+    proxy = running_proxy(m_and_g, tmp_path / "captures" / "p")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{proxy.port}") as channel:
             own = [predict_code(channel, origin_metadata(REPLAY)) for _ in range(3)]
             theirs = [predict_code(channel) for _ in range(2)]
-        metrics = page(proxy, "/monitoring/capture/metrics")[1]
+        metrics = page(proxy, "/monitoring/proxy/metrics")[1]
     finally:
         records = proxy.stop().records
     assert own == theirs + ["OK"] == ["OK"] * 3
@@ -310,11 +310,13 @@ def on_disk(directory: Path) -> int:
     ids=["served-model", "any-answer", "unknown-model"],
 )
 def test_readiness_asks_for_the_named_model(m_and_g, tmp_path, model, status, reason):
-    proxy = capture_proxy(m_and_g, tmp_path / "captures" / "p", ready_model=model)
+    proxy = running_proxy(m_and_g, tmp_path / "captures" / "p", ready_model=model)
     try:
         answer = page(proxy, READY_PATH)
-        metrics = page(proxy, "/monitoring/capture/metrics")[1]
+        metrics = page(proxy, "/monitoring/proxy/metrics")[1]
+        former = [page(proxy, FORMER_PATHS[path])[0] for path in (READY_PATH, LIVE_PATH, METRICS_PATH)]
     finally:
         proxy.stop()
     assert answer[0] == status and answer[1].startswith(reason.format(target=m_and_g.target)), answer
-    assert metric(metrics, ":trainserve:capture:upstream_up", side="gRPC") == 1  # TF Serving answered either way
+    assert former == [status, 200, 200]  # the paths of its former name, `capture`, answer until the next release
+    assert metric(metrics, ":trainserve:proxy:upstream_up", side="gRPC") == 1  # TF Serving answered either way

@@ -1,5 +1,5 @@
 """`trainserve rollout` against a real Prometheus, which evaluates the repository's recording rules on series that a
-stand-in capture proxy exports: a traffic model driven by the routing file the controller writes (each scrape is
+stand-in proxy exports: a traffic model driven by the routing file the controller writes (each scrape is
 one tick of requests addressed to `stable`, split as the routing says), with the flip share and the flow each test
 sets. So the rollback, hold, pause and resume decisions are made on counts the test controls, through the real
 queries and rules. (End to end on serve-local and the real proxy: test_rollout_controller_live.py.)"""
@@ -21,8 +21,8 @@ from reports import compared_with, eval_report, write
 
 from conftest import REPO
 from prometheus_server import Prometheus
-from trainserve.capture.routing import read_routing
 from trainserve.cli import main
+from trainserve.proxy.routing import read_routing
 from trainserve.rollout.config import CandidateConfig, PromoteConfig
 from trainserve.rollout.config_file import history_path, read_config
 from trainserve.rollout.history import read_history
@@ -98,7 +98,7 @@ class Traffic:
 
 
 class StandInProxy:
-    """An HTTP server whose /monitoring/capture/metrics is the capture proxy's page for every model added; each
+    """An HTTP server whose /monitoring/proxy/metrics is the proxy's page for every model added; each
     scrape is a tick."""
 
     def __init__(self):
@@ -108,7 +108,7 @@ class StandInProxy:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
-                if self.path != "/monitoring/capture/metrics":  # the serving job's scrape: nothing of ours
+                if self.path != "/monitoring/proxy/metrics":  # the serving job's scrape: nothing of ours
                     self.send_response(200)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
@@ -146,7 +146,7 @@ def watched(tmp_path_factory):
     """(stand-in proxy, real Prometheus scraping it every second with the repository's config and rules)."""
     root = tmp_path_factory.mktemp("rollout-prometheus")
     proxy = StandInProxy()
-    # The repository's scrape config: its serving job finds an empty page, its capture job the stand-in's.
+    # The repository's scrape config: its serving job finds an empty page, its proxy job the stand-in's.
     prometheus = Prometheus(root, proxy.target, proxy=proxy.target)
     try:
         prometheus.wait_scraped(2)
@@ -266,7 +266,7 @@ def test_a_killed_controller_resumes_its_step_from_the_history(watched, tmp_path
     last = [e for e in history if e["event"] == "check"][-1]
     assert (last["step"], last["decision"]) == (1, "advance") and last["counts"]["canary_requests"] >= 20
     assert last["queries"]["stable_error_ratio"]["value"] == 0.0
-    assert 'trainserve:proxy_route_errors:ratio_rate5m{job="capture",' in last["queries"]["stable_error_ratio"]["query"]
+    assert 'trainserve:proxy_route_errors:ratio_rate5m{job="proxy",' in last["queries"]["stable_error_ratio"]["query"]
     # counted per replica, from the same counters for both versions: stable's calls on its route too
     assert last["counts"]["stable_requests"] > last["counts"]["canary_requests"] and "unjudged" not in last
     # promote's own history line, then the rollout's end; the model is no longer routed

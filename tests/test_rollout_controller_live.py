@@ -1,5 +1,5 @@
 """`trainserve rollout` end to end on real parts: serve-local polling the config the controller rewrites, the
-capture proxy following the routing file it writes, a real Prometheus scraping the proxy with the repository's
+proxy following the routing file it writes, a real Prometheus scraping the proxy with the repository's
 rules, and clients calling `stable` through the proxy all along. A candidate whose answers flip is stopped at the
 shadow step before any client gets its answer; a good one goes shadow -> 5 % -> 25 % -> 100 % and is promoted;
 no client call fails, and none is answered by a version the routing file did not name."""
@@ -18,11 +18,11 @@ from scipy.stats import binom
 from conftest import MONITORING, install_version
 from prometheus_server import Prometheus
 from serving_fixtures import IMAGES, InProcessServer, predict_request, stubs
-from trainserve.capture.config import ProxyConfig
-from trainserve.capture.proxy import CaptureProxy
-from trainserve.capture.routing import read_routing
 from trainserve.cli import main
 from trainserve.client import ServingClient
+from trainserve.proxy.config import ProxyConfig
+from trainserve.proxy.routing import read_routing
+from trainserve.proxy.server import Proxy
 from trainserve.rollout.config import CandidateConfig, PromoteConfig
 from trainserve.rollout.config_file import history_path, read_config
 from trainserve.rollout.history import read_history
@@ -71,7 +71,7 @@ class Clients:
     answer's version (or error code) recorded with the canary share the proxy ran when the call began (the routing
     file's, once the proxy has read it: a change reaches it one poll later)."""
 
-    def __init__(self, proxy: CaptureProxy):
+    def __init__(self, proxy: Proxy):
         self.predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{proxy.port}"}))
         self.router, self.answers, self.errors = proxy.router, [], []
         self.stop = threading.Event()
@@ -123,7 +123,7 @@ def live(model_versions, tmp_path_factory):
     )
     server.wait_available("m", 1)
     routing = root / "rollout" / "routing.json"
-    proxy = CaptureProxy(
+    proxy = Proxy(
         ProxyConfig(
             upstream=server.target,
             upstream_rest=f"127.0.0.1:{server.rest_port}",

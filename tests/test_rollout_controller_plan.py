@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from reports import compared_with, eval_report, write
 
 from conftest import REPO
-from trainserve.capture.routing import read_routing
 from trainserve.cli import build_parser, main
 from trainserve.files import locked
 from trainserve.options import config_from_args
+from trainserve.proxy.routing import read_routing
 from trainserve.rollout.analysis import ADVANCE, FAIL, HOLD, PASS, ROLLBACK, UNKNOWN, WATCH, checks, decide
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig, StepGate
 from trainserve.rollout.config_file import history_path, read_config
@@ -314,7 +314,7 @@ def test_the_dry_run_prints_the_plan_and_the_queries_and_changes_nothing(site, c
     assert "step 1: shadow 100% 1s: shadow 100%, canary 0%; checks shadow_errors, flip_rate" in out
     assert "step 2: 5% 1s: shadow 100%, canary 5%; checks error_ratio, slow_calls, flip_rate" in out
     assert "step 3: 100%: promote (stable -> 2), routing cleared" in out
-    assert 'canary_errors: sum by (instance) (:trainserve:proxy:request_count{job="capture",model_name="m",' in out
+    assert 'canary_errors: sum by (instance) (:trainserve:proxy:request_count{job="proxy",model_name="m",' in out
     assert snapshot(config) == before
 
 

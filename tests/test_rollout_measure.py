@@ -95,8 +95,8 @@ def test_no_threshold_before_stable_has_calls():
     ("targets", "said"),
     [
         pytest.param(Targets({"a:1": True, "b:1": True}), None, id="all-counting"),
-        pytest.param(Targets({}), "no target of scrape job 'capture' in Prometheus now", id="none"),
-        pytest.param(Targets({"a:1": True, "b:1": False}), "proxy targets down (scrape job 'capture'): b:1", id="down"),
+        pytest.param(Targets({}), "no target of scrape job 'proxy' in Prometheus now", id="none"),
+        pytest.param(Targets({"a:1": True, "b:1": False}), "proxy targets down (scrape job 'proxy'): b:1", id="down"),
         pytest.param(
             Targets({"a:1": True, "c:1": False, "b:1": False}, "proxy", frozenset({"a:1"})),
             "proxy targets down (scrape job 'proxy'): b:1, c:1; proxy targets up without request counts "
@@ -117,9 +117,9 @@ def test_the_errors_counted_are_the_route_records_and_the_canary_alerts():
 
 
 def test_the_queries_read_both_versions_from_the_same_counters_per_replica():
-    found = queries("m", 7, 3, "capture", le="6428.06")
-    every = ' or sum by (instance) (up{job="capture"} == 1) * 0'
-    cand, stable = 'job="capture",model_name="m",version="7"', 'job="capture",model_name="m",version="3"'
+    found = queries("m", 7, 3, "proxy", le="6428.06")
+    every = ' or sum by (instance) (up{job="proxy"} == 1) * 0'
+    cand, stable = 'job="proxy",model_name="m",version="7"', 'job="proxy",model_name="m",version="3"'
     assert found["canary_errors"] == (
         f'sum by (instance) (:trainserve:proxy:request_count{{{cand},route="canary",status!~"OK|CANCELLED"}})' + every
     )

@@ -39,7 +39,7 @@ class Replica:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
-                body = outer.page().encode() if self.path == "/monitoring/capture/metrics" else b""
+                body = outer.page().encode() if self.path == "/monitoring/proxy/metrics" else b""
                 self.send_response(500 if outer.failing and body else 200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -113,7 +113,7 @@ class Step:
 
 def scraped(prometheus: Prometheus, replica: Replica, up: int = 1) -> bool:
     """Prometheus' last scrape of `replica` has `up`, and (up) the page's calls as they are now."""
-    instance = f'job="capture",instance="{replica.target}"'
+    instance = f'job="proxy",instance="{replica.target}"'
     if [s["value"][1] for s in prometheus.query(f"up{{{instance}}}")] != [str(up)]:
         return False
     found = prometheus.query(f"sum(:trainserve:proxy:request_count{{{instance}}})")
@@ -160,7 +160,7 @@ def test_a_replica_missing_scrapes_neither_inflates_nor_rebases_a_canary_step(tm
             step.traffic(replica)
         wait(lambda: scraped(prometheus, a) and scraped(prometheus, b, up=0), "a's calls, b still down")
         down = look("b down")
-        assert down.unjudged == f"proxy targets down (scrape job 'capture'): {b.target}"
+        assert down.unjudged == f"proxy targets down (scrape job 'proxy'): {b.target}"
         assert down.counts["canary_requests"] == first.counts["canary_requests"] + 1000  # a's, and nothing re-based
 
         b.failing = False
@@ -172,7 +172,7 @@ def test_a_replica_missing_scrapes_neither_inflates_nor_rebases_a_canary_step(tm
         b.restart()  # a new process: no calls yet, then counting from 0
         wait(lambda: scraped(prometheus, b), "b restarted, its page without calls")
         fresh = look("b restarted")
-        assert fresh.unjudged == f"proxy targets up without request counts (scrape job 'capture'): {b.target}"
+        assert fresh.unjudged == f"proxy targets up without request counts (scrape job 'proxy'): {b.target}"
         step.traffic(b, scale=1)
         wait(lambda: scraped(prometheus, b), "b's first calls since its restart")
         last = look("b counting again")

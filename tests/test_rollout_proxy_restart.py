@@ -1,4 +1,4 @@
-"""Killing the capture proxy mid-rollout loses no state: `trainserve capture` runs as its own process in front of
+"""Killing the proxy mid-rollout loses no state: `trainserve proxy` runs as its own process in front of
 serve-local, `trainserve rollout` moves its routing file, a real Prometheus scrapes both with the repository's
 rules. At the first canary step the proxy is SIGKILLed: the controller holds while its target is down (it never
 advances on counts it cannot complete), a new proxy on the same ports reads the routing file again and answers a
@@ -22,7 +22,7 @@ from test_rollout_controller_live import FULL, Applied, roll_out
 from conftest import MONITORING, free_port, install_version
 from prometheus_server import Prometheus
 from serving_fixtures import IMAGES, InProcessServer, predict_request, stubs
-from trainserve.capture.routing import read_routing
+from trainserve.proxy.routing import read_routing
 from trainserve.rollout.config import CandidateConfig, PromoteConfig
 from trainserve.rollout.config_file import history_path, read_config
 from trainserve.rollout.history import read_history
@@ -33,14 +33,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rollout-live")]
 
 
 class ProxyProcess:
-    """`trainserve capture` in its own process, following `routing` every 0.2 s; started on fixed ports, so that a
+    """`trainserve proxy` in its own process, following `routing` every 0.2 s; started on fixed ports, so that a
     new one takes the place of one killed."""
 
     def __init__(self, root: Path, server: InProcessServer, routing: Path, port: int, rest_port: int, name: str):
         self.log_path = root / f"{name}.log"
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "trainserve", "capture"]
+                [sys.executable, "-m", "trainserve", "proxy"]
                 + ["--upstream", server.target, "--upstream-rest", f"127.0.0.1:{server.rest_port}"]
                 + ["--port", str(port), "--rest-port", str(rest_port), "--sampling-rate", "0"]
                 + ["--filename-prefix", str(root / "captures" / name)]
@@ -167,7 +167,7 @@ def test_a_proxy_killed_at_a_canary_step_is_replaced_and_the_rollout_goes_on_to_
     assert outcome == [0] and out.startswith("promoted: model m: stable -> 2, previous -> 1"), out
     # it held, and said why: the proxy's target down, its counts kept (not re-based, not lost) while it was
     assert all(c["decision"] in ("watch", "hold") for c in down), down
-    assert down[-1]["unjudged"] == f"proxy targets down (scrape job 'capture'): 127.0.0.1:{rest_port}", down[-1]
+    assert down[-1]["unjudged"] == f"proxy targets down (scrape job 'proxy'): 127.0.0.1:{rest_port}", down[-1]
     assert down[-1]["counts"]["canary_requests"] < 10, down[-1]  # too few to judge: held for the target, too
     events = [e for e in read_history(history_path(config)) if e.get("action") == "rollout"]
     assert [e["step"] for e in events if e["event"] == "step"] == [0, 1, 2]

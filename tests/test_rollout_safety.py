@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from reports import compared_with, eval_report, write
 
-from trainserve.capture.routing import ModelRoute, read_routing, write_routing
-from trainserve.capture.routing import Routing as RoutingFile
 from trainserve.cli import main
 from trainserve.evidence.document import read_report
+from trainserve.proxy.routing import ModelRoute, read_routing, write_routing
+from trainserve.proxy.routing import Routing as RoutingFile
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
 from trainserve.rollout.config_file import history_path, read_config, write_config
 from trainserve.rollout.controller import Controller
@@ -135,7 +135,7 @@ class Replicas:
             return [({"instance": i}, 1.0) for i in "ab"]
         if expr.startswith("timestamp(up"):
             return [({"instance": i}, self.clock) for i in "ab"]
-        if expr != ':trainserve:proxy:canary_percent{job="capture",model_name="m"}':
+        if expr != ':trainserve:proxy:canary_percent{job="proxy",model_name="m"}':
             return []  # a step's counters: no data yet (the step holds)
         self.asks += 1
         now = route(self.config)

@@ -16,8 +16,8 @@ from reports import compared_with, eval_report, write
 from test_rollout_controller import AppliedServer, Traffic, events, labels, watched  # noqa: F401 (a fixture)
 
 from conftest import REPO
-from trainserve.capture.routing import read_routing
 from trainserve.cli import main
+from trainserve.proxy.routing import read_routing
 from trainserve.rollout.config import CandidateConfig, PromoteConfig
 from trainserve.rollout.config_file import history_path, read_config
 from trainserve.rollout.history import read_history

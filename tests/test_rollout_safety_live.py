@@ -1,5 +1,5 @@
 """A rollback and an abort cost no request, on real parts: serve-local polling the config every second, two replicas
-of the capture proxy following the routing file, a real Prometheus scraping both, and clients calling `stable`
+of the proxy following the routing file, a real Prometheus scraping both, and clients calling `stable`
 through both replicas all along. Replica b reads late, as one whose 10 s poll comes after the server's unload: from
 the moment it runs the 25 % step its next read of the routing file is held until the controller says it waits for
 the replicas (a controller that does not wait never says so; the test then lets b send a canary call to the unloaded
@@ -25,11 +25,11 @@ from test_rollout_controller_live import Applied
 
 from conftest import MONITORING, REPO, install_version
 from prometheus_server import Prometheus
-from serving_fixtures import IMAGES, InProcessServer, capture_proxy, predict_request, stubs
-from trainserve.capture.routing import read_routing
+from serving_fixtures import IMAGES, InProcessServer, predict_request, running_proxy, stubs
 from trainserve.cli import build_parser, main
 from trainserve.client import ServingClient
 from trainserve.options import config_from_args
+from trainserve.proxy.routing import read_routing
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
 from trainserve.rollout.config_file import history_path, read_config
 from trainserve.rollout.controller import Controller
@@ -140,7 +140,7 @@ def site(model_versions, tmp_path_factory):
         server.wait_available("m", 1)
         for name in "ab":
             proxies.append(
-                capture_proxy(
+                running_proxy(
                     server, root / "captures" / name, sampling_rate=0.0, routing_file=routing, routing_poll_seconds=0.2
                 )
             )
@@ -149,7 +149,7 @@ def site(model_versions, tmp_path_factory):
             root, f"127.0.0.1:{server.rest_port}", proxy=[f"127.0.0.1:{p.rest_port}" for p in proxies]
         )
         prometheus.wait_scraped(2)
-        prometheus.wait_for(lambda: len(prometheus.query('up{job="capture"} == 1')) == 2, "both replicas scraped")
+        prometheus.wait_for(lambda: len(prometheus.query('up{job="proxy"} == 1')) == 2, "both replicas scraped")
         clients = Clients(proxies)
         report = write(compared_with(eval_report(base / "2"), 1) | {"server": server.target}, root / "report-2.json")
         yield config, report, server, prometheus, clients, late

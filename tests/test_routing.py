@@ -1,4 +1,4 @@
-"""Routing in the capture proxy, in front of a real serve-local serving two versions of one model (stable = 1,
+"""Routing in the proxy, in front of a real serve-local serving two versions of one model (stable = 1,
 candidate 2): the canary share answered by the candidate (seeded draws, recounted here), sticky callers who never
 switch, shadow pairs and flips equal to a count made here from direct calls, per-version counts on the metrics
 page, routing-file edits followed on the next poll and bad ones refused in one line with the routing kept."""
@@ -20,8 +20,8 @@ from routing_fixtures import SEED, answered_by, page, proxy_starter, requests, r
 
 from conftest import DIRECT
 from serving_fixtures import IMAGES, predict_request, stubs
-from trainserve.capture.config import ProxyConfig
-from trainserve.capture.routing import SCHEMA, default_sticky_salt, write_routing
+from trainserve.proxy.config import ProxyConfig
+from trainserve.proxy.routing import SCHEMA, default_sticky_salt, write_routing
 from trainserve.tensors import from_tensor_proto
 
 pytestmark = pytest.mark.unit
@@ -173,7 +173,7 @@ def test_routing_edits_apply_on_the_next_poll_and_a_bad_edit_is_refused_in_one_l
     ):
         path.write_text(bad)
         caplog.clear()
-        with caplog.at_level(logging.ERROR, logger="trainserve.capture.router"):
+        with caplog.at_level(logging.ERROR, logger="trainserve.proxy.router"):
             assert not proxy.router.poll()
             assert not proxy.router.poll()  # the same bad content: not logged again
         assert len(caplog.records) == 1 and "\n" not in caplog.records[0].getMessage(), caplog.text
@@ -183,7 +183,7 @@ def test_routing_edits_apply_on_the_next_poll_and_a_bad_edit_is_refused_in_one_l
     path.unlink()
     path.mkdir()  # unreadable: refused once, not at every poll
     caplog.clear()
-    with caplog.at_level(logging.ERROR, logger="trainserve.capture.router"):
+    with caplog.at_level(logging.ERROR, logger="trainserve.proxy.router"):
         assert not proxy.router.poll() and not proxy.router.poll()
     assert len(caplog.records) == 1 and "cannot read it" in caplog.text, caplog.text
     assert set(answered_by(proxy, 2)) == {2}

@@ -15,11 +15,11 @@ import grpc
 import pytest
 from routing_fixtures import SEED, answered_by, page, proxy_starter, requests, rest_predict, route, serve_three_versions
 
-from trainserve.capture.config import ProxyConfig
-from trainserve.capture.proxy import CaptureProxy
-from trainserve.capture.routing import SCHEMA, ModelRoute, Routing, write_routing
-from trainserve.capture.wire import request_spec
 from trainserve.protos import model_pb2
+from trainserve.proxy.config import ProxyConfig
+from trainserve.proxy.routing import SCHEMA, ModelRoute, Routing, write_routing
+from trainserve.proxy.server import Proxy
+from trainserve.proxy.wire import request_spec
 from trainserve.traffic.records import length_delimited
 
 pytestmark = pytest.mark.unit
@@ -90,7 +90,7 @@ def test_rest_only_clients_are_counted_by_the_version_their_label_names(proxy_fo
 def test_a_proxy_started_on_a_bad_routing_file_routes_nothing_then_follows_the_fixed_file(proxy_for, tmp_path, caplog):
     path = tmp_path / "routing.json"
     path.write_text(json.dumps({"schema": SCHEMA, "models": {"m": {"candidate": 2, "canary_percent": -1}}}))
-    with caplog.at_level(logging.ERROR, logger="trainserve.capture.router"):
+    with caplog.at_level(logging.ERROR, logger="trainserve.proxy.router"):
         proxy = proxy_for()
         assert not proxy.router.poll(), "the same bad file is not refused twice"
     assert len(caplog.records) == 1 and "\n" not in caplog.records[0].getMessage(), caplog.text
@@ -109,7 +109,7 @@ def test_a_candidate_beyond_int64_is_refused_and_the_shadow_keeps_comparing(prox
     path = proxy.config.routing_file
     path.write_text(json.dumps({"schema": SCHEMA, "models": {"m": {"candidate": 2**63, "shadow_percent": 100}}}))
     caplog.clear()
-    with caplog.at_level(logging.ERROR, logger="trainserve.capture.router"):
+    with caplog.at_level(logging.ERROR, logger="trainserve.proxy.router"):
         assert not proxy.router.poll()
     assert len(caplog.records) == 1 and "candidate 9223372036854775808: expected" in caplog.text, caplog.text
     n = 2 * proxy.config.shadow_workers  # as many copies as would have ended every worker
@@ -159,7 +159,7 @@ def test_version_less_classify_and_regress_are_sent_as_stable(tmp_path):
         routing_file=tmp_path / "routing.json",
         routing_poll_seconds=3600,
     )
-    proxy = CaptureProxy(config)
+    proxy = Proxy(config)
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{proxy.port}")
         for method in RecordingUpstream.METHODS:

@@ -13,8 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainserve.capture.labels import LabelVersions
-from trainserve.capture.routing import (
+from trainserve.errors import TrainserveError
+from trainserve.files import locked, write_file_atomic
+from trainserve.protos import predict_pb2
+from trainserve.proxy.labels import LabelVersions
+from trainserve.proxy.routing import (
     SCHEMA,
     ModelRoute,
     Routing,
@@ -26,10 +29,7 @@ from trainserve.capture.routing import (
     update_routing,
     write_routing,
 )
-from trainserve.capture.wire import MAX_VERSION, WireError, request_spec, with_version
-from trainserve.errors import TrainserveError
-from trainserve.files import locked, write_file_atomic
-from trainserve.protos import predict_pb2
+from trainserve.proxy.wire import MAX_VERSION, WireError, request_spec, with_version
 
 pytestmark = pytest.mark.unit
 

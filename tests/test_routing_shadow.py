@@ -20,16 +20,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainserve.capture import shadow as shadow_module
-from trainserve.capture.config import ProxyConfig
-from trainserve.capture.grpc_proxy import MESSAGE_OPTIONS
-from trainserve.capture.proxy import CaptureProxy
-from trainserve.capture.proxy_metrics import SHADOW_OUTCOMES, ProxyMetrics
-from trainserve.capture.routing import ModelRoute, Routing, write_routing
-from trainserve.capture.shadow import Shadow
-from trainserve.capture.shadow_compare import Comparison
-from trainserve.capture.wire import answered_version, request_spec, with_version
 from trainserve.protos import predict_pb2
+from trainserve.proxy import shadow as shadow_module
+from trainserve.proxy.config import ProxyConfig
+from trainserve.proxy.grpc_proxy import MESSAGE_OPTIONS
+from trainserve.proxy.proxy_metrics import SHADOW_OUTCOMES, ProxyMetrics
+from trainserve.proxy.routing import ModelRoute, Routing, write_routing
+from trainserve.proxy.server import Proxy
+from trainserve.proxy.shadow import Shadow
+from trainserve.proxy.shadow_compare import Comparison
+from trainserve.proxy.wire import answered_version, request_spec, with_version
 from trainserve.tensors import to_tensor_proto
 
 pytestmark = pytest.mark.unit
@@ -94,7 +94,7 @@ def serving():
     upstream.stop()
 
 
-def start_proxy(upstream: Serving, tmp_path, **flags) -> CaptureProxy:
+def start_proxy(upstream: Serving, tmp_path, **flags) -> Proxy:
     path = tmp_path / "routing.json"
     write_routing(path, Routing({"m": ModelRoute(2, shadow_percent=100)}))
     config = ProxyConfig(
@@ -107,7 +107,7 @@ def start_proxy(upstream: Serving, tmp_path, **flags) -> CaptureProxy:
         routing_file=path,
         **flags,
     )
-    return CaptureProxy(config, uniform=random.Random(0).random)
+    return Proxy(config, uniform=random.Random(0).random)
 
 
 @pytest.fixture

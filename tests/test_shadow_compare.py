@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from trainserve.capture.shadow_compare import Comparison, Incomparable, compare
 from trainserve.protos import predict_pb2
+from trainserve.proxy.shadow_compare import Comparison, Incomparable, compare
 from trainserve.tensors import to_tensor_proto
 
 pytestmark = pytest.mark.unit

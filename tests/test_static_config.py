@@ -89,11 +89,11 @@ def test_one_tensorflow_version_everywhere():
         ["train"],
         ["eval"],
         ["promote"],
-        ["capture"],
+        ["proxy"],
         ["monitoring"],
-        ["train", "eval", "promote", "capture", "monitoring"],
+        ["train", "eval", "promote", "proxy", "monitoring"],
     ],
-    ids=["default", "train", "eval", "promote", "capture", "monitoring", "all"],
+    ids=["default", "train", "eval", "promote", "proxy", "monitoring", "all"],
 )
 def test_compose_config_is_valid_for_every_profile(profiles):
     compose = shutil.which("docker-compose", path=str(BIN)) or shutil.which("docker-compose")
@@ -112,12 +112,12 @@ def test_compose_config_is_valid_for_every_profile(profiles):
         assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
     if "eval" in profiles:
         assert services["eval"]["depends_on"]["serve-cpu"]["condition"] == "service_healthy"
-    if "capture" in profiles:  # the proxy needs no TensorFlow: the eval image, in front of a healthy serve-cpu
-        capture = services["capture"]
-        assert capture["image"].rpartition(":")[0] == "trainserve/eval" and capture["entrypoint"][1] == "capture"
-        assert capture["depends_on"]["serve-cpu"]["condition"] == "service_healthy" and "healthcheck" in capture
-        assert all(p["host_ip"] == "127.0.0.1" for p in capture["ports"])
-        assert capture["environment"]["TRAINSERVE_UPSTREAM"] == "serve-cpu:8500"
+    if "proxy" in profiles:  # the proxy needs no TensorFlow: the eval image, in front of a healthy serve-cpu
+        proxy = services["proxy"]
+        assert proxy["image"].rpartition(":")[0] == "trainserve/eval" and proxy["entrypoint"][1] == "proxy"
+        assert proxy["depends_on"]["serve-cpu"]["condition"] == "service_healthy" and "healthcheck" in proxy
+        assert all(p["host_ip"] == "127.0.0.1" for p in proxy["ports"])
+        assert proxy["environment"]["TRAINSERVE_UPSTREAM"] == "serve-cpu:8500"
     if "promote" in profiles:  # the rollout steps need no TensorFlow: the eval image, as the k8s Jobs
         for step in ("candidate", "promote", "rollback"):
             assert services[step]["image"].rpartition(":")[0] == "trainserve/eval", step

@@ -1,4 +1,4 @@
-"""`trainserve capture export`: captured inputs as an .npz eval set, one row per example, keyed by request id."""
+"""`trainserve proxy export`: captured inputs as an .npz eval set, one row per example, keyed by request id."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_inputs_come_out_row_by_row_with_their_request_ids(tmp_path, capsys):
     ]
     ids = write_batches(tmp_path / "cap", "m", batches, per_file=3)
     out = tmp_path / "traffic.npz"
-    assert main(["capture", "export", str(tmp_path / "cap"), "--model", "m", "--to", str(out)]) == 0
+    assert main(["proxy", "export", str(tmp_path / "cap"), "--model", "m", "--to", str(out)]) == 0
     assert f"{sum(sizes)} examples of 4 captured requests" in capsys.readouterr().out
     with np.load(out) as npz:  # no pickle needed
         np.testing.assert_array_equal(npz["x_test/x"], np.concatenate([b["x"] for b in batches]))

@@ -18,10 +18,10 @@ from trainserve.options import EnvDefaults
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trainserve.capture import commands as capture
     from trainserve.drift import commands as drift
     from trainserve.evaluation import commands as evaluation
     from trainserve.live import commands as live
+    from trainserve.proxy import commands as capture
     from trainserve.replay import commands as replay
     from trainserve.rollout import commands as rollout
     from trainserve.serving import commands as serving

@@ -1,5 +1,5 @@
 """Prometheus' text exposition format (prometheus.io/docs/instrumenting/exposition_formats), for the pages
-serve-local, the capture proxy and the capture writers serve: label values escape backslash, double quote and line
+serve-local, the proxy and the capture writers serve: label values escape backslash, double quote and line
 feed; HELP text backslash and line feed. TF Serving's exporter (util/prometheus_exporter.cc) escapes only the first
 two. Shared by the stages that serve a metrics page, so one histogram and one escaping rule serve them all."""
 

@@ -4,7 +4,7 @@ a million labels take tens of megabytes and the capture, however long, is stream
 Format: CSV with a header, UTF-8 with or without a byte-order mark (a spreadsheet's "CSV UTF-8" writes one), any
 line ending (a spreadsheet on Windows writes CRLF); spaces around a header name are ignored. `--key` (request_id)
 holds the request id the client sent as `x-request-id`; `--row-column` (request_row), where present, the example's
-row within a batched request (0 for the first; `trainserve capture export` writes both); `--label-column` (label)
+row within a batched request (0 for the first; `trainserve proxy export` writes both); `--label-column` (label)
 the true class, as its index or its name, or for a regression model the true number. Other columns may be named
 by `--slice`.
 

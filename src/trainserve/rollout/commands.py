@@ -53,7 +53,7 @@ def add_parsers(commands) -> None:
             run_rollout,
             "shift live `stable` traffic to a candidate step by step (shadow, canary shares), judged on Prometheus",
             "Check the candidate's eval report as promote does, label it `candidate`, then follow --plan: each step "
-            "rewrites the capture proxy's routing file (a shadow share, then canary shares of `stable` requests) "
+            "rewrites the proxy's routing file (a shadow share, then canary shares of `stable` requests) "
             "and is watched on Prometheus (the candidate's server-error ratio and p99 latency against stable's, "
             "the online flip rate's bound). A failing check rolls back at once (routing held on stable, confirmed by "
             "every proxy replica, then `candidate` dropped, stable untouched); too few requests or no answer holds, "

@@ -184,7 +184,7 @@ def _seconds(text: str) -> float:
 
 @dataclass
 class RolloutConfig:
-    """Move a candidate through a step plan on live traffic (shadow, canary shares) with the capture proxy's routing
+    """Move a candidate through a step plan on live traffic (shadow, canary shares) with the proxy's routing
     file, judged between steps on Prometheus, then promote it, or roll it back."""
 
     config: Path = option(Path("models.config"), CONFIG_HELP)
@@ -194,9 +194,7 @@ class RolloutConfig:
         "the version to roll out, labelled `candidate` if it is not yet (default: the config's `candidate`)",
         parse=positive_int,
     )
-    routing_file: Path | None = option(
-        None, "the capture proxy's routing file (trainserve.routing/1), rewritten atomically"
-    )
+    routing_file: Path | None = option(None, "the proxy's routing file (trainserve.routing/1), rewritten atomically")
     plan: object = option(
         DEFAULT_PLAN,
         "steps: `shadow [P%%] DURATION`, then `P%% DURATION` canary shares, ending with `100%%` (promote)",
@@ -206,7 +204,7 @@ class RolloutConfig:
         None, "Prometheus's URL, asked the proxy's series and recording rules between steps"
     )
     proxy_job: str = option(
-        PROXY_JOB, "the scrape job (Prometheus `job` label) of the capture proxy's replicas, whose series are read"
+        PROXY_JOB, "the scrape job (Prometheus `job` label) of the proxy's replicas, whose series are read"
     )
     report: Path | None = option(
         None, "the candidate's eval report, checked as promote checks it, before anything moves"
@@ -247,7 +245,7 @@ class RolloutConfig:
     def check(self) -> None:
         check_server(self.wait, self.tls)
         if self.routing_file is None:
-            raise TrainserveError("expected --routing-file: the routing file the capture proxy polls")
+            raise TrainserveError("expected --routing-file: the routing file the proxy polls")
         if self.abort:
             if not self.reason.strip():
                 raise TrainserveError("--abort: expected --reason TEXT, kept in the history")
@@ -255,7 +253,7 @@ class RolloutConfig:
         if self.report is None:
             raise TrainserveError("expected --report: the candidate's eval report, checked as promote checks it")
         if self.prometheus is None and not self.dry_run:
-            raise TrainserveError("expected --prometheus URL: the Prometheus that scrapes the capture proxy")
+            raise TrainserveError("expected --prometheus URL: the Prometheus that scrapes the proxy")
         if self.prometheus is not None:
             from trainserve.rollout.prometheus import check_url
 

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 
-from trainserve.capture.routing import default_sticky_salt
 from trainserve.errors import TrainserveError
 from trainserve.files import locked
+from trainserve.proxy.routing import default_sticky_salt
 from trainserve.rollout import analysis, moves
 from trainserve.rollout.config import CandidateConfig, RolloutConfig
 from trainserve.rollout.config_file import find_model, history_path, read_config

@@ -41,7 +41,7 @@ def dry_run(config: RolloutConfig) -> list[str]:
             f"checks {', '.join(names)}"
         )
     job = config.proxy_job
-    lines.append(f"queries (to {config.prometheus or 'PROMETHEUS'}, every {config.interval:g} s; proxy job {job}):")
+    lines.append(f"queries (to {config.prometheus or 'PROMETHEUS'}, every {config.interval:g} s; scrape job {job!r}):")
     lines.append(f'  targets: up{{job="{job}"}}; up without request counts: {targets.silent_query(job)}')
     lines += [f"  {name}: {q}" for name, q in measure.queries(model.name, version, stable, job, LE).items()]
     lines.append(f"  ({LE}: the bucket bound at or above stable's p99 when a step begins, from {measure.THRESHOLD})")

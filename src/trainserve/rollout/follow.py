@@ -1,8 +1,8 @@
-"""Whether every replica of the capture proxy follows a routing change, from what it exports: each replica polls the
+"""Whether every replica of the proxy follows a routing change, from what it exports: each replica polls the
 routing file on its own (--routing-poll-seconds), so a change is in force only once all of them report it.
 
 A replica reports the routing it runs as gauges (`:trainserve:proxy:canary_percent{model_name,version}`,
-trainserve.capture.proxy_metrics). It follows a change when its scrape target is up, Prometheus scraped it after the
+trainserve.proxy.proxy_metrics). It follows a change when its scrape target is up, Prometheus scraped it after the
 change was written (Prometheus's own clock: `timestamp(up)` against `time()` asked after the write), and its gauge
 for the model says what the change says. No target at all is never "followed": nothing confirms anything then.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trainserve.capture.proxy_metrics import CANARY_PERCENT
+from trainserve.proxy.proxy_metrics import CANARY_PERCENT
 from trainserve.rollout.prometheus import Prometheus
 from trainserve.rollout.targets import proxy_targets
 

@@ -1,4 +1,4 @@
-"""What a rollout step has seen, from the capture proxy's series in Prometheus: the queries, a step's counts, and
+"""What a rollout step has seen, from the proxy's series in Prometheus: the queries, a step's counts, and
 whether they can be judged at this look.
 
     counts   every counter per proxy replica (`sum by (instance)` over the proxy's scrape job), a step's count the
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainserve.capture.proxy_metrics import (
+from trainserve.proxy.proxy_metrics import (
     REQUEST_LATENCY,
     SHADOW_CLASSIFIED_PAIRS,
     SHADOW_FLIPS,

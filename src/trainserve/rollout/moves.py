@@ -1,4 +1,4 @@
-"""The moves a progressive rollout makes: the capture proxy's routing file set to a step's shares, held (no share),
+"""The moves a progressive rollout makes: the proxy's routing file set to a step's shares, held (no share),
 removed, and the `candidate` label dropped from the serving config (stable untouched). Each is idempotent, so a
 resumed controller can redo the move it may have been killed in, and each routing change is a read-modify-write
 under the routing file's lock, so that two controllers (two models, one file) never undo each other.
@@ -16,9 +16,9 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from trainserve.capture.routing import ModelRoute, read_routing, update_routing
 from trainserve.errors import TrainserveError
 from trainserve.files import locked
+from trainserve.proxy.routing import ModelRoute, read_routing, update_routing
 from trainserve.rollout.config_file import find_model, read_config, write_config
 from trainserve.rollout.labels import Rollout, apply_rollout
 

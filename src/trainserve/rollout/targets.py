@@ -1,4 +1,4 @@
-"""The capture proxy's replicas as Prometheus sees them: its scrape targets (`up` of the proxy's job, one series per
+"""The proxy's replicas as Prometheus sees them: its scrape targets (`up` of the proxy's job, one series per
 replica), so that a rollout can tell a replica that is down or was not scraped from one that saw no traffic, and
 wait until every replica has applied a routing change.
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainserve.capture.proxy_metrics import REQUEST_COUNT
 from trainserve.errors import TrainserveError
+from trainserve.proxy.proxy_metrics import REQUEST_COUNT
 from trainserve.rollout.prometheus import Prometheus
 
-PROXY_JOB = "capture"  # the scrape job of the proxy in monitoring/prometheus*.yml and the k8s PodMonitor
+PROXY_JOB = "proxy"  # the scrape job of the proxy in monitoring/prometheus*.yml and the k8s PodMonitor
 REQUESTS = REQUEST_COUNT
 LOOKBACK = "1h"  # a job without a target that long is not a replica being replaced: nothing scrapes the proxy
 
@@ -66,8 +66,8 @@ def refuse_if_never_scraped(prometheus: Prometheus, job: str) -> None:
     if prometheus.series(f'present_over_time(up{{job="{job}"}}[{LOOKBACK}])'):
         return
     raise TrainserveError(
-        f"Prometheus has no target of scrape job {job!r} (none in the last {LOOKBACK}): nothing scrapes the capture "
-        "proxy, so no step could be judged; expected its metrics scraped as that job (monitoring/prometheus*.yml's "
-        "`capture` job; on Kubernetes the monitoring component's PodMonitor, k8s/components/monitoring), or "
+        f"Prometheus has no target of scrape job {job!r} (none in the last {LOOKBACK}): nothing scrapes the proxy, "
+        "so no step could be judged; expected its metrics scraped as that job (monitoring/prometheus*.yml's "
+        "`proxy` job; on Kubernetes the monitoring component's PodMonitor, k8s/components/monitoring), or "
         "--proxy-job naming the job that does"
     )

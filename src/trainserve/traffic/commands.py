@@ -1,5 +1,5 @@
-"""`trainserve capture export`: captured traffic's inputs as an `.npz` eval set, keyed by request id (a
-subcommand of `trainserve capture`, whose parser adds it)."""
+"""`trainserve proxy export`: captured traffic's inputs as an `.npz` eval set, keyed by request id (a
+subcommand of `trainserve proxy`, whose parser adds it)."""
 
 from __future__ import annotations
 

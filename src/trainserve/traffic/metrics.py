@@ -1,5 +1,5 @@
 """What capture writers did, as Prometheus counters (text exposition format), for serve-local's metrics page and
-the capture proxy's, per filename_prefix: records offered, written, dropped and lost by reason (these add up:
+the proxy's, per filename_prefix: records offered, written, dropped and lost by reason (these add up:
 offered = written + dropped + lost + pending), written records deleted since (by reason), and calls skipped."""
 
 from __future__ import annotations

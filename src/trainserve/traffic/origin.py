@@ -1,7 +1,7 @@
 """Calls that trainserve makes itself say so, and no capture records them.
 
 Replay, eval and load send the request header `x-trainserve-origin` (gRPC metadata, or an HTTP header on REST) with
-what they are. A capture (serve-local's `logging_config`, `trainserve capture`) leaves such calls out of its files and
+what they are. A capture (serve-local's `logging_config`, `trainserve proxy`) leaves such calls out of its files and
 counts them apart: a replay against a capturing server would otherwise write its own calls into the capture it is
 reading, and every later replay and drift run would take them for production traffic. Any client may set it, as
 TF Serving's own clients set any metadata they like; the server answers the call as usual."""

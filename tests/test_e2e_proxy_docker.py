@@ -1,4 +1,4 @@
-"""`trainserve capture` in the eval image, in front of the serving image, on a real Docker engine: a client gets the
+"""`trainserve proxy` in the eval image, in front of the serving image, on a real Docker engine: a client gets the
 same answers through it, over gRPC and REST, and `docker stop` leaves the sampled calls written on the volume."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def test_capture_in_front_of_the_serving_image(docker_client, docker_images, smo
     captures = tmp_path / "captures"
     captures.mkdir()
     captures.chmod(0o777)  # the eval image's user (10001) writes here
-    network = docker_client.networks.create(f"trainserve-capture-{uuid.uuid4().hex[:8]}")
+    network = docker_client.networks.create(f"trainserve-proxy-{uuid.uuid4().hex[:8]}")
     serve_rest, proxy_grpc, proxy_rest = free_port(), free_port(), free_port()
     started = []
     try:
@@ -57,7 +57,7 @@ def test_capture_in_front_of_the_serving_image(docker_client, docker_images, smo
         wait_until(lambda: (serve.reload() or serve.attrs["State"]["Health"]["Status"]) == "healthy", "healthy", 90)
         proxy = docker_client.containers.run(
             f"trainserve/eval:{TF_VERSION}",
-            entrypoint=["trainserve", "capture"],
+            entrypoint=["trainserve", "proxy"],
             detach=True,
             read_only=True,
             network=network.name,

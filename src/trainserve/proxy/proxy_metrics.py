@@ -8,7 +8,7 @@ stable.
   name (REST: the code TF Serving maps to the HTTP status); `route` stable, canary or direct.
 - `:trainserve:proxy:request_latency{model_name,version,api}`: histogram in microseconds, with serve-local's
   buckets (10 x 1.8^i), so one expression reads both.
-- shadow: `shadow_requests{outcome}` (see SHADOW_OUTCOMES and trainserve.capture.shadow), examples compared
+- shadow: `shadow_requests{outcome}` (see SHADOW_OUTCOMES and trainserve.proxy.shadow), examples compared
   (`shadow_pairs`), of them those compared on a classification output (`shadow_classified_pairs`) and those whose
   class flipped, the sum of absolute differences (regression), the candidate's latency, and what the shadow holds
   (copies, bytes); the routing in force as gauges.
@@ -19,8 +19,8 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from trainserve.capture.shadow_compare import Comparison
 from trainserve.exposition import UNKNOWN_MODEL, Histogram, header, label_set
+from trainserve.proxy.shadow_compare import Comparison
 
 P = ":trainserve:proxy:"
 REQUEST_COUNT, REQUEST_LATENCY = P + "request_count", P + "request_latency"
@@ -51,7 +51,7 @@ class ProxyMetrics:
         )
         self.shadow_latency = Histogram(SHADOW_LATENCY, "Wall time (microseconds) of shadow calls.", self.SHADOW_LABELS)
         self.queued = self.held_bytes = lambda: 0  # the shadow's copies queued, bytes held: set by the shadow
-        self.router = None  # trainserve.capture.router.Router, set by the proxy
+        self.router = None  # trainserve.proxy.router.Router, set by the proxy
         self.label_versions: dict[tuple[str, str], str] = {}  # (model, label) -> the version last seen answering it
         self._answered: set[tuple[str, str | None]] = set()  # (model, version) and (model, None) that answered
 

@@ -1,4 +1,4 @@
-"""The routing file: which candidate version the capture proxy shadows and gives a share of `stable` requests.
+"""The routing file: which candidate version the proxy shadows and gives a share of `stable` requests.
 
 One JSON file, written atomically (`write_routing`) by `trainserve rollout` or by a person, read by every replica of
 the proxy on each poll, as TF Serving polls its model config: all replicas follow one state, and a restart keeps it.
@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trainserve.capture.wire import MAX_VERSION
 from trainserve.errors import TrainserveError
 from trainserve.files import locked, write_file_atomic
+from trainserve.proxy.wire import MAX_VERSION
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""`trainserve capture` as users start it: a fresh process that imports no TensorFlow (it runs in the light
+"""`trainserve proxy` as users start it: a fresh process that imports no TensorFlow (it runs in the light
 image), one-line errors for bad flags before any port opens, and SIGTERM ending it with its records written."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit  # subprocesses that import no TensorFlow; the ser
 HEAVY = ("tensorflow", "tensorflow_serving", "keras")
 IMPORTS = f"""
 import json, sys
-import trainserve.cli, trainserve.capture.proxy, trainserve.capture.commands
+import trainserve.cli, trainserve.proxy.server, trainserve.proxy.commands
 print(json.dumps(sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r}))))
 """
 
@@ -58,17 +58,18 @@ def test_the_proxy_imports_no_tensorflow():
 )
 def test_bad_flags_are_one_line_before_any_port_opens(tmp_path, flags, fragment):
     port = free_port()
-    proc = run_cli("capture", "--port", str(port), "--rest-port", str(free_port()), *flags, cwd=tmp_path, timeout=60)
+    proc = run_cli("proxy", "--port", str(port), "--rest-port", str(free_port()), *flags, cwd=tmp_path, timeout=60)
     assert_one_line_error(proc, fragment)
     assert not (tmp_path / "caps").exists(), "nothing written"
 
 
-def test_sigterm_ends_the_proxy_with_its_records_written(tmp_path, model_versions):
+@pytest.mark.parametrize("name", ["proxy", "capture"], ids=["proxy", "former-name"])
+def test_sigterm_ends_the_proxy_with_its_records_written(tmp_path, model_versions, name):
     install_version(model_versions[0], tmp_path / "m", 1)
     upstream = InProcessServer("--model_name=m", f"--model_base_path={tmp_path / 'm'}")
     upstream.wait_available("m", 1)
     port = free_port()
-    command = [sys.executable, "-m", "trainserve", "capture", "--upstream", upstream.target, "--port", str(port)]
+    command = [sys.executable, "-m", "trainserve", name, "--upstream", upstream.target, "--port", str(port)]
     command += ["--filename-prefix", str(tmp_path / "caps" / "p")]
     proxy = subprocess.Popen(
         command, stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -89,20 +90,22 @@ def test_sigterm_ends_the_proxy_with_its_records_written(tmp_path, model_version
     (path,) = (tmp_path / "caps").glob("p-*.tfrecord")
     with open(path, "rb") as stream:
         assert len(list(iter_records(stream))) == 5
-    assert "records offered 5, written 5, dropped none, lost none, pending 0" in proxy.stderr.read()
+    log = proxy.stderr.read()
+    assert "records offered 5, written 5, dropped none, lost none, pending 0" in log
+    assert ("`trainserve capture` is now `trainserve proxy`" in log) == (name == "capture")
 
 
 def test_the_sidecar_probes_the_proxys_own_pages_and_its_stop_fits_the_pods_grace():
     from test_k8s import render
 
-    from trainserve.capture.pages import LIVE_PATH, READY_PATH
-    from trainserve.capture.upstream import PROBE_SECONDS
+    from trainserve.proxy.config import LIVE_PATH, READY_PATH
+    from trainserve.proxy.upstream import PROBE_SECONDS
 
     (deployment,) = [
-        d for d in render("k8s/overlays/capture") if d["kind"] == "Deployment" and "serve" in d["metadata"]["name"]
+        d for d in render("k8s/overlays/proxy") if d["kind"] == "Deployment" and "serve" in d["metadata"]["name"]
     ]
     spec = deployment["spec"]["template"]["spec"]
-    (sidecar,) = [c for c in spec["containers"] if c["name"] == "capture"]
+    (sidecar,) = [c for c in spec["containers"] if c["name"] == "proxy"]
     assert sidecar["readinessProbe"]["httpGet"]["path"] == READY_PATH
     assert sidecar["livenessProbe"]["httpGet"]["path"] == LIVE_PATH
     assert sidecar["readinessProbe"]["timeoutSeconds"] > 1.0 + 2 * PROBE_SECONDS  # a check's longest wait

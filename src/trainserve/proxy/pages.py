@@ -4,16 +4,20 @@ through it."""
 
 from __future__ import annotations
 
-from trainserve.capture.proxy_metrics import ProxyMetrics
-from trainserve.capture.upstream import SIDES, UpstreamLog
 from trainserve.exposition import CONTENT_TYPE, header, label_set
+from trainserve.proxy.config import FORMER_PATHS
+from trainserve.proxy.proxy_metrics import ProxyMetrics
+from trainserve.proxy.upstream import SIDES, UpstreamLog
 from trainserve.traffic.metrics import writer_lines
 from trainserve.traffic.writer import TrafficWriter
 
-LIVE_PATH = "/monitoring/capture/healthz"
-READY_PATH = "/monitoring/capture/readyz"
-UPSTREAM_FAILURES = ":trainserve:capture:upstream_failures"
-UPSTREAM_UP = ":trainserve:capture:upstream_up"
+UPSTREAM_FAILURES = ":trainserve:proxy:upstream_failures"
+UPSTREAM_UP = ":trainserve:proxy:upstream_up"
+
+
+def with_former_paths(pages: dict[str, object]) -> dict[str, object]:
+    """`pages` also under the path each had before the rename, where it has its default path."""
+    return pages | {FORMER_PATHS[path]: page for path, page in pages.items() if path in FORMER_PATHS}
 
 
 def upstream_lines(upstream: UpstreamLog) -> list[str]:

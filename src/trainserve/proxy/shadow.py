@@ -1,5 +1,5 @@
 """Shadow: a copy of a `stable` request sent to the candidate after stable has answered, its answer compared with
-stable's (trainserve.capture.shadow_compare) and thrown away. The client's answer never waits for it, and the copy
+stable's (trainserve.proxy.shadow_compare) and thrown away. The client's answer never waits for it, and the copy
 takes nothing the client needs:
 
 - `offer` only puts the copy on a queue bounded in copies (`--shadow-queue`) and in bytes (`--shadow-max-bytes`:
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import DecodeError
 
-from trainserve.capture.config import ProxyConfig
-from trainserve.capture.grpc_proxy import PREDICT
-from trainserve.capture.proxy_metrics import ProxyMetrics
-from trainserve.capture.shadow_compare import Incomparable, compare
-from trainserve.capture.wire import request_spec, with_version
 from trainserve.errors import TrainserveError
+from trainserve.proxy.config import ProxyConfig
+from trainserve.proxy.grpc_proxy import PREDICT
+from trainserve.proxy.proxy_metrics import ProxyMetrics
+from trainserve.proxy.shadow_compare import Incomparable, compare
+from trainserve.proxy.wire import request_spec, with_version
 
 log = logging.getLogger(__name__)
 

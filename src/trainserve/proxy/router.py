@@ -1,4 +1,4 @@
-"""The proxy's routing, followed from the routing file (trainserve.capture.routing) and decided per request.
+"""The proxy's routing, followed from the routing file (trainserve.proxy.routing) and decided per request.
 
 The file is read at start and then by a thread every `--routing-poll-seconds`, as TF Serving polls its model
 config: a changed file that checks out replaces the routing at once for every later request; one that does not is
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainserve.capture.routing import NO_ROUTING, STABLE_LABEL, Routing, RoutingError, parse_routing, routing_bytes
+from trainserve.proxy.routing import NO_ROUTING, STABLE_LABEL, Routing, RoutingError, parse_routing, routing_bytes
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Router:
                 except Exception:  # a poll must never end the watching
                     log.exception("capture: routing poll failed")
 
-        threading.Thread(target=loop, name="capture-routing", daemon=True).start()
+        threading.Thread(target=loop, name="proxy-routing", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()

@@ -7,7 +7,7 @@ import random
 import time
 from collections.abc import Callable
 
-from trainserve.capture.wire import request_spec, response_spec
+from trainserve.proxy.wire import request_spec, response_spec
 from trainserve.traffic.records import REQUEST_ID_HEADER, log_metadata, prediction_log, request_id
 from trainserve.traffic.writer import TrafficWriter
 

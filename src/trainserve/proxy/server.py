@@ -1,4 +1,4 @@
-"""`trainserve capture` running: the gRPC pass-through on an event loop thread, the REST one on its own threads,
+"""`trainserve proxy` running: the gRPC pass-through on an event loop thread, the REST one on its own threads,
 one TrafficWriter behind them. SIGTERM/SIGINT: nothing new is accepted, the calls in flight (gRPC and REST) finish
 within `--stop-grace`, the queued records are written in what is left of it, and one line says what could not be
 finished."""
@@ -13,15 +13,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainserve.capture.config import ProxyConfig
-from trainserve.capture.grpc_proxy import Forwarder, start_grpc_proxy, upstream_channel
-from trainserve.capture.pages import LIVE_PATH, READY_PATH, live_page, metrics_page, ready_page
-from trainserve.capture.proxy_metrics import ProxyMetrics
-from trainserve.capture.rest_proxy import start_rest_proxy
-from trainserve.capture.router import Router, describe
-from trainserve.capture.sampling import ProxyCapture
-from trainserve.capture.shadow import Shadow
-from trainserve.capture.upstream import GRPC, PROBE_SECONDS, REST, UpstreamLog, grpc_answers, rest_answers
+from trainserve.proxy.config import LIVE_PATH, READY_PATH, ProxyConfig
+from trainserve.proxy.grpc_proxy import Forwarder, start_grpc_proxy, upstream_channel
+from trainserve.proxy.pages import live_page, metrics_page, ready_page, with_former_paths
+from trainserve.proxy.proxy_metrics import ProxyMetrics
+from trainserve.proxy.rest_proxy import start_rest_proxy
+from trainserve.proxy.router import Router, describe
+from trainserve.proxy.sampling import ProxyCapture
+from trainserve.proxy.shadow import Shadow
+from trainserve.proxy.upstream import GRPC, PROBE_SECONDS, REST, UpstreamLog, grpc_answers, rest_answers
 from trainserve.signals import stopped_by_signals, wait_until_stopped
 from trainserve.tls import server_credentials
 from trainserve.traffic.accounting import Accounting
@@ -46,7 +46,7 @@ class Stopped:
         )
 
 
-class CaptureProxy:
+class Proxy:
     """A started proxy: `.port` (gRPC) and `.rest_port` are bound; `stop()` ends it."""
 
     def __init__(self, config: ProxyConfig, uniform: Callable[[], float] | None = None):
@@ -67,7 +67,7 @@ class CaptureProxy:
         self.metrics.router = self.router
         self.stopping, self.stopped = False, None
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="capture-grpc", daemon=True)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="proxy-grpc", daemon=True)
         self._thread.start()
         try:
             self.server, self.port = self._call(self._start(credentials))
@@ -78,11 +78,13 @@ class CaptureProxy:
             raise
         self.rest = None
         if config.upstream_rest:
-            pages = {
-                config.metrics_path: metrics_page(config.filename_prefix, self.writer, self.upstream, self.metrics),
-                LIVE_PATH: live_page,
-                READY_PATH: ready_page(self.why_not_ready),
-            }
+            pages = with_former_paths(
+                {
+                    config.metrics_path: metrics_page(config.filename_prefix, self.writer, self.upstream, self.metrics),
+                    LIVE_PATH: live_page,
+                    READY_PATH: ready_page(self.why_not_ready),
+                }
+            )
             self.rest = start_rest_proxy(
                 config.rest_port, config.upstream_rest, pages, self.upstream, router=self.router, metrics=self.metrics
             )
@@ -171,7 +173,7 @@ class CaptureProxy:
 def run_proxy(config: ProxyConfig) -> int:
     """Run until SIGTERM or SIGINT; returns the exit code."""
     stop = threading.Event()
-    proxy = CaptureProxy(config)
+    proxy = Proxy(config)
     with stopped_by_signals(stop):
         log.info(
             "capture: gRPC on %d -> %s%s; writing %g of Predict calls under %s; routing%s: %s",

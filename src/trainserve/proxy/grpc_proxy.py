@@ -1,12 +1,12 @@
-"""The gRPC side of `trainserve capture`: TF Serving's PredictionService and ModelService (and grpc.health.v1's
+"""The gRPC side of `trainserve proxy`: TF Serving's PredictionService and ModelService (and grpc.health.v1's
 Check) forwarded as bytes on grpc.aio, nothing decoded or re-encoded on the way. The client's deadline travels
 as the upstream call's timeout, its metadata with it; TF Serving's status code, details and trailing metadata come
 back as they were. A sampled Predict is handed to the capture after its answer is on its way; one that carries
 `x-trainserve-origin` (trainserve's own replay, eval or load) is forwarded and counted, never recorded. A call that
 finds TF Serving unreachable waits up to `--upstream-wait` for it, and each that still fails is counted and logged
-(trainserve.capture.upstream). A request for a model the routing file routes that names neither a version nor a
+(trainserve.proxy.upstream). A request for a model the routing file routes that names neither a version nor a
 label is sent as a `stable` request (its model_spec rewritten to the label), as TF Serving would otherwise answer it
-with its highest version, the candidate once staged (trainserve.capture.router)."""
+with its highest version, the candidate once staged (trainserve.proxy.router)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import time
 
 import grpc
 
-from trainserve.capture.proxy_metrics import ProxyMetrics
-from trainserve.capture.router import CANARY, PASS, Decision, Router
-from trainserve.capture.routing import STABLE_LABEL
-from trainserve.capture.sampling import ProxyCapture
-from trainserve.capture.upstream import GRPC, UpstreamLog, reconnect_options, wait_reachable
-from trainserve.capture.wire import WireError, answered_version, request_spec, with_label, with_version
+from trainserve.proxy.proxy_metrics import ProxyMetrics
+from trainserve.proxy.router import CANARY, PASS, Decision, Router
+from trainserve.proxy.routing import STABLE_LABEL
+from trainserve.proxy.sampling import ProxyCapture
+from trainserve.proxy.upstream import GRPC, UpstreamLog, reconnect_options, wait_reachable
+from trainserve.proxy.wire import WireError, answered_version, request_spec, with_label, with_version
 from trainserve.traffic.origin import origin_of
 
 FORWARDED = ("/tensorflow.serving.PredictionService/", "/tensorflow.serving.ModelService/", "/grpc.health.v1.Health/")
@@ -136,7 +136,7 @@ class Forwarder(grpc.GenericRpcHandler):
         return spec, decision, request
 
     def _count(self, spec, decision: Decision, api: str, status: str, response: bytes | None, started: float) -> None:
-        """Count one finished call by the version that answered (see trainserve.capture.proxy_metrics)."""
+        """Count one finished call by the version that answered (see trainserve.proxy.proxy_metrics)."""
         answered = answered_version(response) if response is not None else None
         label = spec.version_label
         if answered is not None:

@@ -1,10 +1,10 @@
-"""The REST side of `trainserve capture`: every HTTP request forwarded to TF Serving's REST port as it came (method,
+"""The REST side of `trainserve proxy`: every HTTP request forwarded to TF Serving's REST port as it came (method,
 path, headers but the hop-by-hop ones, body, a chunked one included), the answer returned as it came; one kept-alive
 upstream connection per proxy thread. The proxy's own pages (counters, liveness, readiness) are served here and
 not forwarded. At stop, the requests in flight finish within the grace, as gRPC's do; those still running at its
 end are cut and counted. Inference requests are routed as gRPC's are (a request naming no version and no label,
 for a routed model, is sent as `/labels/stable`) and counted by the version their label names, asked of TF
-Serving's REST metadata API (trainserve.capture.labels), since a REST answer does not say."""
+Serving's REST metadata API (trainserve.proxy.labels), since a REST answer does not say."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from trainserve.capture.labels import LabelVersions, label_version
-from trainserve.capture.proxy_metrics import ProxyMetrics
-from trainserve.capture.router import CANARY, PASS, Router
-from trainserve.capture.routing import STABLE_LABEL
-from trainserve.capture.upstream import REST, UpstreamLog
+from trainserve.proxy.labels import LabelVersions, label_version
+from trainserve.proxy.proxy_metrics import ProxyMetrics
+from trainserve.proxy.router import CANARY, PASS, Router
+from trainserve.proxy.routing import STABLE_LABEL
+from trainserve.proxy.upstream import REST, UpstreamLog
 from trainserve.traffic.origin import origin_of
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ class RestForwarder(BaseHTTPRequestHandler):
         except (OSError, http.client.HTTPException) as exc:
             self.upstream_log.failed(REST, f"{type(exc).__name__}: {exc}")
             self._count(target, decision, 502, started)
-            message = json.dumps({"error": f"capture proxy: TF Serving at {self.upstream} did not answer: {exc}"})
+            message = json.dumps({"error": f"proxy: TF Serving at {self.upstream} did not answer: {exc}"})
             return self._reply(502, [("Content-Type", "application/json")], message.encode())
         self.upstream_log.answered(REST)
         status, reason, answer_headers, data = response
@@ -252,7 +252,7 @@ class RestProxy:
         self.server = ThreadingHTTPServer(("0.0.0.0", port), type("Forwarder", (RestForwarder,), attributes))
         self.server.daemon_threads = True  # an idle kept-alive connection must not hold the process at exit
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, args=(0.1,), name="capture-rest", daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.1,), name="proxy-rest", daemon=True).start()
 
     def stop(self, deadline: float) -> int:
         """Accept nothing more, let the requests in flight finish until `deadline` (time.monotonic), then close

@@ -1,4 +1,4 @@
-"""`trainserve capture` in front of serve-local: a third-party client (the TF Serving API's own stubs) gets the same
+"""`trainserve proxy` in front of serve-local: a third-party client (the TF Serving API's own stubs) gets the same
 answers, status codes and messages through the proxy as direct, over plaintext and mutual TLS, deadline exceeded
 and not found included; REST is passed through; sampled Predict calls are written with the bytes that crossed."""
 
@@ -22,12 +22,11 @@ from hypothesis import strategies as st
 from test_tls import SERVICE, make_pki, mutual, ssl_config  # noqa: F401  (make_pki: the session's certificates)
 
 from conftest import DIRECT, Gate, install_version, save_gated_model
-from serving_fixtures import IMAGES, capture_proxy, predict_request
-from trainserve.capture.config import ListenTls
-from trainserve.capture.pages import READY_PATH
-from trainserve.capture.proxy import CaptureProxy
-from trainserve.capture.rest_proxy import BadBody, read_chunked
+from serving_fixtures import IMAGES, predict_request, running_proxy
 from trainserve.model_server_config import render_model_config, single_model_config
+from trainserve.proxy.config import READY_PATH, ListenTls
+from trainserve.proxy.rest_proxy import BadBody, read_chunked
+from trainserve.proxy.server import Proxy
 from trainserve.tensors import to_tensor_proto
 from trainserve.tfrecord import iter_records
 from trainserve.tls import ClientTls
@@ -97,8 +96,8 @@ def calls():
     ]
 
 
-def proxy_for(upstream, tmp_path: Path, **fields) -> CaptureProxy:
-    return capture_proxy(upstream, tmp_path / "captures" / "proxy", **fields)
+def proxy_for(upstream, tmp_path: Path, **fields) -> Proxy:
+    return running_proxy(upstream, tmp_path / "captures" / "proxy", **fields)
 
 
 def records(directory: Path) -> list:
@@ -218,7 +217,7 @@ def test_rest_is_passed_through_and_the_proxy_counts_what_it_wrote(plain):
     assert chunked[0] == 200
     Client(f"127.0.0.1:{proxy.port}").outcome("Predict", predict_request())
     proxy.writer.close()
-    with DIRECT.open(via + "/monitoring/capture/metrics", timeout=10) as page:
+    with DIRECT.open(via + "/monitoring/proxy/metrics", timeout=10) as page:
         text = page.read().decode()
     assert ':trainserve:capture:records_written{filename_prefix="' in text
     assert [line for line in text.splitlines() if line.startswith(":trainserve:capture:records_written")][0].endswith(
@@ -244,7 +243,7 @@ def test_mutual_tls_on_both_sides(tmp_path, model_versions, serve_in_process, pk
     assert len(records(tmp_path / "captures")) == 2  # the two successful Predicts
 
     # Toward a mutual-TLS server without a client certificate, every call fails: not Ready, and said in the log.
-    caplog.set_level(logging.INFO, logger="trainserve.capture")
+    caplog.set_level(logging.INFO, logger="trainserve.proxy")
     tls = ClientTls(pki.ca_crt, server_name=SERVICE)
     no_cert = proxy_for(upstream, tmp_path / "no-cert", tls=tls, upstream_wait=0.25)
     try:

@@ -1,4 +1,4 @@
-"""`trainserve capture`'s options, declared once: type, default and help. The CLI is derived from them."""
+"""`trainserve proxy`'s options, declared once: type, default and help. The CLI is derived from them."""
 
 from __future__ import annotations
 
@@ -11,9 +11,21 @@ from trainserve.tls import ClientTls
 from trainserve.traffic.writer import WriterLimits
 
 # 64 MiB: the copies the shadow holds, beside the proxy's own ~60 MiB at rest, the capture writer's queue and gRPC's
-# buffers, well within the capture sidecar's 512Mi limit (k8s/components/capture/sidecar.yaml). Each copy being sent
+# buffers, well within the proxy sidecar's 512Mi limit (k8s/components/proxy/sidecar.yaml). Each copy being sent
 # (at most --shadow-workers) also holds its rewritten request and the candidate's answer for a moment.
 SHADOW_MAX_BYTES = 64 * 2**20
+
+# The proxy's own pages on its REST port (trainserve.proxy.pages serves them).
+LIVE_PATH = "/monitoring/proxy/healthz"
+READY_PATH = "/monitoring/proxy/readyz"
+METRICS_PATH = "/monitoring/proxy/metrics"
+# The paths before the proxy was renamed from `capture`, answered too until the next release, so that probes and
+# scrape configs written for them keep working through an upgrade (CHANGELOG.md).
+FORMER_PATHS = {
+    LIVE_PATH: "/monitoring/capture/healthz",
+    READY_PATH: "/monitoring/capture/readyz",
+    METRICS_PATH: "/monitoring/capture/metrics",
+}
 
 
 @dataclass(frozen=True)
@@ -34,7 +46,7 @@ class ListenTls:
 
 @dataclass(frozen=True)
 class ProxyConfig:
-    """Everything `trainserve capture` takes; each field is the flag of the same name."""
+    """Everything `trainserve proxy` takes; each field is the flag of the same name."""
 
     upstream: str = option("localhost:8500", "TF Serving's gRPC address (HOST:PORT): every call goes there")
     upstream_rest: str = option("", "TF Serving's REST address (HOST:PORT); empty: no REST pass-through")
@@ -42,7 +54,7 @@ class ProxyConfig:
     rest_port: int = option(8501, "REST port, forwarded to --upstream-rest (0: any free port)")
     filename_prefix: str = option("", "path prefix of the capture files, e.g. /captures/serving (required)")
     sampling_rate: float = option(1.0, "share of Predict calls written (0 to 1)")
-    metrics_path: str = option("/monitoring/capture/metrics", "Prometheus counters on the REST port (not forwarded)")
+    metrics_path: str = option(METRICS_PATH, "Prometheus counters on the REST port (not forwarded)")
     upstream_wait: float = option(
         2.0,
         "longest wait (s) for an unreachable TF Serving: reconnect attempts are at most this far apart (gRPC's own "
@@ -67,7 +79,7 @@ class ProxyConfig:
     shadow_max_bytes: int = option(
         SHADOW_MAX_BYTES,
         "bytes the shadow copies may hold at most, queued or being sent (each its request and stable's answer); a "
-        "copy beyond them is dropped, counted. 64 MiB leaves the k8s capture sidecar's 512Mi room for the rest",
+        "copy beyond them is dropped, counted. 64 MiB leaves the k8s proxy sidecar's 512Mi room for the rest",
     )
     shadow_shed_in_flight: int = option(
         8,
