@@ -178,8 +178,8 @@ def test_a_replica_missing_scrapes_neither_inflates_nor_rebases_a_canary_step(tm
         last = look("b counting again")
         assert last.unjudged is None and {k: last.counts[k] for k in step.true} == step.true
 
-        with pytest.raises(TrainserveError, match="no target of scrape job 'proxy'.*PodMonitor"):
-            Meter(Client(prometheus.url), "m", CANDIDATE, STABLE, job="proxy").origin()
+        with pytest.raises(TrainserveError, match="no target of scrape job 'nothing-scrapes-this'.*PodMonitor"):
+            Meter(Client(prometheus.url), "m", CANDIDATE, STABLE, job="nothing-scrapes-this").origin()
     finally:
         if prometheus is not None:
             prometheus.stop()
