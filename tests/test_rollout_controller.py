@@ -143,11 +143,11 @@ class StandInProxy:
 
 @pytest.fixture(scope="module")
 def watched(tmp_path_factory):
-    """(stand-in proxy, real Prometheus scraping it every second with the repository's config and rules)."""
+    """(stand-in proxy, real Prometheus scraping it every 250 ms with the repository's config and rules)."""
     root = tmp_path_factory.mktemp("rollout-prometheus")
     proxy = StandInProxy()
     # The repository's scrape config: its serving job finds an empty page, its proxy job the stand-in's.
-    prometheus = Prometheus(root, proxy.target, proxy=proxy.target)
+    prometheus = Prometheus(root, proxy.target, proxy=proxy.target, interval="250ms")
     try:
         prometheus.wait_scraped(2)
         yield proxy, prometheus
