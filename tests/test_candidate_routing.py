@@ -11,11 +11,12 @@ import threading
 from pathlib import Path
 
 import pytest
+import yaml
 from reports import compared_with, eval_report, write
 from routing_fixtures import page
 from test_rollout_controller_plan import args, closed_port_url
 
-from conftest import install_version
+from conftest import REPO, install_version
 from serving_fixtures import IMAGES, InProcessServer, predict_request, running_proxy, stubs
 from trainserve.cli import build_parser, main
 from trainserve.client import ServingClient
@@ -242,3 +243,37 @@ def test_a_replica_that_does_not_follow_the_route_stages_nothing(site, monkeypat
         stage_candidate(staging(config, *flags), server)
     assert config.read_bytes() == before and server.asks == []
     assert route(config) == ModelRoute(2), "the route stays: requests naming no version on stable"
+
+
+def _routing_file(container: dict) -> str | None:
+    """The routing file a container's trainserve command is given (its flag, or TRAINSERVE_ROUTING_FILE)."""
+    flags = [a.split("=", 1)[1] for a in container.get("args", []) if a.startswith("--routing-file=")]
+    env = [e["value"] for e in container.get("env", []) if e["name"] == "TRAINSERVE_ROUTING_FILE"]
+    return (flags or env or [None])[0]
+
+
+def test_every_label_command_passes_the_file_the_proxy_follows():
+    from test_k8s import all_containers, pod_specs, render
+
+    containers = {
+        (d["metadata"]["name"], c["name"]): c
+        for d, s in pod_specs(render("k8s/overlays/proxy"))
+        for c in all_containers(s)
+    }
+    followed = _routing_file(containers["serve-cpu", "proxy"])
+    label_commands = [
+        ("rollout", "candidate"),
+        ("promote", "candidate"),
+        ("promote", "promote"),
+        ("rollback", "rollback"),
+    ]
+    assert followed and {k: _routing_file(containers[k]) for k in label_commands} == dict.fromkeys(
+        label_commands, followed
+    )
+    prometheus = [e for e in containers["rollout", "candidate"]["env"] if e["name"] == "TRAINSERVE_PROMETHEUS"]
+    assert prometheus[0]["valueFrom"]["configMapKeyRef"]["key"] == "TRAINSERVE_PROMETHEUS"  # the rollout's own
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]
+    proxy = compose["proxy"]["environment"]["TRAINSERVE_ROUTING_FILE"]
+    assert {s: compose[s]["environment"]["TRAINSERVE_ROUTING_FILE"] for s in ("candidate", "promote", "rollback")} == {
+        s: proxy for s in ("candidate", "promote", "rollback")
+    }
