@@ -135,6 +135,15 @@ def test_a_route_with_a_share_is_refused_and_nothing_is_staged(site):
     assert (config.read_bytes(), routing.read_bytes()) == before and server.asks == []
 
 
+def test_a_bad_prometheus_url_is_refused_before_anything_moves(site):
+    config, _ = site
+    routing, before = config.parent / "routing.json", config.read_bytes()
+    flags = ("--routing-file", str(routing), "--prometheus", "prometheus:9090")
+    with pytest.raises(TrainserveError, match="expected an http\\(s\\) URL"):
+        stage_candidate(staging(config, *flags), Seen(config))
+    assert config.read_bytes() == before and not routing.exists()
+
+
 def test_a_first_candidate_with_no_stable_is_not_routed(tmp_path):
     base, config = tmp_path / "models" / "m", tmp_path / "models.config"
     publish(base, 1)

@@ -77,9 +77,7 @@ class CandidateConfig:
             raise TrainserveError("--base-path needs --model: the model the new config serves")
         if not self.server:
             raise TrainserveError("--server is empty: a candidate is labelled only once the server has loaded it")
-        if self.prometheus is not None:
-            if self.routing_file is None:
-                raise TrainserveError("--prometheus needs --routing-file: it confirms that the proxy follows the route")
+        if self.prometheus is not None and self.routing_file is not None:  # unused without: a rollout's env may set it
             from trainserve.rollout.prometheus import check_url
 
             check_url(self.prometheus)
