@@ -98,7 +98,7 @@ class LateReplica:
                     waits.reads.set()
 
         self.handler = Said(logging.INFO)
-        logging.getLogger("trainserve.rollout.ends").addHandler(self.handler)
+        logging.getLogger("trainserve.rollout.follow").addHandler(self.handler)
 
     def hold(self) -> None:
         assert self.proxy.router.routing.route("m").canary_percent == 25  # it runs the canary step
@@ -112,7 +112,7 @@ class LateReplica:
 
     def close(self) -> None:
         self.release()
-        logging.getLogger("trainserve.rollout.ends").removeHandler(self.handler)
+        logging.getLogger("trainserve.rollout.follow").removeHandler(self.handler)
 
 
 @pytest.fixture(scope="module")

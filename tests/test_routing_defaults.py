@@ -1,14 +1,16 @@
 """What the proxy does by default where the routing file says nothing, in front of a real serve-local (stable = 1,
 candidate 2, and 3 the highest version): a request for a routed model naming neither a version nor a label is a
 `stable` request (gRPC Predict, Classify, Regress, and REST), not TF Serving's highest version; REST-only clients
-are counted by the version their label names; a proxy started on a bad routing file starts with no routing and
-says so; a candidate beyond int64 is refused and the shadow keeps working."""
+are counted by the version their label names, learned off the request's path (a routed model's `stable` once the
+routing loads, labels in use refreshed by a background thread); a proxy started on a bad routing file starts with no
+routing and says so; a candidate beyond int64 is refused and the shadow keeps working."""
 
 from __future__ import annotations
 
 import json
 import logging
 import random
+import threading
 from concurrent import futures
 
 import grpc
@@ -17,6 +19,7 @@ from routing_fixtures import SEED, answered_by, page, proxy_starter, requests, r
 
 from trainserve.protos import model_pb2
 from trainserve.proxy.config import ProxyConfig
+from trainserve.proxy.labels import LabelVersions
 from trainserve.proxy.routing import SCHEMA, ModelRoute, Routing, write_routing
 from trainserve.proxy.server import Proxy
 from trainserve.proxy.wire import request_spec
@@ -85,6 +88,61 @@ def test_rest_only_clients_are_counted_by_the_version_their_label_names(proxy_fo
     assert requests(counts, route="stable", version="1", status="OK") == n - k, "stable's REST requests by version"
     assert requests(counts, version="") == 0
     assert not proxy.metrics.label_versions, "learned without a gRPC answer"
+
+
+def test_a_routed_models_rest_calls_never_wait_for_the_label_lookup(proxy_for, three_versions):
+    proxy = proxy_for(route(canary=0))
+    labels, asked, refreshed = proxy.rest.labels, [], threading.Event()
+    ask = labels.ask
+
+    def recorded(model: str, label: str) -> str | None:
+        version = ask(model, label)
+        asked.append((threading.current_thread().name, model, label, version))
+        if threading.current_thread().name == "proxy-labels" and version == "1":
+            refreshed.set()
+        return version
+
+    labels.ask = recorded
+    assert refreshed.wait(30), f"the routed model's `stable` was not learned off the request's path: {asked}"
+    via = f"http://127.0.0.1:{proxy.rest_port}"
+    for path in ("/v1/models/m/labels/stable:predict", "/v1/models/m:predict"):  # the second is sent as stable
+        assert rest_predict(via, path)[0] == 200
+    assert {thread for thread, *_ in asked} == {"proxy-labels"}, f"a request asked itself: {asked}"
+    assert requests(page(proxy), route="stable", version="1", status="OK") == 2
+
+
+def test_label_versions_in_use_are_asked_again_off_the_requests_path():
+    answers, asked, now = {("m", "stable"): "1", ("r", "stable"): "7"}, [], [0.0]
+    labels = LabelVersions(
+        lambda model, label: asked.append((model, label)) or answers[model, label],
+        max_age_s=1.0,
+        clock=lambda: now[0],
+        wanted=lambda: [("r", "stable")],  # a routed model
+    )
+
+    def inline(model: str) -> tuple[str | None, list]:
+        """What a request counts with, and what it asked itself."""
+        before = len(asked)
+        return labels.version(model, "stable"), asked[before:]
+
+    labels.refresh()  # the routing loaded: r's `stable` is known before its first call
+    assert inline("r") == ("7", [])
+    assert inline("m") == ("1", [("m", "stable")])  # never asked before: the first call asks
+    now[0] = 0.5
+    labels.refresh()  # m was counted since the last pass: asked again
+    answers["m", "stable"] = "3"  # the label moves
+    now[0] = 1.4
+    assert inline("m") == ("1", [])  # the pass's answer is 0.9 s old: still within max_age
+    labels.refresh()
+    assert inline("m") == ("3", [])  # the moved label learned by the pass, not by a request
+    assert asked.count(("r", "stable")) == 3, "a routed model's `stable` at every pass"
+    now[0] = 1.9
+    labels.refresh()  # m counted since: asked again at 1.9
+    now[0] = 2.4
+    labels.refresh()  # m not counted since 1.9: left to go stale
+    now[0] = 3.0
+    answers["m", "stable"] = "4"
+    assert inline("m") == ("4", [("m", "stable")]), "an answer older than max_age is never counted with"
 
 
 def test_a_proxy_started_on_a_bad_routing_file_routes_nothing_then_follows_the_fixed_file(proxy_for, tmp_path, caplog):

@@ -174,18 +174,19 @@ class RestForwarder(BaseHTTPRequestHandler):
         version its label names (TF Serving's REST answer does not say)."""
         if target is None:
             return
+        micros = (time.perf_counter() - started) * 1e6  # the call's own time, not a label's lookup
         model, version, label, verb = target.groups()
         if decision.route == CANARY:
             version = str(decision.version)
         elif version is None:
             version = self._label_version(model, STABLE_LABEL if decision.as_stable else label or "", status == 200)
-        micros = (time.perf_counter() - started) * 1e6
         self.metrics.request(model, version, verb, HTTP_CODES.get(status, "UNKNOWN"), decision.route, micros)
 
     def _label_version(self, model: str, label: str, answered: bool) -> str:
-        """For an answered call, the version TF Serving's metadata API says `label` names (asked at most once per
-        LabelVersions.max_age_s); else, or when it does not say, the version last seen answering the label over
-        gRPC. Only answered calls ask, so names a client makes up are never asked about nor kept."""
+        """For an answered call, the version TF Serving's metadata API says `label` names (an answer at most
+        LabelVersions.max_age_s old, kept fresh off the request's path); else, or when it does not say, the version
+        last seen answering the label over gRPC. Only answered calls ask, so names a client makes up are never asked
+        about nor kept."""
         asked = self.labels.version(model, label) if answered else None
         return asked or self.metrics.label_versions.get((model, label), "")
 
@@ -248,7 +249,12 @@ class RestProxy:
         attributes = {"upstream": upstream, "timeout_s": timeout_s, "pages": pages}
         attributes |= {"upstream_log": upstream_log, "inflight": self.inflight}
         attributes |= {"router": router or Router(None), "metrics": metrics or ProxyMetrics()}
-        self.labels = attributes["labels"] = LabelVersions(lambda model, label: label_version(upstream, model, label))
+        routed = attributes["router"]
+        self.labels = attributes["labels"] = LabelVersions(
+            lambda model, label: label_version(upstream, model, label),
+            wanted=lambda: [(model, STABLE_LABEL) for model in routed.routing.models],  # known before their calls
+        )
+        self.labels.start()
         self.server = ThreadingHTTPServer(("0.0.0.0", port), type("Forwarder", (RestForwarder,), attributes))
         self.server.daemon_threads = True  # an idle kept-alive connection must not hold the process at exit
         self.port = self.server.server_address[1]
@@ -258,6 +264,7 @@ class RestProxy:
         """Accept nothing more, let the requests in flight finish until `deadline` (time.monotonic), then close
         every connection; returns how many requests were cut."""
         self.inflight.stopping = True
+        self.labels.stop()
         self.server.shutdown()
         self.server.server_close()
         cut = self.inflight.wait_idle(deadline)

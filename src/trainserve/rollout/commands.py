@@ -21,8 +21,10 @@ def add_parsers(commands) -> None:
             run_candidate,
             "serve the newest published version as `candidate`, stable untouched",
             "Add the newest version under the model's base path (or --version) to the config's "
-            "`specific` versions, wait until the server has it AVAILABLE, then label it `candidate`. Refused while a "
-            "rollout of the model is in progress (--skip-during-rollout: a logged no-op instead).",
+            "`specific` versions, wait until the server has it AVAILABLE, then label it `candidate`. With "
+            "--routing-file, the model is first routed with no share (and, with --prometheus, followed by every proxy "
+            "replica), so that requests naming no version stay on `stable`. Refused while a rollout of the model is in "
+            "progress (--skip-during-rollout: a logged no-op instead).",
         ),
         (
             "promote",
@@ -34,7 +36,8 @@ def add_parsers(commands) -> None:
             "config's stable, the version's files against those it evaluated, its data as the version's own "
             "held-out split, evaluated whole; with --replay, a replay's flip-rate gate from its counts too. Then "
             "label the candidate `stable` and keep the old stable loaded as "
-            "`previous`. A refusal rewrites nothing; --override CHECK --reason TEXT passes a check, on the record. "
+            "`previous`, and remove the model's route from --routing-file. A refusal rewrites nothing; --override "
+            "CHECK --reason TEXT passes a check, on the record. "
             "Refused while a rollout of the model is in progress (it promotes, or rolls back, itself).",
         ),
         (
@@ -42,8 +45,9 @@ def add_parsers(commands) -> None:
             RollbackConfig,
             run_rollback,
             "move `stable` back to the previous stable version",
-            "Label the previous stable version (kept loaded since the last promotion) `stable` again. Refused while "
-            "a rollout of the model is in progress (`trainserve rollout --abort --reason TEXT` ends it).",
+            "Label the previous stable version (kept loaded since the last promotion) `stable` again; the model's "
+            "route in --routing-file is removed unless a `candidate` stays labelled. Refused while a rollout of the "
+            "model is in progress (`trainserve rollout --abort --reason TEXT` ends it).",
         ),
     )
     steps += (

@@ -18,6 +18,10 @@ from trainserve.tls import ClientTls
 CONFIG_HELP = "the ModelServerConfig text proto serving polls (--model_config_file); rewritten atomically"
 SERVER_HELP = "gRPC HOST:PORT of the server: wait until it serves the change (default: do not wait)"
 WAIT_HELP = "seconds to wait for the server to apply the change (its config poll, a model load)"
+ROUTING_HELP = (
+    "the proxy's routing file (trainserve.routing/1): the model's route, which keeps requests naming no version on "
+    "`stable` while a candidate is loaded, is removed once no `candidate` is labelled (default: no proxy routes)"
+)
 # What promote checks of a report, each refusal overridable by name (trainserve.rollout.checks says what each is).
 CHECKS = ("gates", "bound", "baseline", "files", "evidence", "partial", "server", "replay")
 
@@ -54,6 +58,18 @@ class CandidateConfig:
         "while a rollout of the model is in progress, stage nothing and exit 0 (logged), instead of refusing: a "
         "retried rollout Job resumes the version it was rolling out, never a newer one",
     )
+    routing_file: Path | None = option(
+        None,
+        "the proxy's routing file (trainserve.routing/1): before the version loads, the model is routed with no "
+        "share, so that requests naming no version (which TF Serving answers with its highest version) are answered "
+        "by `stable`; promote and rollback remove that route once no `candidate` is labelled (default: not routed)",
+    )
+    prometheus: str | None = option(
+        None,
+        "Prometheus's URL: with --routing-file, the version loads only once every proxy replica reports the route "
+        "(default: once it is written, unconfirmed)",
+    )
+    proxy_job: str = option(PROXY_JOB, "the scrape job (Prometheus `job` label) of the proxy's replicas")
 
     def check(self) -> None:
         check_server(self.wait, self.tls)
@@ -61,6 +77,10 @@ class CandidateConfig:
             raise TrainserveError("--base-path needs --model: the model the new config serves")
         if not self.server:
             raise TrainserveError("--server is empty: a candidate is labelled only once the server has loaded it")
+        if self.prometheus is not None and self.routing_file is not None:  # unused without: a rollout's env may set it
+            from trainserve.rollout.prometheus import check_url
+
+            check_url(self.prometheus)
 
 
 @dataclass
@@ -85,6 +105,7 @@ class PromoteConfig:
     server: str | None = option(None, SERVER_HELP)
     wait: float = option(120.0, WAIT_HELP)
     tls: ClientTls = option(factory=ClientTls)
+    routing_file: Path | None = option(None, ROUTING_HELP)
 
     def check(self) -> None:
         if self.report is None:
@@ -104,6 +125,7 @@ class RollbackConfig:
     server: str | None = option(None, SERVER_HELP)
     wait: float = option(120.0, WAIT_HELP)
     tls: ClientTls = option(factory=ClientTls)
+    routing_file: Path | None = option(None, ROUTING_HELP)
 
     def check(self) -> None:
         check_server(self.wait, self.tls)

@@ -12,7 +12,6 @@ pause     the route held, the controller stops (exit 75); a rerun enters the ste
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,16 +20,13 @@ from trainserve.errors import TrainserveError
 from trainserve.rollout import moves
 from trainserve.rollout.config import PromoteConfig, RolloutConfig
 from trainserve.rollout.config_file import history_path
-from trainserve.rollout.follow import Judge, no_canary, not_following, now
+from trainserve.rollout.follow import FOLLOW_POLL_S, Judge, await_followers, no_canary
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.plan import parse_plan
 from trainserve.rollout.progress import PAUSED, PROMOTED, ROLLBACK, ROLLED_BACK, in_progress
-from trainserve.rollout.prometheus import Prometheus, PrometheusUnreachable
+from trainserve.rollout.prometheus import Prometheus
 from trainserve.rollout.steps import ReportChanged, Server, promote
-
-log = logging.getLogger(__name__)
-FOLLOW_POLL_S = 1.0  # between two asks whether the replicas follow (at most --interval)
 
 
 class RolloutPaused(TrainserveError):
@@ -122,21 +118,9 @@ class Ends:
 
     def await_followers(self, judge: Judge) -> str | None:
         """Wait, within --wait, until every proxy replica reports the routing just written (None), else why not."""
-        if self.prometheus is None:
-            return "no --prometheus to ask"
-        deadline, since = self.clock() + self.config.wait, None
-        while True:
-            try:
-                since = now(self.prometheus) if since is None else since
-                why = not_following(self.prometheus, self.config.proxy_job, self.model, since, judge)
-            except PrometheusUnreachable as exc:
-                why = str(exc)
-            if why is None:
-                return None
-            if self.clock() >= deadline:
-                return why
-            log.info("model %s: waiting for the proxy's replicas: %s", self.model, why)
-            self.sleep(min(FOLLOW_POLL_S, self.config.interval))
+        c = self.config
+        poll_s = min(FOLLOW_POLL_S, c.interval)
+        return await_followers(self.prometheus, c.proxy_job, self.model, judge, c.wait, self.clock, self.sleep, poll_s)
 
     # -- promote -------------------------------------------------------------------------------------------
 

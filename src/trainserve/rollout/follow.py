@@ -9,11 +9,16 @@ for the model says what the change says. No target at all is never "followed": n
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 
 from trainserve.proxy.proxy_metrics import CANARY_PERCENT
-from trainserve.rollout.prometheus import Prometheus
+from trainserve.rollout.prometheus import Prometheus, PrometheusUnreachable
 from trainserve.rollout.targets import proxy_targets
+
+log = logging.getLogger(__name__)
+FOLLOW_POLL_S = 1.0  # between two asks whether the replicas follow
 
 # A replica's canary gauges for the model, (version, percent) each, judged: whether it runs the change.
 Judge = Callable[[list[tuple[str, float]]], bool]
@@ -53,3 +58,32 @@ def not_following(prometheus: Prometheus, job: str, model: str, since: float, ju
     if lagging:
         return f"proxy replica(s) {', '.join(lagging)} still report the routing before the change"
     return None
+
+
+def await_followers(
+    prometheus: Prometheus | None,
+    job: str,
+    model: str,
+    judge: Judge,
+    wait: float,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = FOLLOW_POLL_S,
+) -> str | None:
+    """Wait, within `wait` seconds, until every replica of `job` reports the routing just written (None), else why
+    not (one line); Prometheus unreachable counts as not confirmed, asked again until the wait is over."""
+    if prometheus is None:
+        return "no --prometheus to ask"
+    deadline, since = clock() + wait, None
+    while True:
+        try:
+            since = now(prometheus) if since is None else since
+            why = not_following(prometheus, job, model, since, judge)
+        except PrometheusUnreachable as exc:
+            why = str(exc)
+        if why is None:
+            return None
+        if clock() >= deadline:
+            return why
+        log.info("model %s: waiting for the proxy's replicas: %s", model, why)
+        sleep(poll_s)

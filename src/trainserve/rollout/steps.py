@@ -8,6 +8,8 @@ appends to the history; a refusal changes nothing, and neither does a candidate 
 
 While a progressive rollout of the model is in progress (trainserve.rollout.progress), each refuses: the rollout
 owns the labels until it ends. The controller's own staging and promotion pass its START record (`rollout`).
+With --routing-file, staging first routes the model with no share, and promote and rollback remove that route once
+no candidate is labelled (trainserve.rollout.moves): requests naming no version stay on stable meanwhile.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from trainserve.evidence.decision import decide, gate_words
 from trainserve.evidence.document import ReadReport, read_replay_report, read_report
 from trainserve.files import locked, write_file_atomic
 from trainserve.layout import numeric_versions
+from trainserve.rollout import moves
 from trainserve.rollout.checks import Refusal, refusals
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
 from trainserve.rollout.config_file import find_model, history_path, new_config, read_config, write_config
@@ -85,6 +88,7 @@ def stage_candidate(config: CandidateConfig, server: Server, rollout: dict | Non
             log.info("nothing staged (--skip-during-rollout): %s", exc)
             return Change(model.name, before, before, None, skipped=f"nothing staged: {exc}")
         version = _version_to_stage(model, config.version, before)
+        moves.route_before_staging(config, model.name, version, before)
         if before.candidate == version:
             log.info("model %s version %d is already the candidate", model.name, version)
             server.wait_label(model.name, CANDIDATE, version, config.wait)
@@ -159,6 +163,7 @@ def promote(config: PromoteConfig, server: Server | None = None, rollout: dict |
         entry = append_history(history_path(path), record)
     if server is not None:
         server.wait_label(model.name, STABLE, version, config.wait)
+    moves.release_route(config.routing_file, model.name, after)
     return Change(model.name, before, after, entry)
 
 
@@ -209,6 +214,7 @@ def rollback(config: RollbackConfig, server: Server | None = None) -> Change:
         entry = append_history(history_path(path), _record("rollback", model.name, before, after, reason=config.reason))
     if server is not None:
         server.wait_label(model.name, STABLE, after.stable, config.wait)
+    moves.release_route(config.routing_file, model.name, after)
     return Change(model.name, before, after, entry)
 
 
