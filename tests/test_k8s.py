@@ -3,6 +3,7 @@ and checked for what a cluster would only reveal at run time (ports, flags, vers
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -55,12 +56,37 @@ def all_containers(spec: dict) -> list[dict]:
     return spec.get("initContainers", []) + spec["containers"]
 
 
-@pytest.fixture(scope="module", params=KUSTOMIZATIONS)
-def rendered(request, tmp_path_factory) -> tuple[str, list[dict], Path]:
-    docs = render(request.param)
-    path = tmp_path_factory.mktemp("k8s") / "rendered.yaml"
-    path.write_text(yaml.safe_dump_all(docs))
-    return request.param, docs, path
+@pytest.fixture(scope="module")
+def renders(tmp_path_factory) -> dict[str, tuple[list[dict], Path]]:
+    """Every kustomization rendered once: its documents and the file they were written to."""
+    directory = tmp_path_factory.mktemp("k8s")
+    found = {}
+    for kustomization in KUSTOMIZATIONS:
+        docs = render(kustomization)
+        path = directory / f"{kustomization.replace('/', '-')}.yaml"
+        path.write_text(yaml.safe_dump_all(docs))
+        found[kustomization] = docs, path
+    return found
+
+
+@pytest.fixture(params=KUSTOMIZATIONS)
+def rendered(request, renders) -> tuple[str, list[dict], Path]:
+    return request.param, *renders[request.param]
+
+
+@pytest.fixture(scope="module")
+def policy_scan(renders) -> dict:
+    """checkov's JSON over every rendered file in one run (its start-up is most of a scan's time)."""
+    paths = [path for _, path in renders.values()]
+    files = [arg for path in paths for arg in ("-f", path.name)]
+    proc = subprocess.run(
+        [TOOLS / "checkov", *files, "--framework", "kubernetes", "--skip-download", "-o", "json"],
+        capture_output=True,
+        text=True,
+        cwd=paths[0].parent,
+    )
+    assert proc.returncode in (0, 1), proc.stderr[-4000:]  # 1: some check failed, which the tests name
+    return json.loads(proc.stdout)
 
 
 def test_kubernetes_validate_strict(rendered):
@@ -73,15 +99,17 @@ def test_kubernetes_validate_strict(rendered):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_policy_scan_has_no_failed_checks(rendered, tmp_path):
+def test_policy_scan_has_no_failed_checks(rendered, policy_scan):
     _, _, path = rendered
-    proc = subprocess.run(
-        [TOOLS / "checkov", "-f", path, "--framework", "kubernetes", "--compact", "--quiet", "--skip-download"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0 and "Failed checks: 0" in proc.stdout, proc.stdout[-4000:]
+    results = policy_scan["results"]
+
+    def of_this_file(kind: str) -> list[dict]:
+        return [r for r in results.get(kind, []) if Path(r["file_path"]).name == path.name]
+
+    assert of_this_file("passed_checks"), f"checkov scanned nothing of {path.name}"
+    assert not of_this_file("parsing_errors") and not results.get("parsing_errors")
+    failed = [(r["check_id"], r["resource"], r["check_name"]) for r in of_this_file("failed_checks")]
+    assert failed == [], failed
 
 
 def test_images_carry_the_pinned_tensorflow_version(rendered):
