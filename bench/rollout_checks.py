@@ -246,7 +246,10 @@ def main() -> None:
             ]
             print(row(candidate, rate, outcomes), flush=True)
     budget = gate.max_error_increase
-    print(f"canary requests an identical candidate needs to pass (expected counts, a 5% canary, budget +{budget:g}):")
+    print(
+        f"canary requests an identical candidate needs to pass (expected counts, a 5% canary, budget +{budget:g}; "
+        "the slow-call check as at 1.0%, stable's share above its p99):"
+    )
     for level in (0.0, 0.002, 0.01, 0.05):
         print(f"  both at {level:.1%}: {needed_to_pass(level, budget):,}")
 
