@@ -22,11 +22,11 @@ from trainserve.rollout.measure import (
     LATENCY_COUNTERS,
     THRESHOLD,
     Meter,
-    p99_seconds,
     queries,
     slow_calls,
     step_counts,
     threshold,
+    threshold_seconds,
 )
 from trainserve.rollout.targets import Targets
 
@@ -122,7 +122,7 @@ def test_the_threshold_is_the_dashboards_p99_and_stables_own_slow_calls_are_1_pe
     weighs them, are 1 % slow wherever the p99 falls in its bucket (the bound above it alone counted 0.02-1 %)."""
     buckets = cumulative(np.array(micros))
     found = threshold(buckets)
-    assert p99_seconds(found) * 1e6 == pytest.approx(histogram_quantile(0.99, buckets), rel=1e-9)
+    assert threshold_seconds(found) * 1e6 == pytest.approx(histogram_quantile(0.99, buckets), rel=1e-9)
     count = dict(buckets)
     above = (count["+Inf"] - count[found["le"]], count["+Inf"] - count[found["lower"]])
     if found["weight"]:  # (0: the p99 beyond the last finite bound, where every call above it counts)

@@ -88,7 +88,6 @@ LATENCY_COUNTERS = {
         "above_lower": f"{each(CALLS % selector)} - {each(WITHIN % (selector, 'lower'))}",
     }.items()
 }
-OLD_NAMES = {"candidate_slow": "candidate_above_bound", "stable_slow": "stable_above_bound"}
 THRESHOLD = "latency_threshold_seconds"
 # Look.counts: what the checks read (trainserve.rollout.analysis), every key always there.
 KEYS = (*COUNTERS, "candidate_latency_count", "candidate_slow", "stable_latency_count", "stable_slow")
@@ -134,7 +133,7 @@ def threshold(buckets: list[tuple[str, float]], quantile: float = QUANTILE) -> d
     return {"le": ordered[index][0], "lower": ordered[index][0], "weight": 0.0}
 
 
-def p99_seconds(limit: dict) -> float:
+def threshold_seconds(limit: dict) -> float:
     """The interpolated quantile of `threshold`'s answer, in seconds (the buckets are in microseconds)."""
     le, lower = float(limit["le"]), float(limit["lower"])
     return (le - (le - lower) * limit["weight"]) / 1e6
@@ -152,6 +151,9 @@ def _threshold_of(state: dict) -> dict | None:
     return None if le is None else {"le": le, "lower": state.get("lower", le), "weight": state.get("weight", 0.0)}
 
 
+OLD_NAMES = {"candidate_slow": "candidate_above_bound", "stable_slow": "stable_above_bound"}
+
+
 def _renamed(kept: dict) -> dict:
     """A state's counters by today's names: before `lower`, the calls above the bound were `<version>_slow`."""
     return {OLD_NAMES.get(name, name): value for name, value in kept.items()}
@@ -162,7 +164,7 @@ class Look:
     """One look: the step's counts (KEYS), every query's value, the state to keep, and why the counts cannot be
     judged at this look (None: they can)."""
 
-    counts: dict[str, int]
+    counts: dict[str, float]  # slow calls weighed, the rest whole
     values: dict[str, float | None]
     state: dict
     unjudged: str | None = None
@@ -199,7 +201,7 @@ class Meter:
         bounds = (limit["le"], limit["lower"]) if limit else ()
         self.queries = queries(*self.rollout, self.job, *bounds)
         seen, counts = _renamed(state.get("seen") or {}), _renamed(state.get("counts") or {})
-        values: dict[str, float | None] = {THRESHOLD: p99_seconds(limit) if limit else None}
+        values: dict[str, float | None] = {THRESHOLD: threshold_seconds(limit) if limit else None}
         for name in (*COUNTERS, *(LATENCY_COUNTERS if limit else ())):
             answer = {s.get("instance", ""): v for s, v in self.prometheus.series(self.queries[name])}
             seen[name], counts[name] = tallied(seen.get(name, {}), counts.get(name, 0), answer)
@@ -209,8 +211,8 @@ class Meter:
 
 def step_counts(counted: dict, limit: dict | None) -> dict[str, float]:
     """Look.counts from a step's counters (by COUNTERS' and LATENCY_COUNTERS' names) and its threshold: each
-    version's slow calls weighted by the threshold."""
-    counts = {name: counted.get(name, 0) for name in KEYS if name in COUNTERS}
+    version's slow calls weighed by the threshold."""
+    counts = {name: counted.get(name, 0) for name in COUNTERS}
     for version in ("candidate", "stable"):
         above = (counted.get(f"{version}_above_bound", 0), counted.get(f"{version}_above_lower", 0))
         counts[f"{version}_latency_count"] = counted.get(f"{version}_latency_count", 0)
