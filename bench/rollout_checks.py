@@ -11,8 +11,10 @@ Each look's counts are measure's contract, since the step began:
     errors     stable fails a share `error` of requests; the same requests fail on the candidate (a request's own
                fault), which also fails a share `own` of the rest (its own fault: on copies too)
     latency    lognormal (sigma 0.5) around a median drawn per rollout between 3.7 and 6.7 ms, so that stable's p99
-               falls anywhere between two of the histogram's bounds (10 us x 1.8^i); a call is slow above the bound
-               at or above stable's p99; `2x slower` doubles every call of the candidate
+               falls anywhere between two of the histogram's bounds (10 us x 1.8^i); each step's threshold is
+               measure's, from stable's calls in the 5 minutes before the step (the request rate x 300 of them,
+               drawn), and each version's calls above its bucket's bound and above the bound below are counted, then
+               weighted by measure (`slow_calls`); `2x slower` doubles every call of the candidate
     flips      offline: eval's 200 discordant pairs of 10,000 (a 2 % disagreement: budget 4 % by the defaults);
                live, the candidate flips each classified pair at its rate
 
@@ -34,7 +36,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from trainserve.rollout import analysis
+from trainserve.exposition import LATENCY_BUCKETS
+from trainserve.rollout import analysis, measure
 from trainserve.rollout.config import StepGate
 from trainserve.rollout.plan import CANARY, DEFAULT_PLAN, Plan, parse_plan
 from trainserve.stats.sequential import difference_sequence
@@ -44,10 +47,12 @@ OFFLINE_RATE = 0.02
 OFFLINE = {"disagreement": {"source": "eval", "count": 200, "examples": 10_000, "candidate": 2, "baseline": 1}}
 SIGMA, MEDIAN = 0.5, 0.005  # seconds
 BUCKET = 1.8  # the proxy's histogram: 10 us x 1.8^i
+BEFORE = 300.0  # seconds of stable's calls a step's threshold is taken from
 NO_SHADOW = "5% 10m, 25% 10m, 100%"
 KEYS = (
     *("canary_requests", "canary_errors", "stable_requests", "stable_errors"),
-    *("candidate_latency_count", "candidate_slow", "stable_latency_count", "stable_slow"),
+    *("candidate_latency_count", "candidate_above_bound", "candidate_above_lower"),
+    *("stable_latency_count", "stable_above_bound", "stable_above_lower"),
     *("shadow_pairs", "shadow_flips", "shadow_classified", "shadow_compared", "shadow_incomparable"),
     *("shadow_errors", "shadow_dropped", "shadow_shed", "shadow_cut"),
 )
@@ -98,14 +103,23 @@ class Traffic:
     def __post_init__(self):
         self.median = MEDIAN * BUCKET ** self.rng.uniform(-0.5, 0.5)
 
-    def slow_shares(self) -> tuple[float, float]:
-        """The shares above the histogram bound at or above stable's p99 (fixed at a step's start)."""
-        p99 = self.median * math.exp(SIGMA * NormalDist().inv_cdf(0.99))
-        bound = 1e-5 * BUCKET ** math.ceil(math.log(p99 / 1e-5, BUCKET))
-        above = lambda median: 1 - NormalDist().cdf(math.log(bound / median) / SIGMA)  # noqa: E731
-        return above(self.median * self.candidate.slower), above(self.median)
+    def threshold(self) -> dict | None:
+        """measure's threshold from stable's calls in the BEFORE seconds before a step, in the proxy's buckets."""
+        micros = 1e6 * self.rng.lognormal(math.log(self.median), SIGMA, self.rng.poisson(self.rate * BEFORE))
+        within = np.searchsorted(np.sort(micros), LATENCY_BUCKETS, side="right")
+        return measure.threshold([*zip((f"{b:g}" for b in LATENCY_BUCKETS), within), ("+Inf", len(micros))])
 
-    def accrue(self, counts: dict, seconds: float, canary: float, shadow: float, slow: tuple[float, float]) -> None:
+    def slow_shares(self, limit: dict | None) -> tuple[tuple[float, float], tuple[float, float]]:
+        """Each version's (candidate, stable) shares of calls above the threshold's bound and above the bound below."""
+        if limit is None:
+            return (0.0, 0.0), (0.0, 0.0)
+        above = lambda bound, median: 1 - NormalDist().cdf(math.log(float(bound) / 1e6 / median) / SIGMA)  # noqa: E731
+        return tuple(  # type: ignore[return-value]
+            (above(limit["le"], median), above(limit["lower"], median))
+            for median in (self.median * self.candidate.slower, self.median)
+        )
+
+    def accrue(self, counts: dict, seconds: float, canary: float, shadow: float, slow: tuple) -> None:
         c, rng = self.candidate, self.rng
         arrived = rng.poisson(self.rate * seconds)
         to_canary = rng.binomial(arrived, canary / 100)
@@ -122,9 +136,7 @@ class Traffic:
             ("stable_requests", to_stable),
             ("stable_errors", stable_errors),
             ("candidate_latency_count", to_canary),
-            ("candidate_slow", rng.binomial(to_canary, slow[0])),
             ("stable_latency_count", to_stable),
-            ("stable_slow", rng.binomial(to_stable, slow[1])),
             ("shadow_compared", compared),
             ("shadow_errors", failed),
             ("shadow_pairs", compared),
@@ -132,6 +144,10 @@ class Traffic:
             ("shadow_flips", rng.binomial(compared, c.flips)),
         ):
             counts[key] += int(n)
+        for version, calls, (bound, lower) in zip(("candidate", "stable"), (to_canary, to_stable), slow):
+            above_bound, near = rng.multinomial(calls, (bound, lower - bound, 1 - lower))[:2]
+            counts[f"{version}_above_bound"] += int(above_bound)
+            counts[f"{version}_above_lower"] += int(above_bound + near)
 
 
 def roll_out(traffic: Traffic, plan: Plan, gate: StepGate, interval: float, max_hold: float) -> Outcome:
@@ -139,10 +155,11 @@ def roll_out(traffic: Traffic, plan: Plan, gate: StepGate, interval: float, max_
     canary_seen = 0
     for index, step in enumerate(plan.steps[:-1]):
         counts = dict.fromkeys(KEYS, 0)
-        flips, shares = plan.shadow_during(index) > 0, traffic.slow_shares()
+        flips, limit = plan.shadow_during(index) > 0, traffic.threshold()
+        shares = traffic.slow_shares(limit)
         now, held_since, resumed = 0.0, None, False
         while True:
-            found = analysis.checks(step, flips, counts, gate, OFFLINE)
+            found = analysis.checks(step, flips, measure.step_counts(counts, limit), gate, OFFLINE)
             decision = analysis.decide(found, now >= step.seconds)
             if decision == analysis.ROLLBACK:
                 return Outcome("rolled back", index, canary_seen + counts["canary_requests"])
@@ -229,7 +246,10 @@ def main() -> None:
             ]
             print(row(candidate, rate, outcomes), flush=True)
     budget = gate.max_error_increase
-    print(f"canary requests an identical candidate needs to pass (expected counts, a 5% canary, budget +{budget:g}):")
+    print(
+        f"canary requests an identical candidate needs to pass (expected counts, a 5% canary, budget +{budget:g}; "
+        "the slow-call check as at 1.0%, stable's share above its p99):"
+    )
     for level in (0.0, 0.002, 0.01, 0.05):
         print(f"  both at {level:.1%}: {needed_to_pass(level, budget):,}")
 

@@ -265,8 +265,8 @@ def test_a_killed_controller_resumes_its_step_from_the_history(watched, tmp_path
     # every look is on the record: the queries, their values, the step's counts, the decision
     last = [e for e in history if e["event"] == "check"][-1]
     assert (last["step"], last["decision"]) == (1, "advance") and last["counts"]["canary_requests"] >= 20
-    assert last["queries"]["stable_error_ratio"]["value"] == 0.0
-    assert 'trainserve:proxy_route_errors:ratio_rate5m{job="proxy",' in last["queries"]["stable_error_ratio"]["query"]
+    assert last["queries"]["stable_errors"]["value"] == 0.0
+    assert ':trainserve:proxy:request_count{job="proxy",' in last["queries"]["stable_errors"]["query"]
     # counted per replica, from the same counters for both versions: stable's calls on its route too
     assert last["counts"]["stable_requests"] > last["counts"]["canary_requests"] and "unjudged" not in last
     # promote's own history line, then the rollout's end; the model is no longer routed

@@ -123,11 +123,14 @@ class Replicas:
         self.stale = route(config).canary_percent
 
     def value(self, expr: str) -> float | None:
+        self.asked()
+        return self.clock if expr == "vector(time())" else None
+
+    def asked(self) -> None:
         if self.on_ask is not None:
             self.on_ask()
         if self.fail is not None:
             raise self.fail
-        return self.clock if expr == "vector(time())" else None  # a step's queries: no data yet (the step holds)
 
     def series(self, expr: str) -> list[tuple[dict, float]]:
         self.clock += 1
@@ -136,6 +139,7 @@ class Replicas:
         if expr.startswith("timestamp(up"):
             return [({"instance": i}, self.clock) for i in "ab"]
         if expr != ':trainserve:proxy:canary_percent{job="proxy",model_name="m"}':
+            self.asked()
             return []  # a step's counters: no data yet (the step holds)
         self.asks += 1
         now = route(self.config)

@@ -82,3 +82,21 @@ def test_the_difference_holds_over_every_look_however_the_requests_split():
         ]
         missed += any(not low <= rates[0] - rates[1] <= high for low, high in bounds)
     assert missed / SEQUENCES <= ALPHA + TOLERANCE
+
+
+def test_the_bounds_hold_for_a_sum_of_scores_in_0_1():
+    # the slow-call check's weighed calls: 1 above the bucket's bound (0.2 %), w = 0.2 in the bucket (4 %), else 0:
+    # a mean of 1 %, held over every look by the same sequences as an event's share (sequential's docstring)
+    rng = np.random.default_rng(11)
+    values, chances = np.array([1.0, 0.2, 0.0]), np.array([0.002, 0.04, 0.958])
+    mean = float(values @ chances)
+    calls = rng.multinomial(40, chances, (SEQUENCES, LOOKS.size))
+    scores = np.cumsum(calls @ values, axis=1)
+    missed = sum(
+        any(
+            not low <= mean <= high
+            for low, high in map(sequential.confidence_sequence, row, LOOKS, [ALPHA] * LOOKS.size)
+        )
+        for row in scores
+    )
+    assert missed / SEQUENCES <= ALPHA + TOLERANCE

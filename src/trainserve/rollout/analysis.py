@@ -4,7 +4,7 @@ Each check bounds one quantity with anytime-valid bounds at --gate-alpha (trains
 hold over every look of the step however many there are (a step that holds, a rollout paused and resumed):
 
     error_ratio    the candidate's error share on its canary requests minus stable's on its own, same step
-    slow_calls     the share of the candidate's calls above stable's p99 bound minus stable's share above it
+    slow_calls     the share of the candidate's calls above stable's p99 minus stable's share above it
     flip_rate      the share of classified shadow pairs whose top class differs, against a budget anchored to
                    the two versions' offline disagreement (the START record's `offline`)
     shadow_errors  the candidate's failures on shadow copies, which exist only for requests stable answered
@@ -95,8 +95,9 @@ def _judge(name: str, what: str, seen: tuple[int, str], budget: float, bounds: B
     return Check(name, UNKNOWN, f"{said}: not shown within it nor beyond it yet")
 
 
-def _share(events: int, n: int) -> str:
-    return f"{events}/{n} = {events / n:.4f}" if n else f"{events}/0"
+def _share(events: float, n: int) -> str:
+    count = f"{events:.1f}" if events != int(events) else f"{int(events)}"  # slow calls are weighted
+    return f"{count}/{n} = {events / n:.4f}" if n else f"{count}/0"
 
 
 def _errors(counts: dict, gate: StepGate, offline: dict) -> Check:
@@ -110,10 +111,11 @@ def _errors(counts: dict, gate: StepGate, offline: dict) -> Check:
 
 
 def _slow(counts: dict, gate: StepGate, offline: dict) -> Check:
-    """The shares of each version's calls above stable's p99 bound: counts, not two interpolated quantiles."""
+    """The shares of each version's calls above stable's p99 (interpolated in its bucket as histogram_quantile()
+    does; the calls in that bucket weighted: trainserve.rollout.measure): counts, not two interpolated quantiles."""
     slow, timed = counts["candidate_slow"], counts["candidate_latency_count"]
     stable = (counts["stable_slow"], counts["stable_latency_count"])
-    what = f"calls above stable's p99 bound {_share(slow, timed)} vs stable's {_share(*stable)}"
+    what = f"calls above stable's p99 {_share(slow, timed)} vs stable's {_share(*stable)}"
     bounds = _against(slow, stable, gate.alpha)
     return _judge("slow_calls", what, (timed, "candidate calls timed"), gate.max_slow_increase, bounds, gate)
 

@@ -162,8 +162,8 @@ class StepGate:
     )
     max_slow_increase: float = option(
         0.01,
-        "latency: the share of the candidate's calls slower than stable's p99 (the histogram bound at or above it, "
-        "fixed when the step begins) may exceed stable's own share above it by at most this",
+        "latency: the share of the candidate's calls slower than stable's p99 (as histogram_quantile() places it "
+        "when the step begins) may exceed stable's own share above it by at most this",
         parse=share,
     )
     flip_budget_floor: float = option(

@@ -13,7 +13,7 @@ from trainserve.rollout.labels import Rollout
 from trainserve.rollout.offline import evidence_of
 from trainserve.rollout.plan import PROMOTE
 
-LE = "LE"  # the step's latency threshold, known once it begins
+LE, LOWER = "LE", "LOWER"  # the step's latency threshold's bucket bounds, known once it begins
 
 
 def dry_run(config: RolloutConfig) -> list[str]:
@@ -43,6 +43,6 @@ def dry_run(config: RolloutConfig) -> list[str]:
     job = config.proxy_job
     lines.append(f"queries (to {config.prometheus or 'PROMETHEUS'}, every {config.interval:g} s; scrape job {job!r}):")
     lines.append(f'  targets: up{{job="{job}"}}; up without request counts: {targets.silent_query(job)}')
-    lines += [f"  {name}: {q}" for name, q in measure.queries(model.name, version, stable, job, LE).items()]
-    lines.append(f"  ({LE}: the bucket bound at or above stable's p99 when a step begins, from {measure.THRESHOLD})")
+    lines += [f"  {name}: {q}" for name, q in measure.queries(model.name, version, stable, job, LE, LOWER).items()]
+    lines.append(f"  ({LE}, {LOWER}: the bucket of stable's p99 when a step begins, from {measure.THRESHOLD})")
     return lines

@@ -10,18 +10,23 @@ whether they can be judged at this look.
     errors   every status but OK and CANCELLED (ERRORS_EXCEPT) on both routes: on the canary route a rejection
              (INVALID_ARGUMENT, NOT_FOUND) is the candidate's doing, since stable's callers send the same requests;
              the recording rule trainserve:proxy_route_errors:ratio_rate5m and the canary alert count the same
-    latency  each version's predict calls, and those above the step's threshold: the histogram's bucket bound at
-             or above stable's p99 over the 5 minutes before the step began, fixed for the step and kept in its
-             state (a step that begins before stable has a p99 fixes it at its first look that has one, and counts
-             both versions' latency from there)
-    values   informational: the counters' totals now, the recording rules' route error ratios and p99s, the
-             threshold in seconds
+    latency  each version's predict calls, and its calls above stable's p99 as histogram_quantile() places it
+             (the dashboards' p99) over the 5 minutes before the step began: in the bucket (lower, le] where it
+             falls, a share `weight` of that bucket's calls lies above it (the calls spread evenly in the bucket,
+             as histogram_quantile() takes them). A call above `le` counts 1, one in that bucket `weight`: each
+             version's slow count is above(le) + weight x (above(lower) - above(le)), stable's about 1 % of its
+             calls wherever its p99 falls between two bounds 1.8x apart. (`le` alone, as before, put the threshold
+             up to 1.8x above the p99, where a candidate twice as slow had as few as 2 % of its calls: a 1-point
+             budget could not show it in a 5 % step.) Fixed for the step and kept in its state (a step that
+             begins before stable has a p99 fixes it at its first look that has one, and counts both versions'
+             latency from there)
+    values   informational: the counters' totals now, stable's interpolated p99 in seconds
 
 `Meter.origin()` is a step's state at its start (and refuses a rollout that nothing scrapes the proxy for);
 `Meter.look(state)` the counts since, the values, the state to keep (recorded in the history whenever it changes,
 so a resumed controller counts on from it) and why the counts cannot be judged now (trainserve.rollout.targets).
-State: {"le": the threshold bucket's `le` or None, "seen": {counter: {instance: last value}}, "counts": {counter:
-the step's count}}.
+State: {"le": the p99 bucket's `le` or None, "lower": the bound below, "weight": weight, "seen": {counter:
+{instance: last value}}, "counts": {counter: the step's count}}.
 """
 
 from __future__ import annotations
@@ -70,50 +75,49 @@ COUNTERS = {
         "shadow_cut": SHADOW + '{{{cand},outcome="cut"}}',
     }.items()
 }
-# Counted once the step's threshold ({le}) is known: each version's predict calls, and those above the threshold
-# (the calls counted minus the threshold bucket's).
+# Counted once the step's threshold is known ({le}: its bucket's bound, {lower}: the bound below): each version's
+# predict calls, and those above each bound (the calls counted minus that bound's bucket).
 CALLS = LATENCY + '_count{{{%s},api="predict"}}'
-WITHIN = LATENCY + '_bucket{{{%s},api="predict",le="{le}"}}'
+WITHIN = LATENCY + '_bucket{{{%s},api="predict",le="{%s}"}}'
 LATENCY_COUNTERS = {
-    "candidate_latency_count": each(CALLS % "cand"),
-    "candidate_slow": f"{each(CALLS % 'cand')} - {each(WITHIN % 'cand')}",
-    "stable_latency_count": each(CALLS % "stable"),
-    "stable_slow": f"{each(CALLS % 'stable')} - {each(WITHIN % 'stable')}",
-}
-RATIOS = {
-    "candidate_error_ratio": 'trainserve:proxy_route_errors:ratio_rate5m{{{cand},route="canary"}}',
-    "stable_error_ratio": 'trainserve:proxy_route_errors:ratio_rate5m{{{stable},route="stable"}}',
-    "candidate_p99_seconds": "trainserve:proxy_latency_seconds:p99_rate5m{{{cand}}}",
-    "stable_p99_seconds": "trainserve:proxy_latency_seconds:p99_rate5m{{{stable}}}",
+    f"{version}_{name}": query
+    for version, selector in (("candidate", "cand"), ("stable", "stable"))
+    for name, query in {
+        "latency_count": each(CALLS % selector),
+        "above_bound": f"{each(CALLS % selector)} - {each(WITHIN % (selector, 'le'))}",
+        "above_lower": f"{each(CALLS % selector)} - {each(WITHIN % (selector, 'lower'))}",
+    }.items()
 }
 THRESHOLD = "latency_threshold_seconds"
 # Look.counts: what the checks read (trainserve.rollout.analysis), every key always there.
-KEYS = (*COUNTERS, *LATENCY_COUNTERS)
+KEYS = (*COUNTERS, "candidate_latency_count", "candidate_slow", "stable_latency_count", "stable_slow")
 # Stable's calls by bucket over the 5 minutes before a step: its threshold (the recording rule's window).
 BUCKETS = f'sum by (le) (rate({LATENCY}_bucket{{{{{{stable}},api="predict"}}}}[5m]))'
 
 
-def queries(model: str, candidate: int, stable: int, job: str = PROXY_JOB, le: str | None = None) -> dict[str, str]:
-    """Every PromQL query of a step, by name: the counters per replica (with `le`, the latency ones too), the
-    threshold's buckets, the ratios as `max(...)` (one series each)."""
+def queries(
+    model: str, candidate: int, stable: int, job: str = PROXY_JOB, le: str | None = None, lower: str | None = None
+) -> dict[str, str]:
+    """Every PromQL query of a step, by name: the counters per replica (with `le` and `lower`, the threshold's
+    bucket bounds, the latency ones too) and the threshold's buckets."""
 
     def selector(version: int) -> str:
         return f'job="{job}",model_name="{model}",version="{version}"'
 
-    names = {"cand": selector(candidate), "stable": selector(stable), "ok": ERRORS_EXCEPT, "le": le}
+    names = {"cand": selector(candidate), "stable": selector(stable), "ok": ERRORS_EXCEPT, "le": le, "lower": lower}
     counters = {**COUNTERS, **(LATENCY_COUNTERS if le is not None else {})}
     every_replica = f'sum by (instance) (up{{job="{job}"}} == 1) * 0'  # scraped now without the series: 0
     return {
         **{name: f"{expr.format(**names)} or {every_replica}" for name, expr in counters.items()},
         THRESHOLD: BUCKETS.format(**names),
-        **{name: f"max({expr.format(**names)})" for name, expr in RATIOS.items()},
     }
 
 
-def bound_at_or_above(buckets: list[tuple[str, float]], quantile: float = QUANTILE) -> str | None:
-    """The `le` of the bucket in which `quantile` of the cumulative `buckets` (le, count) falls: the bucket
-    histogram_quantile() interpolates in, so its bound is at or above that quantile (beyond the last finite bound:
-    that bound, as histogram_quantile() answers). None when nothing was counted."""
+def threshold(buckets: list[tuple[str, float]], quantile: float = QUANTILE) -> dict | None:
+    """Where `quantile` of the cumulative `buckets` (le, count) falls, as histogram_quantile() interpolates it:
+    {"le": its bucket's bound, "lower": the bound below, "weight": the share of that bucket's calls above it}.
+    In the first bucket or beyond the last finite bound: that bound, weight 0 (calls above it count; beyond it
+    histogram_quantile() answers that bound too). None when nothing was counted."""
     ordered = sorted(buckets, key=lambda bucket: float(bucket[0]))
     if not ordered or ordered[-1][1] <= 0:
         return None
@@ -121,7 +125,38 @@ def bound_at_or_above(buckets: list[tuple[str, float]], quantile: float = QUANTI
     index = next(i for i, (_, count) in enumerate(ordered) if count >= rank)
     if float(ordered[index][0]) == float("inf"):
         index -= 1
-    return ordered[index][0] if index >= 0 else None
+        if index < 0:
+            return None
+    elif index > 0:
+        (lower, below), (le, within) = ordered[index - 1], ordered[index]
+        return {"le": le, "lower": lower, "weight": (within - rank) / (within - below)}
+    return {"le": ordered[index][0], "lower": ordered[index][0], "weight": 0.0}
+
+
+def threshold_seconds(limit: dict) -> float:
+    """The interpolated quantile of `threshold`'s answer, in seconds (the buckets are in microseconds)."""
+    le, lower = float(limit["le"]), float(limit["lower"])
+    return (le - (le - lower) * limit["weight"]) / 1e6
+
+
+def slow_calls(above_bound: int, above_lower: int, weight: float) -> float:
+    """A version's calls above the interpolated quantile: 1 for each above the bucket's bound, `weight` for each in
+    the bucket. A sum of per-call scores in [0, 1], which trainserve.stats.sequential bounds as it bounds counts."""
+    return above_bound + weight * max(above_lower - above_bound, 0)
+
+
+def _threshold_of(state: dict) -> dict | None:
+    """The step's threshold as its state keeps it (a state from before `lower`: that bound alone, weight 0)."""
+    le = state.get("le")
+    return None if le is None else {"le": le, "lower": state.get("lower", le), "weight": state.get("weight", 0.0)}
+
+
+OLD_NAMES = {"candidate_slow": "candidate_above_bound", "stable_slow": "stable_above_bound"}
+
+
+def _renamed(kept: dict) -> dict:
+    """A state's counters by today's names: before `lower`, the calls above the bound were `<version>_slow`."""
+    return {OLD_NAMES.get(name, name): value for name, value in kept.items()}
 
 
 @dataclass(frozen=True)
@@ -129,7 +164,7 @@ class Look:
     """One look: the step's counts (KEYS), every query's value, the state to keep, and why the counts cannot be
     judged at this look (None: they can)."""
 
-    counts: dict[str, int]
+    counts: dict[str, float]  # slow calls weighed, the rest whole
     values: dict[str, float | None]
     state: dict
     unjudged: str | None = None
@@ -156,20 +191,30 @@ class Meter:
         counters are read (a replica missed in between has its calls counted at a later look)."""
         before = proxy_targets(self.prometheus, self.job).unjudged()
         state, values = self._counted(state)
-        values.update({name: self.prometheus.value(self.queries[name]) for name in RATIOS})
         after = proxy_targets(self.prometheus, self.job).unjudged()
-        counts = {name: state["counts"].get(name, 0) for name in KEYS}
-        return Look(counts, values, state, after or before)
+        return Look(step_counts(state["counts"], _threshold_of(state)), values, state, after or before)
 
     def _counted(self, state: dict) -> tuple[dict, dict]:
-        le = state.get("le")
-        if le is None:  # the step's threshold, fixed at its first look that has one
-            le = bound_at_or_above([(s.get("le", ""), v) for s, v in self.prometheus.series(self.queries[THRESHOLD])])
-        self.queries = queries(*self.rollout, self.job, le)
-        seen, counts = dict(state.get("seen") or {}), dict(state.get("counts") or {})
-        values: dict[str, float | None] = {THRESHOLD: None if le is None else float(le) / 1e6}
-        for name in (*COUNTERS, *(LATENCY_COUNTERS if le is not None else ())):
+        limit = _threshold_of(state)
+        if limit is None:  # the step's threshold, fixed at its first look that has one
+            limit = threshold([(s.get("le", ""), v) for s, v in self.prometheus.series(self.queries[THRESHOLD])])
+        bounds = (limit["le"], limit["lower"]) if limit else ()
+        self.queries = queries(*self.rollout, self.job, *bounds)
+        seen, counts = _renamed(state.get("seen") or {}), _renamed(state.get("counts") or {})
+        values: dict[str, float | None] = {THRESHOLD: threshold_seconds(limit) if limit else None}
+        for name in (*COUNTERS, *(LATENCY_COUNTERS if limit else ())):
             answer = {s.get("instance", ""): v for s, v in self.prometheus.series(self.queries[name])}
             seen[name], counts[name] = tallied(seen.get(name, {}), counts.get(name, 0), answer)
             values[name] = sum(answer.values()) if answer else None
-        return {"le": le, "seen": seen, "counts": counts}, values
+        return {**(limit or {"le": None}), "seen": seen, "counts": counts}, values
+
+
+def step_counts(counted: dict, limit: dict | None) -> dict[str, float]:
+    """Look.counts from a step's counters (by COUNTERS' and LATENCY_COUNTERS' names) and its threshold: each
+    version's slow calls weighed by the threshold."""
+    counts = {name: counted.get(name, 0) for name in COUNTERS}
+    for version in ("candidate", "stable"):
+        above = (counted.get(f"{version}_above_bound", 0), counted.get(f"{version}_above_lower", 0))
+        counts[f"{version}_latency_count"] = counted.get(f"{version}_latency_count", 0)
+        counts[f"{version}_slow"] = slow_calls(*above, limit["weight"]) if limit else 0
+    return counts

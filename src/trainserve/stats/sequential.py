@@ -17,6 +17,11 @@ every look is one test, not many.
   alpha, the difference bounded by their ends (low: the first's low minus the second's high). By the union bound
   the difference leaves its bounds at some look with probability at most alpha, whatever the two true rates and
   however the requests split between the routes, so an outage that raises both rates alike moves both alike.
+- Scores, not only events: the x among n may be a sum of per-unit scores in [0, 1] (the slow-call check weighs
+  the calls in the bucket of stable's p99 by the share of that bucket above it). For each q the factor
+  (q / p)^s ((1 - q) / (1 - p))^(1 - s) is convex in s, so its mean over any score in [0, 1] with mean p is at
+  most its mean over an event with chance p, which is 1: M_n(p) is then a nonnegative supermartingale, and
+  Ville's inequality bounds it as before.
 
 The prior is the even mixture of Jeffreys' Beta(1/2, 1/2) (the Krichevsky-Trofimov mixture, about (1/2) log n
 from the best single alternative at any rate) and Beta(1/2, 50), whose mass near 1 % narrows the bounds at the
@@ -54,9 +59,10 @@ def log_martingale(events: int, n: int, p: float, mirrored: bool = False) -> flo
     return log_mixture(events, n, mirrored) - likelihood
 
 
-def confidence_sequence(events: int, n: int, alpha: float) -> tuple[float, float]:
-    """The proportion's bounds after `events` among `n`: the truth is ever below `low` (or ever above `high`), at
-    any look, with probability at most `alpha`. [0, 1] when nothing was seen."""
+def confidence_sequence(events: float, n: int, alpha: float) -> tuple[float, float]:
+    """The proportion's bounds after `events` (or scores in [0, 1] summing to it) among `n`: the truth is ever
+    below `low` (or ever above `high`), at any look, with probability at most `alpha`. [0, 1] when nothing was
+    seen."""
     if n <= 0:
         return (0.0, 1.0)
     return _low(events, n, alpha, False), 1.0 - _low(n - events, n, alpha, True)  # 1 - p's lower end
