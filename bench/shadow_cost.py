@@ -167,13 +167,20 @@ def input_key(rest: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="rounds over the three paths (after one warm-up)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over the paths (after one warm-up)")
     parser.add_argument("--rate", type=float, default=100, help="batch-1 requests/s (open loop)")
     parser.add_argument("--window-s", type=float, default=2.0, help="each measurement's window")
     parser.add_argument("--windows", type=int, default=4, help="batch-1 windows per path and round, alternating")
     parser.add_argument("--shadow-percent", type=float, default=100, help="share of stable requests shadowed")
-    parser.add_argument("--shed-in-flight", type=int, default=8, help="the shadowing proxy's --shadow-shed-in-flight")
+    parser.add_argument(
+        "--shadow",
+        action="append",
+        metavar="FLAGS",
+        help="a shadowing proxy's own flags, e.g. '--shadow-shed-in-flight 1'; repeat to compare several in one run "
+        "(default: one proxy with the defaults)",
+    )
     args = parser.parse_args()
+    args.shadow = args.shadow or [""]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -187,12 +194,15 @@ def main() -> None:
             key = input_key(f"http://127.0.0.1:{rest_port}")
             upstream, upstream_rest = f"127.0.0.1:{port}", f"127.0.0.1:{rest_port}"
             capture, capture_target, _ = start_proxy(tmp, upstream, upstream_rest, None)
-            shed = ("--shadow-shed-in-flight", str(args.shed_in_flight))
-            shadow, shadow_target, shadow_page = start_proxy(tmp, upstream, upstream_rest, routing, *shed)
-            processes += [capture, shadow]
-            targets = {"direct": f"127.0.0.1:{port}", "capture": capture_target, "shadow": shadow_target}
-            seen = measure(targets, request(key, 256), request(key, 1), shadow_page, args)
-            outcomes = shadow_outcomes(shadow_page)
+            processes.append(capture)
+            targets, pages = {"direct": f"127.0.0.1:{port}", "capture": capture_target}, {}
+            for i, flags in enumerate(args.shadow):
+                shadow, targets[f"shadow {i + 1}"], pages[f"shadow {i + 1}"] = start_proxy(
+                    tmp, upstream, upstream_rest, routing, *flags.split()
+                )
+                processes.append(shadow)
+            seen = measure(targets, request(key, 256), request(key, 1), list(pages.values()), args)
+            outcomes = {name: shadow_outcomes(page) for name, page in pages.items()}
         finally:
             for process in processes:
                 process.terminate()
@@ -200,13 +210,14 @@ def main() -> None:
     report(seen, outcomes, args)
 
 
-def measure(targets: dict[str, str], big: bytes, one: bytes, shadow_page: str, args) -> dict:
+def measure(targets: dict[str, str], big: bytes, one: bytes, shadow_pages: list[str], args) -> dict:
     """Per path: examples/s at batch 256 and batch-1 p50/p99, one figure per round after the warm-up."""
     seen = {name: {"ex/s": [], "p50": [], "p99": []} for name in targets}
     for round_ in range(args.rounds + 1):
         order = list(targets) if round_ % 2 == 0 else list(reversed(targets))
         throughput = {name: closed_loop(targets[name], big, 256, args.window_s) for name in order}
-        wait_shadow_idle(shadow_page)
+        for page in shadow_pages:
+            wait_shadow_idle(page)
         latencies = {name: [] for name in targets}
         for window in range(args.windows):
             for name in order if window % 2 == 0 else reversed(order):
@@ -219,7 +230,7 @@ def measure(targets: dict[str, str], big: bytes, one: bytes, shadow_page: str, a
     return seen
 
 
-def report(seen: dict, outcomes: dict[str, float], args) -> None:
+def report(seen: dict, outcomes: dict[str, dict[str, float]], args) -> None:
     m = {name: {k: statistics.median(v) for k, v in figures.items()} for name, figures in seen.items()}
     cpus = len(os.sched_getaffinity(0))
     shadowed = f"shadow: {args.shadow_percent:g} % to version 2"
@@ -229,16 +240,21 @@ def report(seen: dict, outcomes: dict[str, float], args) -> None:
             f"  {name:<8} batch 256: {f['ex/s']:8.0f} ex/s   batch 1 at {args.rate:g}/s: "
             f"p50 {f['p50']:6.2f} ms  p99 {f['p99']:6.2f} ms"
         )
-    print(
-        f"  batch 256, 4 in flight: shadow / direct = {m['shadow']['ex/s'] / m['direct']['ex/s']:.2f} "
-        f"(capture / direct = {m['capture']['ex/s'] / m['direct']['ex/s']:.2f}; target >= 0.8)"
-    )
-    print(f"  batch 1: shadow's p99 - capture's = {m['shadow']['p99'] - m['capture']['p99']:+.2f} ms (target <= 2 ms)")
-    print(
-        f"  shadow copies (--shadow-shed-in-flight {args.shed_in_flight}): "
-        f"{', '.join(f'{o} {n:.0f}' for o, n in sorted(outcomes.items()))}"
-    )
+    print(f"  batch 256, 4 in flight: capture / direct = {m['capture']['ex/s'] / m['direct']['ex/s']:.2f}")
+    for (name, counts), flags in zip(outcomes.items(), args.shadow):
+        print(
+            f"  {name} ({flags or 'defaults'}): batch 256: shadow / direct = "
+            f"{m[name]['ex/s'] / m['direct']['ex/s']:.2f} (target >= 0.8); batch 1: p99 - capture's = "
+            f"{m[name]['p99'] - m['capture']['p99']:+.2f} ms (target <= 2 ms); shed "
+            f"{counts.get('shed', 0):.0f} of {sum(counts.values()):.0f} copies ({shed_share(counts):.0%})"
+        )
+        print(f"    copies: {', '.join(f'{o} {n:.0f}' for o, n in sorted(counts.items()))}")
     print(f"  (medians of {args.rounds} rounds after a warm-up round; batch 1: {args.windows} windows per round)")
+
+
+def shed_share(counts: dict[str, float]) -> float:
+    """The share of the copies offered that were shed (0 when none was offered)."""
+    return counts.get("shed", 0) / max(1.0, sum(counts.values()))
 
 
 if __name__ == "__main__":
