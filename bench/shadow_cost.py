@@ -10,9 +10,13 @@ batch 1 in an open loop at a moderate rate (latency from the scheduled send time
 between the paths so that whatever else the machine runs falls on each alike. The first round warms up and is
 dropped; figures are medians over rounds. Targets (issue 46, 50): shadow's p99 within 2 ms of capture alone at
 batch 1; shadow >= 0.8 x direct examples/s at batch 256 (on a machine whose CPUs the doubled inference does not
-saturate). The copies shed (the proxy's --shadow-shed-in-flight) and dropped are printed beside them.
+saturate). The copies shed (the proxy's latency rule, --shadow-shed-latency-margin, and its in-flight ceiling,
+--shadow-shed-in-flight) are printed beside the p99 added, with their share of the copies offered. Each `--shadow`
+adds a shadowing proxy with its own flags, measured in the same alternating windows, so that two shed rules are
+compared on the same machine at the same moments.
 
-    python bench/shadow_cost.py [--rounds 3] [--rate 100] [--window-s 2] [--windows 4] [--shed-in-flight 8]
+    python bench/shadow_cost.py [--rounds 3] [--rate 100] [--window-s 2] [--windows 4]
+                                [--shadow '--shadow-shed-in-flight 1' --shadow '' ...]
 """
 
 from __future__ import annotations

@@ -88,12 +88,13 @@ class ProxyConfig:
     )
     shadow_shed_latency_margin: float = option(
         0.2,
-        "shed shadow copies (never sent, counted) while the median latency of the recent shadowed client calls is "
-        "over that of the calls no copy overlapped by more than this fraction: copies use spare capacity only",
+        "shed shadow copies (never sent, counted) while the recent shadowed client calls are slower than the calls "
+        "of their model and size that no copy overlapped by more than this fraction (median of the window's "
+        "slowdowns): copies use spare capacity only",
         metavar="FRACTION",
     )
     shadow_shed_latency_window: int = option(
-        8, "the recent shadowed client calls whose median latency --shadow-shed-latency-margin reads", metavar="CALLS"
+        8, "the recent shadowed client calls whose median slowdown --shadow-shed-latency-margin reads", metavar="CALLS"
     )
     shadow_workers: int = option(4, "shadow copies sent at once")
     shadow_timeout: float = option(10.0, "deadline (s) of one shadow call")

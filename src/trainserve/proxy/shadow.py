@@ -5,7 +5,7 @@ takes nothing the client needs:
 - `offer` only puts the copy on a queue bounded in copies (`--shadow-queue`) and in bytes (`--shadow-max-bytes`:
   the request and stable's answer of every copy held, queued or being sent); a copy beyond either is dropped;
 - a copy is shed, never sent, when offered or when a worker takes it, while the clients' recent latency is over
-  its quiet baseline by more than `--shadow-shed-latency-margin` (trainserve.proxy.shadow_headroom), or while the
+  that of the calls no copy overlapped by more than `--shadow-shed-latency-margin` (shadow_headroom), or while the
   clients' calls in flight through the proxy number `--shadow-shed-in-flight` or more (a hard ceiling): the
   server's spare capacity is the shadow's, not its own;
 - the rewrite to the candidate's version and the comparison (protobuf parsing, numpy) run in a thread pool, off
@@ -33,7 +33,7 @@ from trainserve.proxy.config import ProxyConfig
 from trainserve.proxy.grpc_proxy import PREDICT
 from trainserve.proxy.proxy_metrics import ProxyMetrics
 from trainserve.proxy.shadow_compare import Incomparable, compare
-from trainserve.proxy.shadow_headroom import Headroom
+from trainserve.proxy.shadow_headroom import Headroom, kind
 from trainserve.proxy.wire import request_spec, with_version
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class Shadow:
         """Queue one copy, or count why not; never waits. Called on the event loop's thread. `latency`: how long
         the client's call took (s), for the headroom's view of the clients' latency."""
         if latency is not None:
-            self.headroom.client_call(latency)
+            self.headroom.client_call(kind(model, len(request)), latency)
         copy = Copy(model, version, request, stable, metadata)
         if self._busy_server():
             self.metrics.shadow_outcome(model, version, "shed")

@@ -1,13 +1,15 @@
-"""Whether the server has room for a shadow copy now, read from the clients' own latency: a copy is shed while the
-median latency of the last `--shadow-shed-latency-window` shadowed client calls exceeds, by more than
-`--shadow-shed-latency-margin` (a fraction), the median of the last QUIET_CALLS calls that no copy overlapped.
+"""Whether the server has room for a shadow copy now, read from the clients' own latency. Each shadowed client call
+is compared with its kind's quiet latency: the median of the last QUIET_CALLS calls of the same model and request
+size (within a factor of 2) that no copy overlapped. A copy is shed while the median of the last
+`--shadow-shed-latency-window` of these slowdowns (latency / quiet latency) exceeds 1 + `--shadow-shed-latency-margin`.
 
 Why latency and why quiet calls: a copy costs the client only by slowing the calls it overlaps on the server, so
 the clients' latency is the cost itself, and calls that no copy touched are what that latency is without the
-shadow. The baseline follows the server: shedding makes quiet calls, so a server slowed by its clients (or by
-anything else) gets a slower baseline within QUIET_CALLS quiet calls, and copies resume; until MIN_QUIET calls were
-quiet nothing is shed for latency. A call answered slowly sheds the copies offered just after it, the copies of a
-burst, which are those that would delay the calls that follow.
+shadow. By kind, so that a batch of 256 is not judged against batches of 1. The baseline follows the server:
+shedding makes quiet calls, so a server slowed by its clients (or by anything else) gets a slower baseline within
+QUIET_CALLS quiet calls, and copies resume; a kind with fewer than MIN_QUIET quiet calls adds no slowdown. A call
+answered slowly sheds the copies offered just after it, the copies of a burst, which would delay the calls that
+follow.
 
 Used on the proxy's event loop only; `clock` (seconds) is injected so that tests decide what overlapped what.
 """
@@ -19,29 +21,51 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-QUIET_CALLS = 256  # the baseline's window: a few seconds of traffic at 100 calls/s
-MIN_QUIET = 16  # quiet calls needed before latency sheds anything
+QUIET_CALLS = 256  # a kind's baseline: a few seconds of traffic at 100 calls/s
+MIN_QUIET = 16  # quiet calls of a kind before its calls are judged
+
+
+def kind(model: str, request_bytes: int) -> tuple[str, int]:
+    """Calls judged against one baseline: one model's requests within a factor of 2 in size."""
+    return model, request_bytes.bit_length()
+
+
+class QuietLatency:
+    """The latencies of the last QUIET_CALLS quiet calls of one kind, kept sorted too for the median."""
+
+    def __init__(self) -> None:
+        self.latencies: deque[float] = deque(maxlen=QUIET_CALLS)
+        self.ordered: list[float] = []
+
+    def add(self, latency: float) -> None:
+        if len(self.latencies) == QUIET_CALLS:
+            del self.ordered[bisect.bisect_left(self.ordered, self.latencies[0])]
+        self.latencies.append(latency)
+        bisect.insort(self.ordered, latency)
+
+    def median(self) -> float | None:
+        """None before MIN_QUIET calls."""
+        return median(self.ordered) if len(self.ordered) >= MIN_QUIET else None
 
 
 class Headroom:
     """The clients' calls in (`client_call`), the copies out and back (`copy_sent`, `copy_back`); `inflated()`
-    says whether the clients' recent latency is over the quiet baseline by more than the margin."""
+    says whether the clients' recent slowdown is over 1 + the margin."""
 
     def __init__(self, margin: float, window: int, clock: Callable[[], float] = time.perf_counter):
         self.margin, self.clock = margin, clock
-        self.recent: deque[float] = deque(maxlen=window)
-        self.quiet: deque[float] = deque(maxlen=QUIET_CALLS)
-        self._quiet_sorted: list[float] = []  # self.quiet, kept sorted for the median
+        self.recent: deque[float] = deque(maxlen=window)  # slowdowns: latency / its kind's quiet latency
+        self.quiet: dict[tuple[str, int], QuietLatency] = {}  # by kind(); only routed models are shadowed
         self.copies_out, self.last_copy_back = 0, float("-inf")
 
-    def client_call(self, latency: float) -> None:
-        """A client's call answered `latency` seconds after it began, now."""
-        self.recent.append(latency)
+    def client_call(self, of_kind: tuple[str, int], latency: float) -> None:
+        """A client's call of `of_kind` answered `latency` seconds after it began, now."""
+        baseline = self.quiet.setdefault(of_kind, QuietLatency())
+        quiet_latency = baseline.median()
+        if quiet_latency:
+            self.recent.append(latency / quiet_latency)
         if self.copies_out == 0 and self.last_copy_back <= self.clock() - latency:
-            if len(self.quiet) == self.quiet.maxlen:
-                del self._quiet_sorted[bisect.bisect_left(self._quiet_sorted, self.quiet[0])]
-            self.quiet.append(latency)
-            bisect.insort(self._quiet_sorted, latency)
+            baseline.add(latency)
 
     def copy_sent(self) -> None:
         self.copies_out += 1
@@ -51,15 +75,8 @@ class Headroom:
         self.copies_out -= 1
         self.last_copy_back = self.clock()
 
-    def baseline(self) -> float | None:
-        """The quiet calls' median latency (s), None before MIN_QUIET of them."""
-        if len(self._quiet_sorted) < MIN_QUIET:
-            return None
-        return median(self._quiet_sorted)
-
     def inflated(self) -> bool:
-        baseline = self.baseline()
-        return baseline is not None and median(sorted(self.recent)) > baseline * (1 + self.margin)
+        return bool(self.recent) and median(sorted(self.recent)) > 1 + self.margin
 
 
 def median(ordered: list[float]) -> float:
