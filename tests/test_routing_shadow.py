@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 from collections import Counter
 from concurrent import futures
 
@@ -170,14 +171,14 @@ def test_copies_held_or_queued_at_stop_are_counted_cut(held):
     assert upstream.calls[2] == 1, "a copy queued at stop was sent"
 
 
-def run_shadow(upstream: Serving, scenario, in_flight=lambda: 0, **flags) -> ProxyMetrics:
+def run_shadow(upstream: Serving, scenario, in_flight=lambda: 0, clock=time.perf_counter, **flags) -> ProxyMetrics:
     """`scenario(shadow)` (a coroutine function) run against a Shadow that sends to `upstream`, on a loop of its
-    own; returns the shadow's metrics once it has stopped."""
+    own (`clock`: the shadow's); returns the shadow's metrics once it has stopped."""
     metrics = ProxyMetrics()
 
     async def main() -> None:
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{upstream.port}", options=MESSAGE_OPTIONS)
-        shadow = Shadow(channel, metrics, ProxyConfig(**flags), in_flight)
+        shadow = Shadow(channel, metrics, ProxyConfig(**flags), in_flight, clock)
         shadow.start()
         try:
             await scenario(shadow)

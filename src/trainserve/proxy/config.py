@@ -84,7 +84,17 @@ class ProxyConfig:
     shadow_shed_in_flight: int = option(
         8,
         "shed shadow copies (never sent, counted) while this many client calls or more are in flight through the "
-        "proxy: copies use the server's spare capacity only",
+        "proxy, whatever their latency: a hard ceiling",
+    )
+    shadow_shed_latency_margin: float = option(
+        0.2,
+        "shed shadow copies (never sent, counted) while the recent shadowed client calls are slower than the calls "
+        "of their model and size that no copy overlapped by more than this fraction (median of the window's "
+        "slowdowns): copies use spare capacity only",
+        metavar="FRACTION",
+    )
+    shadow_shed_latency_window: int = option(
+        8, "the recent shadowed client calls whose median slowdown --shadow-shed-latency-margin reads", metavar="CALLS"
     )
     shadow_workers: int = option(4, "shadow copies sent at once")
     shadow_timeout: float = option(10.0, "deadline (s) of one shadow call")
@@ -123,6 +133,12 @@ class ProxyConfig:
                 f"--shadow-workers {self.shadow_workers} / --shadow-timeout {self.shadow_timeout} / --shadow-max-bytes "
                 f"{self.shadow_max_bytes} / --shadow-shed-in-flight {self.shadow_shed_in_flight}: expected a poll and "
                 "a timeout > 0 s, and a queue, workers, bytes and calls >= 1"
+            )
+        if not self.shadow_shed_latency_margin > 0 or self.shadow_shed_latency_window < 1:
+            raise TrainserveError(
+                f"--shadow-shed-latency-margin {self.shadow_shed_latency_margin} / --shadow-shed-latency-window "
+                f"{self.shadow_shed_latency_window}: expected a margin > 0 (a fraction of the quiet latency) and a "
+                "window of >= 1 calls"
             )
         listen = self.listen_tls
         if listen.enabled and not (listen.cert and listen.key):

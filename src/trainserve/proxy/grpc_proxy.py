@@ -104,7 +104,8 @@ class Forwarder(grpc.GenericRpcHandler):
             if spec is not None:
                 self._count(spec, decision, api, "OK", response, started)
                 if decision.shadow is not None and self.shadow is not None and api == "predict":
-                    self.shadow.offer(spec.name, decision.shadow, request, response, metadata)
+                    latency = time.perf_counter() - started  # the shadow sheds while the clients' latency rises
+                    self.shadow.offer(spec.name, decision.shadow, request, response, metadata, latency)
             trailing = await call.trailing_metadata()
             if trailing:
                 context.set_trailing_metadata(tuple(trailing))

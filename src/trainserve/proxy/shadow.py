@@ -4,8 +4,10 @@ takes nothing the client needs:
 
 - `offer` only puts the copy on a queue bounded in copies (`--shadow-queue`) and in bytes (`--shadow-max-bytes`:
   the request and stable's answer of every copy held, queued or being sent); a copy beyond either is dropped;
-- a copy is shed, never sent, while the clients' calls in flight through the proxy number `--shadow-shed-in-flight`
-  or more, when offered or when a worker takes it: the server's spare capacity is the shadow's, not its own;
+- a copy is shed, never sent, when offered or when a worker takes it, while the clients' recent latency is over
+  that of the calls no copy overlapped by more than `--shadow-shed-latency-margin` (shadow_headroom), or while the
+  clients' calls in flight through the proxy number `--shadow-shed-in-flight` or more (a hard ceiling): the
+  server's spare capacity is the shadow's, not its own;
 - the rewrite to the candidate's version and the comparison (protobuf parsing, numpy) run in a thread pool, off
   the event loop that forwards the clients' calls.
 
@@ -31,6 +33,7 @@ from trainserve.proxy.config import ProxyConfig
 from trainserve.proxy.grpc_proxy import PREDICT
 from trainserve.proxy.proxy_metrics import ProxyMetrics
 from trainserve.proxy.shadow_compare import Incomparable, compare
+from trainserve.proxy.shadow_headroom import Headroom, kind
 from trainserve.proxy.wire import request_spec, with_version
 
 log = logging.getLogger(__name__)
@@ -59,7 +62,8 @@ def addressed(request: bytes, version: int) -> bytes:
 
 class Shadow:
     """Created and used on the proxy's event loop; `start()` there, then `offer()` per request, `stop()` at the end.
-    `in_flight` says how many client calls the proxy is answering now."""
+    `in_flight` says how many client calls the proxy is answering now; `clock` (seconds) times the copies against
+    the clients' calls (trainserve.proxy.shadow_headroom)."""
 
     def __init__(
         self,
@@ -67,9 +71,11 @@ class Shadow:
         metrics: ProxyMetrics,
         config: ProxyConfig,
         in_flight: Callable[[], int] = lambda: 0,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         self.call = channel.unary_unary(PREDICT)
         self.metrics, self.config, self.in_flight = metrics, config, in_flight
+        self.headroom = Headroom(config.shadow_shed_latency_margin, config.shadow_shed_latency_window, clock)
         self.queue: asyncio.Queue = asyncio.Queue(config.shadow_queue)
         self.held_bytes = 0  # of the copies queued or being sent
         self.metrics.queued, self.metrics.held_bytes = self.queue.qsize, lambda: self.held_bytes
@@ -81,8 +87,13 @@ class Shadow:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._work()) for _ in range(self.config.shadow_workers)]
 
-    def offer(self, model: str, version: int, request: bytes, stable: bytes, metadata: tuple) -> None:
-        """Queue one copy, or count why not; never waits. Called on the event loop's thread."""
+    def offer(
+        self, model: str, version: int, request: bytes, stable: bytes, metadata: tuple, latency: float | None = None
+    ) -> None:
+        """Queue one copy, or count why not; never waits. Called on the event loop's thread. `latency`: how long
+        the client's call took (s), for the headroom's view of the clients' latency."""
+        if latency is not None:
+            self.headroom.client_call(kind(model, len(request)), latency)
         copy = Copy(model, version, request, stable, metadata)
         if self._busy_server():
             self.metrics.shadow_outcome(model, version, "shed")
@@ -93,7 +104,7 @@ class Shadow:
             self.queue.put_nowait(copy)
 
     def _busy_server(self) -> bool:
-        return self.in_flight() >= self.config.shadow_shed_in_flight
+        return self.in_flight() >= self.config.shadow_shed_in_flight or self.headroom.inflated()
 
     async def _work(self) -> None:
         me = asyncio.current_task()
@@ -117,11 +128,14 @@ class Shadow:
             log.debug("capture: shadow copy to %s version %d not addressed: %s", copy.model, copy.version, exc)
             return "error"
         start = time.perf_counter()
+        self.headroom.copy_sent()
         try:
             answer = await self.call(sent, timeout=self.config.shadow_timeout, metadata=copy.metadata)
         except grpc.aio.AioRpcError as err:
             log.debug("capture: shadow call to %s version %d: %s", copy.model, copy.version, err.code().name)
             return "error"
+        finally:
+            self.headroom.copy_back()
         micros = (time.perf_counter() - start) * 1e6
         try:
             comparison = await loop.run_in_executor(self._executor, compare, copy.stable, answer)
