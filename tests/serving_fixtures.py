@@ -6,6 +6,7 @@ gRPC client helpers the serving tests share."""
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from pathlib import Path
 
@@ -155,6 +156,12 @@ def serve_every_version(
     return server
 
 
+# The shadow's latency-based shedding (trainserve.proxy.shadow_headroom) off: it reads wall-clock latencies, so on a
+# loaded test machine it would shed a share of copies that varies from run to run. Tests that count copies, or
+# judge a rollout on them, use this; tests/test_shadow_shedding.py drives the rule with an injected clock.
+NO_LATENCY_SHED = {"shadow_shed_latency_margin": math.inf}
+
+
 def running_proxy(upstream: Server, prefix: Path, uniform=None, **fields):
     """`trainserve proxy` in process in front of `upstream` (gRPC and REST), writing under `prefix`; `fields` are
     ProxyConfig's (tls, routing_file, ...), `uniform` the sampling and routing draws (seeded in tests)."""
@@ -167,6 +174,6 @@ def running_proxy(upstream: Server, prefix: Path, uniform=None, **fields):
         port=0,
         rest_port=0,
         filename_prefix=str(prefix),
-        **fields,
+        **{**NO_LATENCY_SHED, **fields},
     )
     return Proxy(config, uniform=uniform)

@@ -15,7 +15,7 @@ from test_rollout_controller_live import Applied, Clients, roll_out
 
 from conftest import free_port, install_version
 from prometheus_server import Prometheus
-from serving_fixtures import predict_request, stubs
+from serving_fixtures import NO_LATENCY_SHED, predict_request, stubs
 from trainserve.proxy.config import ProxyConfig
 from trainserve.proxy.routing import read_routing
 from trainserve.proxy.server import Proxy
@@ -80,6 +80,7 @@ def test_a_good_candidate_is_rolled_out_step_by_step_on_the_serve_cpu_image(
                 sampling_rate=0.0,
                 routing_file=routing,
                 routing_poll_seconds=0.2,
+                **NO_LATENCY_SHED,
             )
         )
         prometheus = Prometheus(

@@ -24,6 +24,7 @@ from prometheus_server import (
     watched_model,
     watching,
 )
+from serving_fixtures import NO_LATENCY_SHED
 
 # serve-local and prometheus are subprocesses; one worker runs the module, so they start once (see conftest.py)
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("monitoring")]
@@ -70,6 +71,7 @@ def routing_proxy(server, root):
         rest_port=0,
         filename_prefix=str(root / "captures" / "m"),
         routing_file=routing,
+        **NO_LATENCY_SHED,
     )
     return Proxy(config)
 

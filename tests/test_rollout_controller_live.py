@@ -17,7 +17,7 @@ from scipy.stats import binom
 
 from conftest import MONITORING, install_version
 from prometheus_server import Prometheus
-from serving_fixtures import IMAGES, InProcessServer, predict_request, stubs
+from serving_fixtures import IMAGES, NO_LATENCY_SHED, InProcessServer, predict_request, stubs
 from trainserve.cli import main
 from trainserve.client import ServingClient
 from trainserve.proxy.config import ProxyConfig
@@ -133,6 +133,7 @@ def live(model_versions, tmp_path_factory):
             sampling_rate=0.0,
             routing_file=routing,
             routing_poll_seconds=0.2,
+            **NO_LATENCY_SHED,
         )
     )
     # The repository's scrape config: serve-local's page and the proxy's.

@@ -44,7 +44,8 @@ class ProxyProcess:
                 + ["--upstream", server.target, "--upstream-rest", f"127.0.0.1:{server.rest_port}"]
                 + ["--port", str(port), "--rest-port", str(rest_port), "--sampling-rate", "0"]
                 + ["--filename-prefix", str(root / "captures" / name)]
-                + ["--routing-file", str(routing), "--routing-poll-seconds", "0.2"],
+                + ["--routing-file", str(routing), "--routing-poll-seconds", "0.2"]
+                + ["--shadow-shed-latency-margin", "inf"],  # as serving_fixtures.NO_LATENCY_SHED
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving_fixtures import NO_LATENCY_SHED
 from trainserve.protos import predict_pb2
 from trainserve.proxy import shadow as shadow_module
 from trainserve.proxy.config import ProxyConfig
@@ -106,7 +107,7 @@ def start_proxy(upstream: Serving, tmp_path, **flags) -> Proxy:
         filename_prefix=str(tmp_path / "c"),
         sampling_rate=0.0,
         routing_file=path,
-        **flags,
+        **{**NO_LATENCY_SHED, **flags},
     )
     return Proxy(config, uniform=random.Random(0).random)
 
