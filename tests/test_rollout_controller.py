@@ -40,7 +40,7 @@ class Traffic:
 
     def __init__(self, routing: Path, stable: int, candidate: int, **behaviour):
         self.routing, self.stable, self.candidate = routing, stable, candidate
-        self.per_tick = 400
+        self.per_tick = 4000  # at 5 %: 200 canary calls a scrape, the ~2,600 a 1-point budget needs in 13
         self.flip_share = 0.0  # of the shadow pairs
         self.flowing = True
         self.__dict__.update(behaviour)
