@@ -140,12 +140,8 @@ class Controller:
             )
         if version == labels.stable:
             raise TrainserveError(f"model {self.model} version {version} is already stable: nothing to roll out")
-        route = moves.route_of(config.routing_file, self.model)
-        if route is not None and (route.shadow_percent or route.canary_percent):  # one with none is taken over
-            raise TrainserveError(
-                f"routing file {config.routing_file} gives version {route.candidate} of model {self.model} a share "
-                "with no rollout of it in the history: expected no share for the model before a rollout"
-            )
+        current = moves.route_of(config.routing_file, self.model)
+        moves.refuse_a_share(config.routing_file, self.model, current, "a rollout with none of it in the history")
         if labels.candidate != version and self.server is None:
             raise TrainserveError(
                 f"version {version} is not the candidate yet: expected --server, so that it is labelled once loaded"

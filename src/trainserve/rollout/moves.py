@@ -106,15 +106,20 @@ def route_before_staging(config: CandidateConfig, model: str, version: int, labe
         )
 
 
-def _no_share(path: Path, model: str, current: ModelRoute | None, version: int) -> ModelRoute:
-    """The model's route before staging `version`; a route giving a version a share is someone's canary or shadow,
-    left alone (its version would be unloaded under it)."""
+def refuse_a_share(path: Path, model: str, current: ModelRoute | None, before: str) -> None:
+    """A route giving a version a share is someone's canary or shadow: left alone (its version would be unloaded
+    under it), and `before` (staging, a rollout) refused; a route with no share may be taken over."""
     if current is not None and (current.shadow_percent or current.canary_percent):
         raise TrainserveError(
             f"routing file {path} gives version {current.candidate} of model {model} a share (shadow "
-            f"{current.shadow_percent:g} %, canary {current.canary_percent:g} %): expected no share before staging a "
-            "candidate (end that canary or shadow first)"
+            f"{current.shadow_percent:g} %, canary {current.canary_percent:g} %): expected no share before {before} "
+            "(end that canary or shadow first)"
         )
+
+
+def _no_share(path: Path, model: str, current: ModelRoute | None, version: int) -> ModelRoute:
+    """The model's route before staging `version`."""
+    refuse_a_share(path, model, current, "staging a candidate")
     return ModelRoute(version)
 
 
