@@ -70,7 +70,7 @@ def test_capture_in_front_of_the_serving_image(docker_client, docker_images, smo
             ports={"8500/tcp": ("127.0.0.1", proxy_grpc), "8501/tcp": ("127.0.0.1", proxy_rest)},
         )
         started.append(proxy)
-        wait_until(lambda: b"capture: gRPC on 8500" in proxy.logs(), "the proxy listening", 60)
+        wait_until(lambda: b"proxy: gRPC on 8500" in proxy.logs(), "the proxy listening", 60)
         assert rest_predict(proxy_rest) == rest_predict(serve_rest) == {"predictions": [3.0, 5.0]}
         answer = grpc_predict(proxy_grpc)
         assert from_tensor_proto(answer.outputs["y"]).tolist() == [3.0, 5.0]

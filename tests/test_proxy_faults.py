@@ -227,7 +227,7 @@ def test_sigterm_lets_a_rest_call_in_flight_finish_and_says_what_it_wrote(m_and_
         caller = gated_rest_call(rest_port, gate, seen)
         proxy.send_signal(signal.SIGTERM)
         lines = [proxy.stderr.readline()]
-        while "capture: stop" not in lines[-1]:  # "stopping": it waits for the call; "stopped": it did not
+        while "proxy: stop" not in lines[-1]:  # "stopping": it waits for the call; "stopped": it did not
             lines.append(proxy.stderr.readline())
             assert lines[-1], "".join(lines)
         assert "stopping: 0 gRPC and 1 REST call(s) in flight" in lines[-1], "".join(lines)

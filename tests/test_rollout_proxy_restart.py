@@ -53,7 +53,7 @@ class ProxyProcess:
 
     def wait_listening(self, prometheus: Prometheus) -> None:
         """Its start-up line logged, which it writes once both ports listen."""
-        prometheus.wait_for(lambda: self.proc.poll() is None and "capture: gRPC on" in self.log(), "the proxy up")
+        prometheus.wait_for(lambda: self.proc.poll() is None and "proxy: gRPC on" in self.log(), "the proxy up")
 
     def log(self) -> str:
         return self.log_path.read_text()

@@ -78,12 +78,12 @@ class Router:
                 return False
             self.refused = str(exc)
             self.reloads["refused"] += 1
-            log.error("capture: %s; keeping the routing in force (%s)", exc, describe(self.routing))
+            log.error("proxy: %s; keeping the routing in force (%s)", exc, describe(self.routing))
             return False
         self.refused = None
         self.reloads["applied"] += 1
         changed, self.routing = routing != self.routing, routing
-        log.info("capture: routing from %s: %s", self.path, describe(routing))
+        log.info("proxy: routing from %s: %s", self.path, describe(routing))
         return changed
 
     def watch(self, every_s: float) -> None:
@@ -96,7 +96,7 @@ class Router:
                 try:
                     self.poll()
                 except Exception:  # a poll must never end the watching
-                    log.exception("capture: routing poll failed")
+                    log.exception("proxy: routing poll failed")
 
         threading.Thread(target=loop, name="proxy-routing", daemon=True).start()
 

@@ -147,7 +147,7 @@ class Proxy:
         deadline = time.monotonic() + grace
         self.stopping = self.forwarder.stopping = True
         log.info(
-            "capture: stopping: %d gRPC and %d REST call(s) in flight get up to %g s, then the queued records",
+            "proxy: stopping: %d gRPC and %d REST call(s) in flight get up to %g s, then the queued records",
             self.forwarder.in_flight,
             self.rest.inflight.requests if self.rest is not None else 0,
             grace,
@@ -176,7 +176,7 @@ def run_proxy(config: ProxyConfig) -> int:
     proxy = Proxy(config)
     with stopped_by_signals(stop):
         log.info(
-            "capture: gRPC on %d -> %s%s; writing %g of Predict calls under %s; routing%s: %s",
+            "proxy: gRPC on %d -> %s%s; writing %g of Predict calls under %s; routing%s: %s",
             proxy.port,
             config.upstream,
             f", REST on {proxy.rest_port} -> {config.upstream_rest}" if proxy.rest_port else "",
@@ -187,5 +187,5 @@ def run_proxy(config: ProxyConfig) -> int:
         )
         wait_until_stopped(stop)
         stopped = proxy.stop()
-    log.info("capture: stopped; %s", stopped.summary())
+    log.info("proxy: stopped; %s", stopped.summary())
     return 0

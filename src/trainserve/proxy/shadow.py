@@ -125,14 +125,14 @@ class Shadow:
         try:
             sent = await loop.run_in_executor(self._executor, addressed, copy.request, copy.version)
         except ValueError as exc:  # a request that does not parse, a version protobuf cannot hold
-            log.debug("capture: shadow copy to %s version %d not addressed: %s", copy.model, copy.version, exc)
+            log.debug("proxy: shadow copy to %s version %d not addressed: %s", copy.model, copy.version, exc)
             return "error"
         start = time.perf_counter()
         self.headroom.copy_sent()
         try:
             answer = await self.call(sent, timeout=self.config.shadow_timeout, metadata=copy.metadata)
         except grpc.aio.AioRpcError as err:
-            log.debug("capture: shadow call to %s version %d: %s", copy.model, copy.version, err.code().name)
+            log.debug("proxy: shadow call to %s version %d: %s", copy.model, copy.version, err.code().name)
             return "error"
         finally:
             self.headroom.copy_back()
@@ -140,10 +140,10 @@ class Shadow:
         try:
             comparison = await loop.run_in_executor(self._executor, compare, copy.stable, answer)
         except Incomparable as exc:
-            log.debug("capture: shadow answer of %s version %d: %s", copy.model, copy.version, exc)
+            log.debug("proxy: shadow answer of %s version %d: %s", copy.model, copy.version, exc)
             return "incomparable"
         except (DecodeError, TrainserveError, ValueError) as exc:
-            log.debug("capture: shadow answer of %s version %d did not parse: %s", copy.model, copy.version, exc)
+            log.debug("proxy: shadow answer of %s version %d did not parse: %s", copy.model, copy.version, exc)
             return "error"
         self.metrics.compared(copy.model, copy.version, comparison, micros)
         return None

@@ -51,7 +51,7 @@ class UpstreamLog:
             first = outage[1] == 1
         if first:
             log.warning(
-                "capture: cannot reach TF Serving's %s at %s (%s); calls fail until it answers",
+                "proxy: cannot reach TF Serving's %s at %s (%s); calls fail until it answers",
                 side,
                 self.addresses[side],
                 reason,
@@ -64,7 +64,7 @@ class UpstreamLog:
             outage = self._outages.pop(side, None)
         if outage is not None:
             log.info(
-                "capture: TF Serving's %s at %s answers again, after %d failed call(s) over %.1f s",
+                "proxy: TF Serving's %s at %s answers again, after %d failed call(s) over %.1f s",
                 side,
                 self.addresses[side],
                 outage[1],
