@@ -224,7 +224,35 @@ def test_too_few_requests_hold_then_pause_and_a_rerun_resumes_the_same_step(watc
     assert main(rollout_args(config, report, prometheus, plan=SHORT)) == 0
     history = events(config)
     assert [e["event"] for e in history].count("start") == 1
-    assert [e["step"] for e in history if e["event"] == "step"] == [0, 0, 1]  # the paused step entered again
+    assert [e["step"] for e in history if e["event"] == "step"] == [0, 1]  # the paused step resumed, not re-entered
+    paused = next(i for i, e in enumerate(history) if e["event"] == "paused")
+    resumed = history[paused + 1]
+    assert (resumed["event"], resumed["step"], resumed["after"]) == ("resumed", 0, "a pause")
+    assert resumed["counters"]["counts"] == last_counts(history[:paused])
+
+
+def last_counts(history: list[dict]) -> dict:
+    """The step's counts as the history last recorded them (its STEP record, or a CHECK whose state changed)."""
+    kept = [e.get("state") or e.get("counters") for e in history if e["event"] in ("step", "check")]
+    return [state for state in kept if state][-1]["counts"]
+
+
+def test_a_paused_step_resumes_with_its_counts(watched, tmp_path):
+    """A rerun after a pause continues the step's counts (one anytime-valid sequence, its alpha spent once), not
+    a fresh origin: what the step saw before the pause counts towards its verdict."""
+    proxy, prometheus = watched
+    config, report = site(tmp_path, "resumed")
+    proxy.add("resumed", Traffic(config.parent / "routing.json", 1, 2))
+    unreachable = ("--gate-min-requests", str(10**9), "--max-hold", "1")  # every check unknown: it holds, pauses
+    assert main(rollout_args(config, report, prometheus, *unreachable)) == 75
+    paused_at = len(events(config))
+    before = last_counts(events(config))
+    assert before["shadow_compared"] > 0  # counted before the pause
+    assert main(rollout_args(config, report, prometheus)) == 0
+    after = events(config)[paused_at:]
+    assert after[0]["event"] == "resumed" and after[0]["counters"]["counts"] == before
+    first_look = next(e for e in after if e["event"] == "check")
+    assert first_look["counts"]["shadow_compared"] >= before["shadow_compared"]
 
 
 def test_a_killed_controller_resumes_its_step_from_the_history(watched, tmp_path, caplog):

@@ -324,7 +324,7 @@ def test_abort_and_a_resume_that_is_not_this_rollouts(site, capsys):
     assert main(args(config, report, "--prometheus", url, "--interval", "0.05", "--max-hold", "0.1")) == 75
     capsys.readouterr()
     assert main(args(config, report, "--prometheus", url, "--plan", "shadow 2s, 100%")) == 2
-    assert "expected the same --plan to resume it" in last_error(capsys)
+    assert "expected the same --plan (or `auto`) to resume it" in last_error(capsys)
     assert main(args(config, report, "--abort", "--reason", "pager at 3am")) == 1
     assert capsys.readouterr().out.startswith("rolled back: model m version 2: aborted: pager at 3am; stable -> 1")
     assert Rollout.of(read_config(config).model_config_list.config[0]) == Rollout(stable=1)

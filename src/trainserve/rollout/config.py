@@ -6,12 +6,13 @@ Kept free of TensorFlow and gRPC so that `--help` and the refusals answer at onc
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
 from trainserve.options import option, positive_int, share
-from trainserve.rollout.plan import DEFAULT_PLAN, parse_plan
+from trainserve.rollout.plan import AUTO, EXAMPLE_PLAN, Plan, duration, parse_plan, plan_or_auto
 from trainserve.rollout.targets import PROXY_JOB
 from trainserve.tls import ClientTls
 
@@ -204,6 +205,21 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number above 0")
+    return value
+
+
+def _duration(text: str) -> float:
+    """Seconds (`1800`) or a duration with a unit (`30m`)."""
+    try:
+        return _seconds(text)
+    except ValueError:
+        return duration(text)
+
+
 @dataclass
 class RolloutConfig:
     """Move a candidate through a step plan on live traffic (shadow, canary shares) with the proxy's routing
@@ -217,10 +233,41 @@ class RolloutConfig:
         parse=positive_int,
     )
     routing_file: Path | None = option(None, "the proxy's routing file (trainserve.routing/1), rewritten atomically")
-    plan: object = option(
-        DEFAULT_PLAN,
-        "steps: `shadow [P%%] DURATION`, then `P%% DURATION` canary shares, ending with `100%%` (promote)",
-        parse=parse_plan,
+    plan: Plan | str = option(
+        AUTO,
+        "`auto`: steps sized to the model's request rate (read from Prometheus) to decide within --max-duration; or "
+        f"steps: `shadow [P%%] DURATION`, then `P%% DURATION` canary shares, each optionally followed by `hold "
+        f"DURATION`, ending with `100%%` (promote), as in {EXAMPLE_PLAN.replace('%', '%%')!r}",
+        parse=plan_or_auto,
+    )
+    target_duration: float = option(
+        1800.0,
+        "plan auto: the smallest canary share whose plan takes at most this (seconds, or 30m) at the median, else "
+        "the quickest one that fits --max-duration",
+        parse=_duration,
+    )
+    max_duration: float = option(
+        4 * 3600.0,
+        "plan auto: the longest a plan may take without pausing (every step's duration and hold; seconds, or 4h): a "
+        "plan that cannot decide within it at the measured rate is refused before anything moves",
+        parse=_duration,
+    )
+    max_exposure: float = option(
+        1000.0,
+        "plan auto: the most canary requests answered before the first look (what a candidate failing every call "
+        "costs before the controller can see it): bounds the canary's share",
+        parse=_positive,
+    )
+    expected_rate: float | None = option(
+        None,
+        "plan auto: size for this many requests per second (default: the model's rate through the proxy, read from "
+        "Prometheus)",
+        parse=_positive,
+    )
+    rate_history: str = option(
+        "7d",
+        "plan auto: the rate is the slowest hour, at the hours of the day the plan spans, over this much of "
+        "Prometheus's history (a PromQL duration; empty: the last hour's rate)",
     )
     prometheus: str | None = option(
         None, "Prometheus's URL, asked the proxy's series and recording rules between steps"
@@ -258,7 +305,7 @@ class RolloutConfig:
     tls: ClientTls = option(factory=ClientTls)
 
     def __post_init__(self):
-        if isinstance(self.plan, str):
+        if isinstance(self.plan, str) and self.plan != AUTO:
             try:
                 self.plan = parse_plan(self.plan)
             except argparse.ArgumentTypeError as exc:
@@ -276,6 +323,8 @@ class RolloutConfig:
             raise TrainserveError("expected --report: the candidate's eval report, checked as promote checks it")
         if self.prometheus is None and not self.dry_run:
             raise TrainserveError("expected --prometheus URL: the Prometheus that scrapes the proxy")
+        if self.rate_history and not re.fullmatch(r"[1-9]\d*[smhdwy]", self.rate_history):
+            raise TrainserveError(f"--rate-history {self.rate_history!r}: expected a PromQL duration such as 7d, or ''")
         if self.prometheus is not None:
             from trainserve.rollout.prometheus import check_url
 

@@ -36,10 +36,11 @@ from trainserve.rollout.history import append_history, read_history
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.measure import Meter
 from trainserve.rollout.offline import evidence_of, offline_summary
-from trainserve.rollout.plan import PROMOTE
-from trainserve.rollout.progress import CHECK, ROLLBACK, START, STEP, Progress, event, in_progress
+from trainserve.rollout.plan import AUTO, PROMOTE, Plan, parse_plan
+from trainserve.rollout.progress import CHECK, RESUMED, ROLLBACK, START, STEP, Progress, event, in_progress
 from trainserve.rollout.progress import PROMOTE as PROMOTE_EVENT
 from trainserve.rollout.prometheus import Prometheus, PrometheusUnreachable
+from trainserve.rollout.sizing.auto import resolve
 from trainserve.rollout.steps import Server, stage_candidate
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class Controller:
         self.config, self.prometheus, self.server = config, prometheus, server
         self.clock, self.sleep = clock, sleep
         self.history = history_path(config.config)
+        self.plan: Plan | None = config.plan if config.plan != AUTO else None  # `auto`: resolved at the start
+        self._started = 0.0  # when the step being watched began (its watched time, kept by a pause)
         self.model = find_model(read_config(config.config), config.config, config.model).name
         self.ends = Ends(config, self.model, prometheus, server, self._labels, self._append, clock, sleep)
 
@@ -85,7 +88,7 @@ class Controller:
                 raise
 
     def _follow(self, progress: Progress) -> Outcome:
-        start, plan = progress.start, self.config.plan
+        start, plan = progress.start, self.plan
         if progress.pending is not None:  # a move decided before the controller was killed: finish it
             if progress.pending["event"] == ROLLBACK:
                 return self.ends.rolled_back(start, progress.pending["said"])
@@ -107,24 +110,29 @@ class Controller:
         return self.ends.rolled_back(start, failed)
 
     def _begin(self, progress: Progress) -> tuple[int, float, dict]:
-        """The step to watch first: the first (once the candidate is staged), the one a pause left (entered again:
-        its routing was held), or the one a killed controller was in (its routing written again, its time left)."""
+        """The step to watch first: the first (once the candidate is staged), or the one a pause or a kill left,
+        resumed with the counts it had (its bounds hold over every look, before and after) and the time it had
+        left; a resume is recorded (RESUMED) so that the history shows every run of the controller."""
         start, index = progress.start, progress.step
         if index is None:
             self._prepare(start)
             return self._enter(start, 0)
-        if progress.paused:
-            log.info(
-                "model %s: resuming step %d (%s) after a pause: entered again",
-                self.model,
-                index + 1,
-                self._words(index),
-            )
-            return self._enter(start, index)
-        self._route(start, index)  # the step's routing, again: the move may not have been made
-        left = max(0.0, progress.step_started + self.config.plan.steps[index].seconds - self.clock())
-        log.info("model %s: resuming step %d (%s), %.0f s left", self.model, index + 1, self._words(index), left)
-        return index, progress.step_started, progress.counters
+        step = self.plan.steps[index]
+        if progress.paused:  # its routing was held: the counters moved without the candidate; its time stood still
+            counters = self._ask(start, index, lambda: self._meter(start).rebased(progress.counters))
+            started = self.clock() - min(progress.watched, step.seconds)
+        else:
+            counters, started = progress.counters, progress.step_started
+        left = max(0.0, started + step.seconds - self.clock())
+        after = "a pause" if progress.paused else "a stop"
+        self._append(RESUMED, start, step=index, after=after, started=started, counters=counters)
+        self._route(start, index)  # the step's routing, again: held by the pause, or not yet written by the stop
+        log.info(
+            "model %s: resuming step %d (%s) after %s with its counts, %.0f s left",
+            *(self.model, index + 1, self._words(index), after, left),
+        )
+        self._started = started
+        return index, started, counters
 
     # -- start and resume ----------------------------------------------------------------------------------
 
@@ -147,18 +155,25 @@ class Controller:
                 f"version {version} is not the candidate yet: expected --server, so that it is labelled once loaded"
             )
         read = evidence_of(config, self.model, labels, version)
+        offline = offline_summary(read, config.replay, labels.stable)
+        flips = read.report["task"]["kind"] == "classification"
+        resolved = resolve(config, self.prometheus, self.model, offline, flips, self.clock())
+        self.plan = resolved.plan
+        for line in resolved.lines():
+            log.info("model %s: %s", self.model, line)
         with locked(config.config):
             if self._labels() != labels:
                 raise TrainserveError(f"model {self.model}: the labels changed while the rollout was starting: retry")
             start = self._append(
                 START,
                 {"candidate": version},
-                plan=config.plan.text(),
+                plan=self.plan.text(),
+                sizing=resolved.record(),
                 stable=labels.stable,
-                flips=read.report["task"]["kind"] == "classification",
+                flips=flips,
                 report=str(read.path),
                 report_sha256=read.sha256,
-                offline=offline_summary(read, config.replay, labels.stable),
+                offline=offline,
                 gate=asdict(config.gate),
                 prometheus=config.prometheus,
                 routing_file=str(config.routing_file),
@@ -192,8 +207,11 @@ class Controller:
         said = f"a rollout of model {self.model} version {progress.candidate} is in progress ({self.history})"
         if config.candidate is not None and config.candidate != progress.candidate:
             raise TrainserveError(f"{said}: expected --candidate {progress.candidate} to resume it, or --abort first")
-        if start["plan"] != config.plan.text():
-            raise TrainserveError(f"{said} with the plan {start['plan']!r}: expected the same --plan to resume it")
+        if config.plan != AUTO and start["plan"] != config.plan.text():
+            raise TrainserveError(
+                f"{said} with the plan {start['plan']!r}: expected the same --plan (or `auto`) to resume it"
+            )
+        self.plan = parse_plan(start["plan"])  # `auto` follows the plan it chose at the start
         labels = self._labels()
         if labels.stable != start["stable"] and not (progress.pending and labels.stable == progress.candidate):
             raise TrainserveError(
@@ -206,16 +224,16 @@ class Controller:
     def _enter(self, start: dict, index: int) -> tuple[int, float, dict]:
         """The step's origin of counts (the proxy's counters now, from Prometheus), recorded, then its routing."""
         counters = self._ask(start, index, lambda: self._meter(start).origin())
-        started = self.clock()
+        started = self._started = self.clock()
         self._append(STEP, start, step=index, words=self._words(index), started=started, counters=counters)
         self._route(start, index)
-        log.info("model %s: step %d of %d: %s", self.model, index + 1, len(self.config.plan.steps), self._words(index))
+        log.info("model %s: step %d of %d: %s", self.model, index + 1, len(self.plan.steps), self._words(index))
         return index, started, counters
 
     def _route(self, start: dict, index: int) -> None:
         """The step's routing, once the labels are still the rollout's."""
         self._same_labels(start)
-        plan = self.config.plan
+        plan = self.plan
         route = moves.step_route(start, plan.shadow_during(index), plan.canary_during(index))
         moves.set_route(self.config.routing_file, self.model, route)
 
@@ -232,7 +250,7 @@ class Controller:
 
     def _watch(self, start: dict, index: int, started: float, counters: dict) -> str | None:
         """Look every --interval until the step advances (None) or fails (why, one line)."""
-        step, plan = self.config.plan.steps[index], self.config.plan
+        step, plan = self.plan.steps[index], self.plan
         flips = start["flips"] and plan.shadow_during(index) > 0
         meter, offline = self._meter(start), start.get("offline") or {}
         held_since = None
@@ -281,9 +299,12 @@ class Controller:
                 self.sleep(self.config.interval)
 
     def _pause_if_held(self, start: dict, index: int, since: float, why: str) -> None:
+        """Pause once held past the step's own hold (a plan `auto` sized it), else --max-hold."""
+        hold = self.plan.steps[index].hold
         held = self.clock() - since
-        if held >= self.config.max_hold:
-            self.ends.pause(start, index, self._words(index), held, why)
+        if held >= (hold if hold is not None else self.config.max_hold):
+            watched = self.clock() - self._started
+            self.ends.pause(start, index, self._words(index), held, why, watched=watched)
 
     # -- measures ------------------------------------------------------------------------------------------
 
@@ -296,7 +317,7 @@ class Controller:
         return Rollout.of(find_model(read_config(self.config.config), self.config.config, self.model))
 
     def _words(self, index: int) -> str:
-        return self.config.plan.steps[index].words()
+        return self.plan.steps[index].words()
 
     def _append(self, kind: str, start: dict, **fields) -> dict:
         return append_history(self.history, event(kind, self.model, start["candidate"], **fields))

@@ -1,8 +1,11 @@
-"""`trainserve rollout --dry-run`: what a rollout would do, read from the config, the reports and the plan, with
-nothing written: the evidence's verdict, each step's routing and checks, the PromQL queries (per proxy replica:
-trainserve.rollout.measure)."""
+"""`trainserve rollout --dry-run`: what a rollout would do, read from the config, the reports, the plan and the
+model's traffic, with nothing written: the evidence's verdict, the plan (`auto`: sized to the traffic) and what each
+step should take at that traffic (trainserve.rollout.sizing), each step's routing and checks, the PromQL queries
+(per proxy replica: trainserve.rollout.measure)."""
 
 from __future__ import annotations
+
+import time
 
 from trainserve.errors import TrainserveError
 from trainserve.rollout import analysis, measure, targets
@@ -10,8 +13,10 @@ from trainserve.rollout.config import RolloutConfig
 from trainserve.rollout.config_file import find_model, read_config
 from trainserve.rollout.controller import candidate_of
 from trainserve.rollout.labels import Rollout
-from trainserve.rollout.offline import evidence_of
-from trainserve.rollout.plan import PROMOTE
+from trainserve.rollout.offline import evidence_of, offline_summary
+from trainserve.rollout.plan import AUTO, PROMOTE
+from trainserve.rollout.prometheus import Prometheus
+from trainserve.rollout.sizing.auto import resolve
 
 LE, LOWER = "LE", "LOWER"  # the step's latency threshold's bucket bounds, known once it begins
 
@@ -21,16 +26,27 @@ def dry_run(config: RolloutConfig) -> list[str]:
     config.check()
     served = read_config(config.config)
     model = find_model(served, config.config, config.model)
-    labels, plan = Rollout.of(model), config.plan
+    labels = Rollout.of(model)
     version = candidate_of(config, labels, model.name)
     stable = labels.stable if labels.stable is not None else "STABLE"
+    offline = {}
     try:
         read = evidence_of(config, model.name, labels, version)
         flips = read.report["task"]["kind"] == "classification"
+        offline = offline_summary(read, config.replay, labels.stable) if labels.stable is not None else {}
         lines = [f"evidence: {read.path} holds every check promote makes"]
     except TrainserveError as exc:
         flips, lines = True, [f"evidence: REFUSED: {exc}"]
     lines.append(f"model {model.name}: stable {stable}, candidate {version}; routing file {config.routing_file}")
+    prometheus = Prometheus(config.prometheus) if config.prometheus else None
+    try:
+        resolved = resolve(config, prometheus, model.name, offline, flips, time.time())
+    except TrainserveError as exc:
+        if config.plan == AUTO:
+            return [*lines, f"plan auto: REFUSED: {exc}"]
+        raise
+    plan = resolved.plan
+    lines += resolved.lines()
     for i, step in enumerate(plan.steps):
         if step.kind == PROMOTE:
             lines.append(f"step {i + 1}: 100%: promote (stable -> {version}), routing cleared")

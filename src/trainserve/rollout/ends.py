@@ -144,13 +144,14 @@ class Ends:
 
     # -- pause ---------------------------------------------------------------------------------------------
 
-    def pause(self, start: dict, index: int | None, words: str, held: float, why: str) -> None:
-        """Hold the route on stable, record the pause, and stop (RolloutPaused)."""
+    def pause(self, start: dict, index: int | None, words: str, held: float, why: str, **fields) -> None:
+        """Hold the route on stable, record the pause (with `fields`: the step's time watched), and stop
+        (RolloutPaused)."""
         moves.hold_route(self.config.routing_file, self.model)
-        self.append(PAUSED, start, step=index, said=why, held_seconds=held)
+        self.append(PAUSED, start, step=index, said=why, held_seconds=held, **fields)
         where = f"at step {index + 1} ({words})" if index is not None else "before its first step"
         raise RolloutPaused(
             f"rollout of model {self.model} version {start['candidate']} paused {where} after holding {held:.0f} s: "
-            f"{why}; the route is held on stable (no canary share, no shadow): run the same command again to enter "
-            "the step again, or --abort --reason TEXT"
+            f"{why}; the route is held on stable (no canary share, no shadow): run the same command again to resume "
+            "the step, or --abort --reason TEXT"
         )

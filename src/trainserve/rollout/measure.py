@@ -186,6 +186,13 @@ class Meter:
         state, _ = self._counted({})
         return state
 
+    def rebased(self, state: dict) -> dict:
+        """`state` resumed after a pause: the step's counts and threshold kept, every replica's counters re-read
+        as where they start again (what they counted while the route was held, stable's calls alone, is not the
+        step's)."""
+        fresh, _ = self._counted({key: state[key] for key in ("le", "lower", "weight") if key in state})
+        return {**fresh, "counts": _renamed(state.get("counts") or {})}
+
     def look(self, state: dict) -> Look:
         """The step's counts from `state` on. Unjudged while a target is down or silent, before or after the
         counters are read (a replica missed in between has its calls counted at a later look)."""

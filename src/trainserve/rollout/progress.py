@@ -6,8 +6,11 @@ Each event is one history line `{"action": "rollout", "event": ..., "model": ...
     step         a step entered: its index, when (epoch seconds), the proxy's counters then (its counts' origin)
     check        one look at Prometheus: every query with its value, the step's counts, each check, the decision,
                  and the step's counting state when it changed (trainserve.rollout.measure)
-    paused       held longer than --max-hold: the controller stopped with the safe routing (no canary share, no
-                 shadow); a resumed controller enters the step again
+    paused       held longer than the step's hold (--max-hold unless the plan sets it): the controller stopped
+                 with the safe routing (no canary share, no shadow), the step's time watched so far (`watched`)
+    resumed      a controller run again after a pause or a stop: the step it resumes, its counts (after a pause,
+                 every replica's counters re-read as their new start, the step's counts kept) and when it began,
+                 moved by the time it stood still
     rollback     decided (why); rolled-back once every proxy replica left the canary, the `candidate` label is
                  dropped, the server no longer serves the version and the model's route is removed
     promote      decided; promoted once `stable` moved (promote's own history line beside it) and routing cleared
@@ -25,7 +28,7 @@ from trainserve.rollout.config_file import history_path
 from trainserve.rollout.history import read_history
 
 ROLLOUT = "rollout"
-START, STEP, CHECK, PAUSED = "start", "step", "check", "paused"
+START, STEP, CHECK, PAUSED, RESUMED = "start", "step", "check", "paused", "resumed"
 ROLLBACK, ROLLED_BACK, PROMOTE, PROMOTED = "rollback", "rolled-back", "promote", "promoted"
 TERMINAL = (ROLLED_BACK, PROMOTED)
 
@@ -39,7 +42,8 @@ class Progress:
     step_started: float | None = None
     counters: dict[str, float] = field(default_factory=dict)
     pending: dict | None = None  # the ROLLBACK or PROMOTE event whose move may not be finished
-    paused: bool = False  # stopped by --max-hold in its step (the step is entered again on resume)
+    paused: bool = False  # stopped by its hold in its step (resumed with its counts)
+    watched: float = 0.0  # the paused step's time watched before the pause
     entered: list[int] = field(default_factory=list)  # the steps entered, in order
 
     @property
@@ -62,12 +66,13 @@ def in_progress(history: list[dict], model: str) -> Progress | None:
         return None
     progress = Progress(start=since[0])
     for entry in since[1:]:
-        if entry["event"] == STEP:
+        if entry["event"] in (STEP, RESUMED):
             progress.step, progress.step_started = entry["step"], entry["started"]
             progress.counters, progress.paused = dict(entry["counters"]), False
-            progress.entered.append(entry["step"])
+            if entry["event"] == STEP:
+                progress.entered.append(entry["step"])
         elif entry["event"] == PAUSED:
-            progress.paused = True
+            progress.paused, progress.watched = True, entry.get("watched", 0.0)
         elif entry["event"] == CHECK and entry.get("state"):
             progress.counters = dict(entry["state"])
         elif entry["event"] in (ROLLBACK, PROMOTE):

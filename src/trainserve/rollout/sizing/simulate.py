@@ -1,0 +1,119 @@
+"""A step's looks simulated at a request rate and judged by the controller's own checks (analysis.checks, then
+analysis.decide), for a candidate inside every budget: identical to stable in errors and latency, flipping at its
+offline disagreement. Seeded: the same traffic gives the same numbers at the dry run, at the start and in the
+history.
+
+    requests   Poisson arrivals at the rate, one example each; the canary's share to the candidate, the rest to
+               stable; each version fails a request with stable's error share
+    latency    each version has 1 % of its calls above stable's p99 (what the p99 means), drawn per call
+    shadow     every request stable answered copied with the shadow's share; a copy fails as a request does; a
+               classifier's copy flips with the offline disagreement
+
+Each simulated step is looked at every --interval (every MAX_LOOKS-th of the horizon where that is coarser: the
+times are then that coarse); the time it would pass is its first look at which every check passes, found by
+bisection over the looks (the checks' bounds narrow as counts grow, so once passing they stay passing in all but a
+few paths).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainserve.rollout import analysis
+from trainserve.rollout.config import StepGate
+from trainserve.rollout.measure import KEYS
+from trainserve.rollout.plan import Step
+from trainserve.rollout.sizing.traffic import Traffic
+
+SLOW_SHARE = 0.01  # stable's calls above its own p99
+SIMULATIONS = 400
+MAX_LOOKS = 1000
+SEED = 0
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What a step is judged on besides its own routing: the traffic, the gate, the offline evidence (the START
+    record's `offline`), whether shadow pairs are classified, and the looks' interval."""
+
+    traffic: Traffic
+    gate: StepGate
+    offline: dict
+    flips: bool
+    interval: float
+
+    def flip_rate(self) -> float:
+        found = self.offline.get("disagreement") or {}
+        return found["count"] / found["examples"] if found.get("examples") else 0.0
+
+
+def quantile(values, percent: float) -> float:
+    """The `percent` percentile, an observed value (inf where that many runs never passed)."""
+    return float(np.percentile(values, percent, method="higher"))
+
+
+def looks(seconds: float, interval: float) -> int:
+    return max(1, math.ceil(seconds / interval - 1e-9))
+
+
+def pass_times(step: Step, shadow: float, canary: float, situation: Situation, horizon: float) -> np.ndarray:
+    """Seconds from the step's start to its first look at which every check passes, per simulated rollout (inf:
+    not within `horizon`)."""
+    rng = np.random.default_rng([SEED, int(canary * 100), int(shadow * 100), int(situation.traffic.rate * 1000)])
+    every = max(situation.interval, horizon / MAX_LOOKS)
+    counts = _cumulative_counts(rng, shadow, canary, situation, every, looks(horizon, every))
+    flips = situation.flips and shadow > 0
+    judged = lambda sim, look: _passes(step, flips, counts, sim, look, situation)  # noqa: E731
+    count = counts["canary_requests"].shape[1]
+    return every * np.array([_first_passing(sim, judged, count) for sim in range(SIMULATIONS)])
+
+
+def _first_passing(sim: int, judged, count: int) -> float:
+    last = count - 1
+    if not judged(sim, last):
+        return math.inf
+    low, high = -1, last  # judged(high) holds; judged(low) taken as not
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if judged(sim, middle) else (middle, high)
+    return high + 1  # looks
+
+
+def _passes(step: Step, flips: bool, counts: dict, sim: int, look: int, situation: Situation) -> bool:
+    seen = {key: float(values[sim, look]) for key, values in counts.items()}
+    found = analysis.checks(step, flips, seen, situation.gate, situation.offline)
+    return analysis.decide(found, ended=True) == analysis.ADVANCE
+
+
+def _cumulative_counts(
+    rng, shadow: float, canary: float, situation: Situation, every: float, count: int
+) -> dict[str, np.ndarray]:
+    """Every key of measure's counts, cumulative at each of `count` looks `every` seconds (SIMULATIONS x count)."""
+    size, traffic = (SIMULATIONS, count), situation.traffic
+    arrived = rng.poisson(traffic.rate * every, size)
+    to_canary = rng.binomial(arrived, canary / 100)
+    to_stable = arrived - to_canary
+    stable_errors = rng.binomial(to_stable, traffic.error_share)
+    copies = rng.binomial(to_stable - stable_errors, shadow / 100)
+    copy_errors = rng.binomial(copies, traffic.error_share)
+    compared = copies - copy_errors
+    per_look = {
+        "canary_requests": to_canary,
+        "canary_errors": rng.binomial(to_canary, traffic.error_share),
+        "stable_requests": to_stable,
+        "stable_errors": stable_errors,
+        "candidate_latency_count": to_canary,
+        "candidate_slow": rng.binomial(to_canary, SLOW_SHARE),
+        "stable_latency_count": to_stable,
+        "stable_slow": rng.binomial(to_stable, SLOW_SHARE),
+        "shadow_compared": compared,
+        "shadow_errors": copy_errors,
+        "shadow_pairs": compared,
+        "shadow_classified": compared if situation.flips else np.zeros(size, int),
+        "shadow_flips": rng.binomial(compared, situation.flip_rate()) if situation.flips else np.zeros(size, int),
+    }
+    zeros = np.zeros(size, int)  # never counted here (shed, dropped copies): shared, read only
+    return {key: np.cumsum(per_look[key], axis=1) if key in per_look else zeros for key in KEYS}
