@@ -1,9 +1,11 @@
-"""How often `trainserve rollout`'s checks roll back a candidate identical to stable, and how fast they roll back a
-bad one, on simulated traffic judged by the controller's own code (trainserve.rollout.analysis: `checks`, then
-`decide`, at every look).
+"""How often `trainserve rollout`'s checks roll back a candidate identical to stable, how fast they roll back a
+bad one, and whether a rollout ends within the time its plan stated, on simulated traffic judged by the
+controller's own code (trainserve.rollout.analysis: `checks`, then `decide`, at every look; the plan `auto` sized
+by trainserve.rollout.sizing at the candidate's rate and stable's error share, as the controller sizes it).
 
 Traffic: Poisson arrivals at 1, 10 and 100 requests/s, one example each, looked at every --interval over the plan
-(default `shadow 10m, 5% 10m, 25% 10m, 100%`), a step that holds paused after --max-hold, as the controller does.
+(`auto`, the default, and the former default `shadow 10m, 5% 10m, 25% 10m, 100%` beside it), a step that holds
+paused after its hold (--max-hold where the plan sets none), as the controller does.
 Each look's counts are measure's contract, since the step began:
 
     routes     each request to the canary with the step's share, else to stable; the shadow copies every request
@@ -18,10 +20,12 @@ Each look's counts are measure's contract, since the step began:
     flips      offline: eval's 200 discordant pairs of 10,000 (a 2 % disagreement: budget 4 % by the defaults);
                live, the candidate flips each classified pair at its rate
 
-Printed per rate and candidate: the share of rollouts rolled back, promoted, paused (held --max-hold), rolled back
-by the end of the first canary step, and the canary requests (clients' answers from the candidate) seen by the
-rollback (median, 95th percentile). `resumed`: a paused rollout run again once (finding 9: the old checks, looked
-at more, passed or failed more). Seeded: the same numbers every run.
+Printed per plan, rate and candidate: the share of rollouts refused before they start (auto: no plan decides within
+--max-duration), rolled back, promoted, promoted within the plan's stated most (every step's duration and hold)
+and within its stated 90th percentile, paused, rolled back by the end of the first canary step, and the canary
+requests (clients' answers from the candidate) seen by the rollback (median, 95th percentile). `resumed`: a
+paused rollout run again once, its step's counts kept (as the controller resumes). Seeded: the same numbers every
+run.
 
     python bench/rollout_checks.py [--rollouts 400] [--seed 0]
 """
@@ -31,15 +35,19 @@ from __future__ import annotations
 import argparse
 import math
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 import numpy as np
 
 from trainserve.exposition import LATENCY_BUCKETS
 from trainserve.rollout import analysis, measure
-from trainserve.rollout.config import StepGate
-from trainserve.rollout.plan import CANARY, DEFAULT_PLAN, Plan, parse_plan
+from trainserve.rollout.config import RolloutConfig, StepGate
+from trainserve.rollout.plan import AUTO, CANARY, EXAMPLE_PLAN, Plan, parse_plan
+from trainserve.rollout.sizing.choose import Limits, PlanRefused, hours, size_plan
+from trainserve.rollout.sizing.expect import totals
+from trainserve.rollout.sizing.simulate import Situation
+from trainserve.rollout.sizing.traffic import Traffic as Rate
 from trainserve.stats.sequential import difference_sequence
 
 RATES = (1, 10, 100)
@@ -65,7 +73,7 @@ class Candidate:
     own: float = 0.0  # the candidate's own failures among the rest
     slower: float = 1.0
     flips: float = OFFLINE_RATE
-    plan: str = DEFAULT_PLAN
+    plan: str = AUTO
     resumed: bool = False
     bad: bool = False
 
@@ -86,9 +94,19 @@ CANDIDATES = (
 
 @dataclass
 class Outcome:
-    result: str  # rolled back, promoted, paused
+    result: str  # rolled back, promoted, paused, refused
     step: int
     canary: int
+    seconds: float = 0.0  # from the first step's start to the end
+
+
+@dataclass(frozen=True)
+class Stated:
+    """The plan a rollout follows and what it said before it started (auto: sized; else the plan as given)."""
+
+    plan: Plan | None  # None: refused before it starts
+    most: float = math.inf
+    p90: float = math.inf
 
 
 @dataclass
@@ -150,10 +168,27 @@ class Traffic:
             counts[f"{version}_above_lower"] += int(above_bound + near)
 
 
+def stated(candidate: Candidate, rate: float, gate: StepGate, interval: float, max_hold: float) -> Stated:
+    """The plan of `candidate`'s rollouts at `rate`: `auto` sized as the controller sizes it (the stable error share
+    it would read from Prometheus: the candidate's `error`), else the plan as given."""
+    if candidate.plan != AUTO:
+        return Stated(parse_plan(candidate.plan))
+    defaults = RolloutConfig()
+    situation = Situation(Rate(rate, candidate.error), gate, OFFLINE, True, interval)
+    limits = Limits(defaults.target_duration, defaults.max_duration, defaults.max_exposure)
+    try:
+        plan, expected = size_plan(situation, limits)
+    except PlanRefused:
+        return Stated(None)
+    _, p90, most = totals(expected)
+    return Stated(plan, most, p90)
+
+
 def roll_out(traffic: Traffic, plan: Plan, gate: StepGate, interval: float, max_hold: float) -> Outcome:
     """The controller's loop over the plan (trainserve.rollout.controller: look, decide, sleep), counts simulated."""
-    canary_seen = 0
+    canary_seen, elapsed = 0, 0.0
     for index, step in enumerate(plan.steps[:-1]):
+        hold = step.hold if step.hold is not None else max_hold
         counts = dict.fromkeys(KEYS, 0)
         flips, limit = plan.shadow_during(index) > 0, traffic.threshold()
         shares = traffic.slow_shares(limit)
@@ -162,37 +197,44 @@ def roll_out(traffic: Traffic, plan: Plan, gate: StepGate, interval: float, max_
             found = analysis.checks(step, flips, measure.step_counts(counts, limit), gate, OFFLINE)
             decision = analysis.decide(found, now >= step.seconds)
             if decision == analysis.ROLLBACK:
-                return Outcome("rolled back", index, canary_seen + counts["canary_requests"])
+                return Outcome("rolled back", index, canary_seen + counts["canary_requests"], elapsed + now)
             if decision == analysis.ADVANCE:
                 break
             if decision == analysis.HOLD:
                 held_since = now if held_since is None else held_since
-                if now - held_since >= max_hold:
+                if now - held_since >= hold:
                     if resumed or not traffic.candidate.resumed:
-                        return Outcome("paused", index, canary_seen + counts["canary_requests"])
-                    resumed, held_since = True, now  # run again: a new controller holds up to --max-hold again
+                        return Outcome("paused", index, canary_seen + counts["canary_requests"], elapsed + now)
+                    resumed, held_since = True, now  # run again: a new controller holds up to its hold again
             left = step.seconds - now
             wait = min(interval, left) if left > 0 else interval
             traffic.accrue(counts, wait, plan.canary_during(index), plan.shadow_during(index), shares)
             now += wait
         canary_seen += counts["canary_requests"]
-    return Outcome("promoted", len(plan.steps) - 1, canary_seen)
+        elapsed += now
+    return Outcome("promoted", len(plan.steps) - 1, canary_seen, elapsed)
 
 
 def first_canary(plan: Plan) -> int:
     return next(i for i, s in enumerate(plan.steps) if s.kind == CANARY)
 
 
-def row(candidate: Candidate, rate: float, outcomes: list[Outcome]) -> str:
-    n, plan = len(outcomes), parse_plan(candidate.plan)
+def row(candidate: Candidate, rate: float, said: Stated, outcomes: list[Outcome]) -> str:
+    name = f"{candidate.name} | {'auto' if candidate.plan == AUTO else candidate.plan} | {rate:g}"
+    if said.plan is None:
+        return f"| {name} | refused | 100% | - | - | - | - | - | - | - |"
+    n = len(outcomes)
     share = lambda result: sum(o.result == result for o in outcomes) / n  # noqa: E731
+    within = lambda bound: sum(o.result == "promoted" and o.seconds <= bound for o in outcomes) / n  # noqa: E731
     back = [o for o in outcomes if o.result == "rolled back"]
-    early = sum(o.step <= first_canary(plan) for o in back) / n
+    early = sum(o.step <= first_canary(said.plan) for o in back) / n
     canary = np.array([o.canary for o in back]) if back else None
     seen = "-" if canary is None else f"{np.median(canary):.0f} / {np.percentile(canary, 95):.0f}"
+    most = "-" if math.isinf(said.most) else f"{hours(said.most)}: {within(said.most):.1%}"
+    p90 = "-" if math.isinf(said.p90) else f"{hours(said.p90)}: {within(said.p90):.1%}"
     return (
-        f"| {candidate.name} | {rate:g} | {share('rolled back'):.1%} | {share('promoted'):.1%} | "
-        f"{share('paused'):.1%} | {early:.1%} | {seen} |"
+        f"| {name} | {said.plan.text()} | 0% | {share('rolled back'):.1%} | {share('promoted'):.1%} | {most} | "
+        f"{p90} | {share('paused'):.1%} | {early:.1%} | {seen} |"
     )
 
 
@@ -232,19 +274,20 @@ def main() -> None:
     print(cpu())
     print(f"{args.rollouts} rollouts each, looks every {args.interval:g} s, --max-hold {args.max_hold:g} s; {gate}")
     print(
-        "| candidate | req/s | rolled back | promoted | paused | rolled back by the first canary step's end "
+        "| candidate | plan | req/s | steps | refused | rolled back | promoted | promoted within the stated most "
+        "| within the stated p90 | paused | rolled back by the first canary step's end "
         "| canary requests by the rollback (median / p95) |"
     )
-    print("|---|---|---|---|---|---|---|")
-    for candidate in CANDIDATES:
-        plan = parse_plan(candidate.plan)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for candidate in (*CANDIDATES, *(replace(c, plan=EXAMPLE_PLAN) for c in CANDIDATES if c.plan == AUTO)):
         for k, rate in enumerate(RATES):
-            rng = np.random.default_rng([args.seed, CANDIDATES.index(candidate), k])
+            said = stated(candidate, rate, gate, args.interval, args.max_hold)
+            rng = np.random.default_rng([args.seed, [c.name for c in CANDIDATES].index(candidate.name), k])
             outcomes = [
-                roll_out(Traffic(candidate, rate, rng), plan, gate, args.interval, args.max_hold)
-                for _ in range(args.rollouts)
+                roll_out(Traffic(candidate, rate, rng), said.plan, gate, args.interval, args.max_hold)
+                for _ in range(args.rollouts if said.plan is not None else 0)
             ]
-            print(row(candidate, rate, outcomes), flush=True)
+            print(row(candidate, rate, said, outcomes), flush=True)
     budget = gate.max_error_increase
     print(
         f"canary requests an identical candidate needs to pass (expected counts, a 5% canary, budget +{budget:g}; "

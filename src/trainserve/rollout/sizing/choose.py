@@ -99,15 +99,18 @@ def _most(steps: list[Expected]) -> float:
 
 
 def _too_long(situation: Situation, shadow: Expected, share: float, max_duration: float) -> PlanRefused:
+    """The refusal, with a --max-duration that would decide: the plan at the largest share simulated over a longer
+    horizon, with a fifth more for the simulation's own noise, in half hours."""
     traffic = situation.traffic
     longest = _sized(CANARY, share, situation, max(max_duration, 1.0) * 8)
     needs = _most([shadow, longest])
-    said = f"about {hours(needs)}" if math.isfinite(needs) else f"more than {hours(max_duration * 8)}"
+    enough = f"--max-duration {hours(math.ceil(needs * 1.2 / 1800) * 1800)}" if math.isfinite(needs) else None
+    said = f"about {hours(needs)}" if enough else f"more than {hours(max_duration * 8)}"
     return PlanRefused(
         f"no plan decides within --max-duration {hours(max_duration)} at {traffic.describe()}: a {share:g}% canary "
-        f"needs {said} for a candidate inside every budget to pass (99 % of runs); expected --max-duration "
-        f"{hours(needs) if math.isfinite(needs) else 'longer'}, larger --gate-max-error-increase / "
-        "--gate-max-slow-increase budgets, or an explicit --plan (a step that cannot decide pauses)"
+        f"needs {said} for a candidate inside every budget to pass (99 % of runs); expected "
+        f"{enough or 'a longer --max-duration'}, larger --gate-max-error-increase / --gate-max-slow-increase "
+        "budgets, or an explicit --plan (a step that cannot decide pauses)"
     )
 
 
