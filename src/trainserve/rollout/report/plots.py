@@ -1,0 +1,43 @@
+"""A check's bounds at every look of a stint against its budget, as a PNG: the band the bounds span, the budget
+as a line, each look marked by what the check found there."""
+
+from __future__ import annotations
+
+from trainserve.rollout import analysis
+from trainserve.rollout.report.read import Stint
+from trainserve.rollout.report.words import numbered
+
+COLOURS = {analysis.PASS: "tab:green", analysis.FAIL: "tab:red", analysis.UNKNOWN: "tab:orange"}
+
+
+def has_bounds(stint: Stint, name: str) -> bool:
+    """Whether any look of the stint recorded the check's numbers (a plot has something to show)."""
+    return any(numbered(c) for look in stint.looks for c in look.checks if c.name == name)
+
+
+def draw_bounds(stint: Stint, name: str, out) -> None:
+    """The PNG of check `name`'s bounds over the stint's looks, written to the file-like `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seen = [(look.number, c) for look in stint.looks for c in look.checks if c.name == name and numbered(c)]
+    looks = [n for n, _ in seen]
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.fill_between(looks, [c.low for _, c in seen], [c.high for _, c in seen], alpha=0.25, step="mid", label="bounds")
+    ax.plot(
+        looks, [c.budget for _, c in seen], color="black", linestyle="--", label=f"budget {seen[-1][1].budget:+.4f}"
+    )
+    for result, colour in COLOURS.items():
+        mine = [(n, c) for n, c in seen if c.result == result]
+        if mine:
+            ax.vlines([n for n, _ in mine], [c.low for _, c in mine], [c.high for _, c in mine], colour, label=result)
+    ax.set_xlabel("look")
+    ax.set_ylabel(f"{name} (bounds)")
+    ax.set_title(f"step {stint.index + 1} ({stint.words}): {name}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(out, format="png", dpi=90)
+    plt.close(fig)  # pyplot keeps every open figure alive otherwise
