@@ -63,7 +63,7 @@ def _evidence(account: Account) -> str:
         ["fewest units a check passes on", gate.min_requests],
         ["routing file", start.get("routing_file")],
     ]
-    return "<h2>What it started from</h2>" + table(["", ""], rows, ident="evidence")
+    return "<h2>What it started from</h2>" + table(["what", "recorded"], rows, ident="evidence")
 
 
 def _gate(recorded: dict) -> StepGate:

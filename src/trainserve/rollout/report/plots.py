@@ -21,6 +21,7 @@ def draw_bounds(stint: Stint, name: str, out) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     seen = [(look.number, c) for look in stint.looks for c in look.checks if c.name == name and numbered(c)]
     looks = [n for n, _ in seen]
@@ -32,7 +33,10 @@ def draw_bounds(stint: Stint, name: str, out) -> None:
     for result, colour in COLOURS.items():
         mine = [(n, c) for n, c in seen if c.result == result]
         if mine:
-            ax.vlines([n for n, _ in mine], [c.low for _, c in mine], [c.high for _, c in mine], colour, label=result)
+            xs, lows, highs = [n for n, _ in mine], [c.low for _, c in mine], [c.high for _, c in mine]
+            ax.vlines(xs, lows, highs, colour, linewidth=3, label=result)
+            ax.plot(xs + xs, lows + highs, "_", color=colour, markersize=12)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("look")
     ax.set_ylabel(f"{name} (bounds)")
     ax.set_title(f"step {stint.index + 1} ({stint.words}): {name}")
