@@ -1,5 +1,6 @@
 """A check's bounds at every look of a stint against its budget, as a PNG: the band the bounds span, the budget
-as a line, each look marked by what the check found there."""
+as a line, each look marked by what the check found there (the axis around the budget: the exact bounds are in
+the page's tables)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def draw_bounds(stint: Stint, name: str, out) -> None:
             xs, lows, highs = [n for n, _ in mine], [c.low for _, c in mine], [c.high for _, c in mine]
             ax.vlines(xs, lows, highs, colour, linewidth=3, label=result)
             ax.plot(xs + xs, lows + highs, "_", color=colour, markersize=12)
+    ax.set_ylim(*_view([c.low for _, c in seen], seen[-1][1].budget))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("look")
     ax.set_ylabel(f"{name} (bounds)")
@@ -45,3 +47,11 @@ def draw_bounds(stint: Stint, name: str, out) -> None:
     fig.tight_layout()
     fig.savefig(out, format="png", dpi=90)
     plt.close(fig)  # pyplot keeps every open figure alive otherwise
+
+
+def _view(lows: list[float], budget: float) -> tuple[float, float]:
+    """The bounds' axis around the budget: up to 3x it or the highest lower bound, whichever is above, and as far
+    below; the first looks' wide bounds (up to [-1, 1]) are cut there, so that later ones stay visible beside it."""
+    top = 1.15 * max(3 * abs(budget), max(lows), 1e-4)
+    bottom = max(min(lows), -top)
+    return min(bottom, 0.0) - 0.05 * top, top
