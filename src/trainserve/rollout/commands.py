@@ -70,7 +70,8 @@ def add_parsers(commands) -> None:
         p = commands.add_parser(name, help=help_text, description=description)
         add_options(p, options)
         p.set_defaults(func=func)
-    add_report_parser(p.add_subparsers(title="subcommands", dest="rollout_command", metavar="{report}"))
+        if name == "rollout":  # `rollout report HISTORY`: its own parser; `rollout --plan ...` unchanged
+            add_report_parser(p.add_subparsers(title="subcommands", dest="rollout_command", metavar="{report}"))
 
 
 def _rollout_server(config):
