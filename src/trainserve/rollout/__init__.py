@@ -9,5 +9,6 @@ rollback), which wait for the server to apply a change through the shared client
 Progressive delivery on live traffic (`trainserve rollout`): plan (the steps) -> prometheus (the query client)
 -> analysis (queries and a step's verdict) -> progress (where a rollout stands, from the history) -> moves (the
 proxy's routing file, the `candidate` label) -> follow (whether every proxy replica runs a routing change)
--> ends (rollback, promotion, pause) -> controller (the loop); dry_run prints it all.
+-> ends (rollback, promotion, pause, each writing the decision report: the report sub-package) -> controller (the
+loop); dry_run prints it all.
 """

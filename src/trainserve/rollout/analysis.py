@@ -41,6 +41,13 @@ class Check:
     name: str
     result: str  # PASS, FAIL, UNKNOWN
     said: str
+    # The numbers `said` words, for a check whose bounds were judged (None otherwise, and in older histories): the
+    # quantity's bounds, its budget, and how many of its units they rest on (the decision report plots them).
+    low: float | None = None
+    high: float | None = None
+    budget: float | None = None
+    seen: float | None = None
+    unit: str | None = None
 
 
 def check_names(step: Step, flips: bool) -> list[str]:
@@ -84,15 +91,20 @@ def _judge(name: str, what: str, seen: tuple[int, str], budget: float, bounds: B
     n, unit = seen
     low, high = bounds(n)
     said = f"{what}; anytime {1 - gate.alpha:g} bounds [{low:+.4f}, {high:+.4f}] vs max {budget:+.4f}"
+    numbers = {"low": low, "high": high, "budget": budget, "seen": n, "unit": unit}
     if n < gate.min_requests:
         if bounds(gate.min_requests)[0] > budget:
-            return Check(name, FAIL, f"{said}: beyond it whatever the rest of --gate-min-requests {unit} show")
-        return Check(name, UNKNOWN, f"{said}: {n} {unit}, fewer than --gate-min-requests {gate.min_requests}")
+            return Check(
+                name, FAIL, f"{said}: beyond it whatever the rest of --gate-min-requests {unit} show", **numbers
+            )
+        return Check(
+            name, UNKNOWN, f"{said}: {n} {unit}, fewer than --gate-min-requests {gate.min_requests}", **numbers
+        )
     if low > budget:
-        return Check(name, FAIL, f"{said}: shown beyond it")
+        return Check(name, FAIL, f"{said}: shown beyond it", **numbers)
     if high <= budget:
-        return Check(name, PASS, f"{said}: shown within it")
-    return Check(name, UNKNOWN, f"{said}: not shown within it nor beyond it yet")
+        return Check(name, PASS, f"{said}: shown within it", **numbers)
+    return Check(name, UNKNOWN, f"{said}: not shown within it nor beyond it yet", **numbers)
 
 
 def _share(events: float, n: int) -> str:

@@ -8,6 +8,7 @@ import signal
 import threading
 
 from trainserve.options import add_options, config_from_args
+from trainserve.rollout.report.command import add_report_parser
 
 
 def add_parsers(commands) -> None:
@@ -69,6 +70,8 @@ def add_parsers(commands) -> None:
         p = commands.add_parser(name, help=help_text, description=description)
         add_options(p, options)
         p.set_defaults(func=func)
+        if name == "rollout":  # `rollout report HISTORY`: its own parser; `rollout --plan ...` unchanged
+            add_report_parser(p.add_subparsers(title="subcommands", dest="rollout_command", metavar="{report}"))
 
 
 def _rollout_server(config):
@@ -126,6 +129,8 @@ def run_rollout(args: argparse.Namespace) -> int:
     with _terminated_as_interrupted():
         outcome = Controller(config, prometheus, _rollout_server(config)).run()
     print(f"{'promoted' if outcome.promoted else 'rolled back'}: {outcome.said}")
+    if outcome.report is not None:
+        print(f"decision report: {outcome.report} (open it in a browser: {outcome.report.resolve().as_uri()})")
     return 0 if outcome.promoted else 1
 
 

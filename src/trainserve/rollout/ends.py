@@ -8,6 +8,9 @@ rollback  the route held (no canary share, no shadow); once every proxy replica 
 promote   the report checked against the START record's SHA-256 (changed since: rolled back instead), then
           promoted as `trainserve promote` does, then the route removed
 pause     the route held, the controller stops (exit 75); a rerun enters the step again, with its routing
+
+Each end, once recorded, writes the decision report beside the history (trainserve.rollout.report); one that
+cannot be written is logged, and the decision stands.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from trainserve.rollout.labels import Rollout
 from trainserve.rollout.plan import parse_plan
 from trainserve.rollout.progress import PAUSED, PROMOTED, ROLLBACK, ROLLED_BACK, in_progress
 from trainserve.rollout.prometheus import Prometheus
+from trainserve.rollout.report.write import written
 from trainserve.rollout.steps import ReportChanged, Server, promote
 
 
@@ -45,6 +49,7 @@ class RollbackPending(TrainserveError):
 class Outcome:
     promoted: bool
     said: str
+    report: Path | None = None  # the decision report (None: it could not be written)
 
 
 class Ends:
@@ -94,7 +99,7 @@ class Ends:
         self._await_unloaded(version, after)
         moves.clear_route(routing, self.model)
         self.append(ROLLED_BACK, start, said=said, before=before.labels(), after=after.labels())
-        return Outcome(False, f"model {self.model} version {version}: {said}; {after.describe()}")
+        return Outcome(False, f"model {self.model} version {version}: {said}; {after.describe()}", self._report())
 
     def _needs_confirming(self, start: dict) -> bool:
         """Whether a replica may still send requests to the candidate: it is labelled, and a step gave it a share."""
@@ -140,7 +145,7 @@ class Ends:
             labels = self.labels()
         moves.clear_route(self.config.routing_file, self.model)
         self.append(PROMOTED, start, after=labels.labels())
-        return Outcome(True, f"model {self.model}: {labels.describe()}")
+        return Outcome(True, f"model {self.model}: {labels.describe()}", self._report())
 
     # -- pause ---------------------------------------------------------------------------------------------
 
@@ -150,8 +155,15 @@ class Ends:
         moves.hold_route(self.config.routing_file, self.model)
         self.append(PAUSED, start, step=index, said=why, held_seconds=held, **fields)
         where = f"at step {index + 1} ({words})" if index is not None else "before its first step"
+        report = self._report()
         raise RolloutPaused(
             f"rollout of model {self.model} version {start['candidate']} paused {where} after holding {held:.0f} s: "
             f"{why}; the route is held on stable (no canary share, no shadow): run the same command again to resume "
-            "the step, or --abort --reason TEXT"
+            f"the step with its counts, or --abort --reason TEXT{f'; decision report: {report}' if report else ''}"
         )
+
+    # -- the decision report -------------------------------------------------------------------------------
+
+    def _report(self) -> Path | None:
+        """The decision report, written beside the history once an end is recorded (None: it could not be)."""
+        return written(history_path(self.config.config), self.model)
