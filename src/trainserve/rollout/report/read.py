@@ -21,6 +21,7 @@ from trainserve.rollout.progress import (
     PAUSED,
     PROMOTE,
     PROMOTED,
+    RESUMED,
     ROLLBACK,
     ROLLED_BACK,
     ROLLOUT,
@@ -31,6 +32,7 @@ from trainserve.rollout.progress import (
 
 CHECK_FIELDS = frozenset(f.name for f in fields(Check))
 # How a rollout stands at the end of its history: its last move.
+REBASED = "rebased"  # a state after which each replica's counters start again (a resumed pause)
 OUTCOMES = {PROMOTED: "promoted", ROLLED_BACK: "rolled back", PAUSED: "paused", ROLLBACK: "rollback pending"}
 IN_PROGRESS = "in progress"
 
@@ -144,6 +146,8 @@ def _take(account: Account, record: dict) -> None:
         if record.get("state"):
             stint.states.append(record["state"])
         return
+    if kind == RESUMED:  # the same stint goes on with its counts; after a pause every replica starts again
+        account.stints[-1].states.append({**record["counters"], REBASED: record.get("after") == "a pause"})
     if kind == STEP:
         again = any(s.index == record["step"] for s in account.stints)
         words = record.get("words") or parse_plan(account.start["plan"]).steps[record["step"]].words()
@@ -167,6 +171,8 @@ def _moment(record: dict, account: Account) -> Moment:
         said = f"{account.stints[-1].words}{': entered again after a pause (resumed)' if again else ''}"
     elif kind == PAUSED:
         said = f"held {record.get('held_seconds', 0):.0f} s: {said}"
+    elif kind == RESUMED:
+        said = f"{account.stints[-1].words}: resumed after {record.get('after', 'a stop')} with its counts"
     elif kind in (PROMOTE, PROMOTED) and not said:
         said = "every step passed" if kind == PROMOTE else "stable is the candidate"
     return Moment(record.get("time", ""), record.get("by", ""), kind, step, said)
@@ -193,6 +199,8 @@ def per_replica(states: list[dict]) -> dict[str, dict[str, int]]:
         seen: dict[str, int] = {}
         counts: dict[str, int] = {}
         for state in states:
+            if state.get(REBASED):  # what the counters moved while the route was held is not the step's
+                seen = {}
             for instance, value in (state.get("seen") or {}).get(name, {}).items():
                 last = {instance: seen[instance]} if instance in seen else {}
                 after, counts[instance] = tallied(last, counts.get(instance, 0), {instance: value})
