@@ -28,6 +28,7 @@ from trainserve.errors import TrainserveError
 from trainserve.files import locked
 from trainserve.proxy.routing import default_sticky_salt
 from trainserve.rollout import analysis, moves
+from trainserve.rollout.approval import Approvals
 from trainserve.rollout.config import CandidateConfig, RolloutConfig
 from trainserve.rollout.config_file import find_model, history_path, read_config
 from trainserve.rollout.ends import Ends, Outcome
@@ -35,6 +36,7 @@ from trainserve.rollout.follow import routed_to
 from trainserve.rollout.history import append_history, read_history
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.measure import Meter
+from trainserve.rollout.notify import notifier
 from trainserve.rollout.offline import evidence_of, offline_summary
 from trainserve.rollout.plan import PROMOTE
 from trainserve.rollout.progress import CHECK, ROLLBACK, START, STEP, Progress, event, in_progress
@@ -65,11 +67,13 @@ class Controller:
         self.history = history_path(config.config)
         self.model = find_model(read_config(config.config), config.config, config.model).name
         self.ends = Ends(config, self.model, prometheus, server, self._labels, self._append, clock, sleep)
+        self.notifier = notifier(config, self.history, self.model)  # told of every record _append writes
+        self.approvals = Approvals(config, self.notifier, self._same_labels, self._append, sleep)
 
     # -- the run -------------------------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        with self._only_controller():
+        with self._only_controller(), self.notifier:
             progress = in_progress(read_history(self.history), self.model)
             if self.config.abort:
                 if progress is None:
@@ -92,12 +96,14 @@ class Controller:
             return self.ends.promoted(start)
         index = progress.step
         try:
+            self.approvals.resume(start)  # killed while waiting for approval: it waits again first
             index, started, counters = self._begin(progress)
             while True:
                 failed = self._watch(start, index, started, counters)
                 if failed:
                     break
                 if plan.steps[index + 1].kind == PROMOTE:
+                    self.approvals.before(start, index + 1)
                     self._append(PROMOTE_EVENT, start, step=index + 1)
                     return self.ends.promoted(start)
                 index, started, counters = self._enter(start, index + 1)
@@ -204,7 +210,9 @@ class Controller:
     # -- steps ---------------------------------------------------------------------------------------------
 
     def _enter(self, start: dict, index: int) -> tuple[int, float, dict]:
-        """The step's origin of counts (the proxy's counters now, from Prometheus), recorded, then its routing."""
+        """The step's origin of counts (the proxy's counters now, from Prometheus), recorded, then its routing;
+        first, with --approve-before, a person's approval."""
+        self.approvals.before(start, index)
         counters = self._ask(start, index, lambda: self._meter(start).origin())
         started = self.clock()
         self._append(STEP, start, step=index, words=self._words(index), started=started, counters=counters)
@@ -282,6 +290,7 @@ class Controller:
 
     def _pause_if_held(self, start: dict, index: int, since: float, why: str) -> None:
         held = self.clock() - since
+        self.notifier.held(start, index, held, self.config.max_hold, why)
         if held >= self.config.max_hold:
             self.ends.pause(start, index, self._words(index), held, why)
 
@@ -299,7 +308,9 @@ class Controller:
         return self.config.plan.steps[index].words()
 
     def _append(self, kind: str, start: dict, **fields) -> dict:
-        return append_history(self.history, event(kind, self.model, start["candidate"], **fields))
+        record = append_history(self.history, event(kind, self.model, start["candidate"], **fields))
+        self.notifier.saw(record, start)
+        return record
 
     def _only_controller(self) -> contextlib.AbstractContextManager[None]:
         """One controller per model and config: a second one is refused at once, not interleaved."""
