@@ -16,6 +16,8 @@ import pytest
 from test_rollout_controller_plan import closed_port_url
 from test_rollout_safety import Applied, labels, rollout_events, site, site_in  # noqa: F401 (a fixture)
 
+from trainserve.cli import build_parser
+from trainserve.options import config_from_args
 from trainserve.proxy.routing import read_routing
 from trainserve.rollout.config import RolloutConfig
 from trainserve.rollout.controller import Controller
@@ -23,7 +25,7 @@ from trainserve.rollout.ends import RolloutPaused
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.measure import THRESHOLD, queries
 from trainserve.rollout.notify import fingerprint
-from trainserve.rollout.notify_sender import parse_receivers
+from trainserve.rollout.notify_sender import Refused, Sender, parse_receivers
 
 pytestmark = pytest.mark.unit  # in process; the receiver is a thread on a loopback port
 
@@ -189,7 +191,7 @@ def test_a_step_held_past_half_the_hold_is_posted_once_then_its_pause(site, rece
     assert events == ["started", "step", "held", "paused"]
     held, paused = receiver.bodies[2], receiver.bodies[3]
     assert held["held_seconds"] >= 15 and held["max_hold_seconds"] == 30 and held["step"]["number"] == 1
-    assert "fewer than --gate-min-requests" in held["said"] and held["said"] in held["summary"]
+    assert "fewer than --gate-min-requests" in held["said"] and held["said"] in held["summary"] and held["time"]
     assert paused["said"] == held["said"] and paused["look"]["decision"] == "hold"
 
 
@@ -236,3 +238,34 @@ def test_alertmanagers_fingerprint_of_a_label_set():
 )
 def test_receivers_parse_with_their_format(text, expected):
     assert [(r.url, r.format) for r in parse_receivers(text)] == expected
+
+
+def test_the_receivers_and_their_format_come_from_the_environment_too(monkeypatch):
+    monkeypatch.setenv("TRAINSERVE_NOTIFY", "https://a/h,alertmanager+http://b/x")
+    monkeypatch.setenv("TRAINSERVE_NOTIFY_FORMAT", "alertmanager")
+    config = config_from_args(RolloutConfig, build_parser().parse_args(["rollout"]))
+    assert [(r.url, r.format) for r in config.notify] == [("https://a/h", None), ("http://b/x", "alertmanager")]
+    assert config.notify_format == "alertmanager"
+
+
+def test_the_sender_retries_no_answer_never_a_4xx_and_leaves_a_stuck_receiver_behind_at_exit():
+    flaky, refusing, stuck = parse_receivers("http://flaky/h,http://refusing/h,http://stuck/h")
+    failures, reached, released, posts = [OSError("HTTP 503")], threading.Event(), threading.Event(), []
+
+    def post(url: str, body: bytes, timeout: float) -> None:
+        posts.append(url)
+        if url == flaky.url and failures:
+            raise failures.pop()
+        if url == refusing.url:
+            raise Refused("HTTP 403 Forbidden")
+        if url == stuck.url:
+            reached.set()
+            released.wait()
+
+    sender = Sender((flaky, refusing, stuck), lambda receiver, document: b"{}", post, backoff_s=0.0)
+    sender.send({"event": "started"})
+    assert reached.wait(30)  # the first two done, the third in flight
+    tally = sender.close(within_s=0.2)  # returns although the stuck receiver never answers
+    released.set()
+    assert (tally.delivered, tally.failed) == (1, 2) and tally.why == "http://refusing/h: HTTP 403 Forbidden"
+    assert posts == [flaky.url, flaky.url, refusing.url, stuck.url]  # tried again after no answer, not after 403

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +113,8 @@ class Notifier:
         if self.sender is None or held_s < max_hold_s / 2 or self.held_at == at:
             return
         self.held_at = at
-        record = event("held", self.model, start["candidate"], step=index, said=why)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # no history record: told, not recorded
+        record = event("held", self.model, start["candidate"], step=index, said=why, time=now)
         self._send(start, record, "held", held_seconds=held_s, max_hold_seconds=max_hold_s)
 
     def approved(self, start: dict, record: dict) -> None:
