@@ -13,7 +13,9 @@
     rollback  and the other ends: trainserve.rollout.ends
 
 Everything lands in the rollout history (trainserve.rollout.progress), from which a killed controller resumes. Any
-failure after the first routing write leaves the model's route with no canary share and no shadow.
+failure after the first routing write leaves the model's route with no canary share and no shadow. Each decision
+is told to --notify's receivers (trainserve.rollout.notify); --approve-before waits for a person before its step
+(trainserve.rollout.approval).
 """
 
 from __future__ import annotations
