@@ -68,6 +68,10 @@ def rollout_events(config: Path) -> list[dict]:
 
 @pytest.fixture
 def site(tmp_path) -> tuple[Path, Path]:
+    return site_in(tmp_path)
+
+
+def site_in(tmp_path: Path) -> tuple[Path, Path]:
     """Model m: version 1 stable, version 2 the candidate with a passing report; returns (config, report)."""
     base, config = tmp_path / "models" / "m", tmp_path / "rollout" / "models.config"
     config.parent.mkdir()

@@ -122,6 +122,11 @@ def run_rollout(args: argparse.Namespace) -> int:
 
     config = config_from_args(RolloutConfig, args)
     config.check()
+    if config.approve:
+        from trainserve.rollout.approval import approve
+
+        print(approve(config))
+        return 0
     if config.dry_run:
         print("\n".join(["dry run: nothing is changed", *dry_run(config)]))
         return 0

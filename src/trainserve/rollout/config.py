@@ -9,10 +9,12 @@ import argparse
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from trainserve.errors import TrainserveError
 from trainserve.options import option, positive_int, share
-from trainserve.rollout.plan import AUTO, EXAMPLE_PLAN, Plan, duration, parse_plan, plan_or_auto
+from trainserve.rollout.notify_sender import Receiver, parse_receivers
+from trainserve.rollout.plan import AUTO, CANARY, EXAMPLE_PLAN, PROMOTE, Plan, duration, parse_plan, plan_or_auto
 from trainserve.rollout.targets import PROXY_JOB
 from trainserve.tls import ClientTls
 
@@ -198,6 +200,33 @@ class StepGate:
     )
 
 
+def _step_name(text: str) -> str:
+    """A step as --approve-before names it: a number (1-based), a share (25%) or `canary` (the first canary step);
+    matched to the plan later."""
+    if not re.fullmatch(rf"[1-9]\d*|\d+(\.\d+)?%|{CANARY}", text.strip()):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a step number (1 for the first), a share such as 25%, or `canary` (the first canary "
+            "step)"
+        )
+    return text.strip()
+
+
+def step_index(plan: Plan, name: str) -> int:
+    """The index of the step --approve-before names: its number (1-based) or the share of a canary step or of the
+    promotion (`100%`); else a one-line error naming the plan's steps."""
+    shares = {f"{s.percent:g}%": i for i, s in enumerate(plan.steps) if s.kind in (CANARY, PROMOTE)}
+    if name.isdigit() and 1 <= int(name) <= len(plan.steps):
+        return int(name) - 1
+    if name == CANARY:
+        return next(i for i, s in enumerate(plan.steps) if s.kind in (CANARY, PROMOTE))
+    if name.endswith("%") and f"{float(name[:-1]):g}%" in shares:
+        return shares[f"{float(name[:-1]):g}%"]
+    raise TrainserveError(
+        f"--approve-before {name}: expected a step of the plan {plan.text()!r}: its number (1 to {len(plan.steps)}) "
+        f"or its share ({', '.join(shares)})"
+    )
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -287,6 +316,32 @@ class RolloutConfig:
         "with the rollout paused where it is (run it again to resume)",
         parse=_seconds,
     )
+    approve_before: str | None = option(
+        None,
+        "before entering this step (its number, 1 for the first, its share: 25%%, or 100%% for the promotion, "
+        "or `canary`: the first canary step, whatever share the plan `auto` chose), hold the route with no canary "
+        "share (a shadow goes on) and wait, never pausing, until "
+        "`trainserve rollout --approve --reason TEXT`; an approval given earlier counts",
+        parse=_step_name,
+        metavar="STEP",
+    )
+    notify: tuple[Receiver, ...] | None = option(
+        None,
+        "POST a JSON document to each URL at every decision (started, step, held past half of --max-hold, "
+        "awaiting-approval, approved, paused, rolled-back, promoted), from a background thread: a receiver that is "
+        "down never delays a decision; alertmanager+URL or generic+URL sets one receiver's format",
+        parse=parse_receivers,
+        metavar="URL[,URL]",
+    )
+    notify_format: Literal["generic", "alertmanager"] = option(
+        "generic",
+        "the receivers' format: generic (trainserve.notification/1) or alertmanager (its webhook body, version 4)",
+    )
+    notify_link: str | None = option(
+        None,
+        "URL under which the rollout's report pages are served, for the notifications' links (default: a path)",
+        metavar="URL",
+    )
     sticky_header: str | None = option(None, "request header by whose value one caller always sees one version")
     sticky_salt: str | None = option(
         None,
@@ -295,7 +350,13 @@ class RolloutConfig:
     )
     dry_run: bool = option(False, "print the plan, the routing of each step and the queries; change nothing")
     abort: bool = option(False, "roll back the rollout in progress now (needs --reason)", env=False)
-    reason: str = option("", "why --abort, for the history", env=False)
+    approve: bool = option(
+        False,
+        "approve the rollout in progress to enter its --approve-before step (needs --reason; recorded with who ran "
+        "it); the waiting controller goes on at its next look",
+        env=False,
+    )
+    reason: str = option("", "why --abort or --approve, for the history", env=False)
     server: str | None = option(None, SERVER_HELP)
     wait: float = option(
         120.0,
@@ -313,12 +374,20 @@ class RolloutConfig:
 
     def check(self) -> None:
         check_server(self.wait, self.tls)
+        if self.approve:  # a person's word in the history: no routing, no Prometheus needed
+            if self.abort:
+                raise TrainserveError("--approve with --abort: expected one of them")
+            if not self.reason.strip():
+                raise TrainserveError("--approve: expected --reason TEXT, kept in the history")
+            return
         if self.routing_file is None:
             raise TrainserveError("expected --routing-file: the routing file the proxy polls")
         if self.abort:
             if not self.reason.strip():
                 raise TrainserveError("--abort: expected --reason TEXT, kept in the history")
             return
+        if self.approve_before is not None and self.plan != AUTO:  # `auto`: once sized, before anything moves
+            step_index(self.plan, self.approve_before)
         if self.report is None:
             raise TrainserveError("expected --report: the candidate's eval report, checked as promote checks it")
         if self.prometheus is None and not self.dry_run:

@@ -13,7 +13,9 @@
     rollback  and the other ends: trainserve.rollout.ends
 
 Everything lands in the rollout history (trainserve.rollout.progress), from which a killed controller resumes. Any
-failure after the first routing write leaves the model's route with no canary share and no shadow.
+failure after the first routing write leaves the model's route with no canary share and no shadow. Each decision
+is told to --notify's receivers (trainserve.rollout.notify); --approve-before waits for a person before its step
+(trainserve.rollout.approval).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from trainserve.errors import TrainserveError
 from trainserve.files import locked
 from trainserve.proxy.routing import default_sticky_salt
 from trainserve.rollout import analysis, moves
+from trainserve.rollout.approval import Approvals
 from trainserve.rollout.config import CandidateConfig, RolloutConfig
 from trainserve.rollout.config_file import find_model, history_path, read_config
 from trainserve.rollout.ends import Ends, Outcome
@@ -35,6 +38,7 @@ from trainserve.rollout.follow import routed_to
 from trainserve.rollout.history import append_history, read_history
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.measure import Meter
+from trainserve.rollout.notify import notifier
 from trainserve.rollout.offline import evidence_of, offline_summary
 from trainserve.rollout.plan import AUTO, PROMOTE, Plan, parse_plan
 from trainserve.rollout.progress import CHECK, RESUMED, ROLLBACK, START, STEP, Progress, event, in_progress
@@ -68,11 +72,13 @@ class Controller:
         self._started = 0.0  # when the step being watched began (its watched time, kept by a pause)
         self.model = find_model(read_config(config.config), config.config, config.model).name
         self.ends = Ends(config, self.model, prometheus, server, self._labels, self._append, clock, sleep)
+        self.notifier = notifier(config, self.history, self.model)  # told of every record _append writes
+        self.approvals = Approvals(config, lambda: self.plan, self.notifier, self._same_labels, self._append, sleep)
 
     # -- the run -------------------------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        with self._only_controller():
+        with self._only_controller(), self.notifier:
             progress = in_progress(read_history(self.history), self.model)
             if self.config.abort:
                 if progress is None:
@@ -95,12 +101,14 @@ class Controller:
             return self.ends.promoted(start)
         index = progress.step
         try:
+            self.approvals.resume(start)  # killed while waiting for approval: it waits again first
             index, started, counters = self._begin(progress)
             while True:
                 failed = self._watch(start, index, started, counters)
                 if failed:
                     break
                 if plan.steps[index + 1].kind == PROMOTE:
+                    self.approvals.before(start, index + 1)
                     self._append(PROMOTE_EVENT, start, step=index + 1)
                     return self.ends.promoted(start)
                 index, started, counters = self._enter(start, index + 1)
@@ -159,6 +167,7 @@ class Controller:
         flips = read.report["task"]["kind"] == "classification"
         resolved = resolve(config, self.prometheus, self.model, offline, flips, self.clock())
         self.plan = resolved.plan
+        self.approvals.check()  # --approve-before names a step of the plan `auto` chose, or is refused now
         for line in resolved.lines():
             log.info("model %s: %s", self.model, line)
         with locked(config.config):
@@ -222,7 +231,9 @@ class Controller:
     # -- steps ---------------------------------------------------------------------------------------------
 
     def _enter(self, start: dict, index: int) -> tuple[int, float, dict]:
-        """The step's origin of counts (the proxy's counters now, from Prometheus), recorded, then its routing."""
+        """The step's origin of counts (the proxy's counters now, from Prometheus), recorded, then its routing;
+        first, with --approve-before, a person's approval."""
+        self.approvals.before(start, index)
         counters = self._ask(start, index, lambda: self._meter(start).origin())
         started = self._started = self.clock()
         self._append(STEP, start, step=index, words=self._words(index), started=started, counters=counters)
@@ -302,7 +313,9 @@ class Controller:
         """Pause once held past the step's own hold (a plan `auto` sized it), else --max-hold."""
         hold = self.plan.steps[index].hold
         held = self.clock() - since
-        if held >= (hold if hold is not None else self.config.max_hold):
+        limit = hold if hold is not None else self.config.max_hold
+        self.notifier.held(start, index, held, limit, why)
+        if held >= limit:
             watched = self.clock() - self._started
             self.ends.pause(start, index, self._words(index), held, why, watched=watched)
 
@@ -320,7 +333,9 @@ class Controller:
         return self.plan.steps[index].words()
 
     def _append(self, kind: str, start: dict, **fields) -> dict:
-        return append_history(self.history, event(kind, self.model, start["candidate"], **fields))
+        record = append_history(self.history, event(kind, self.model, start["candidate"], **fields))
+        self.notifier.saw(record, start)
+        return record
 
     def _only_controller(self) -> contextlib.AbstractContextManager[None]:
         """One controller per model and config: a second one is refused at once, not interleaved."""

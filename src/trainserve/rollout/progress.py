@@ -14,6 +14,9 @@ Each event is one history line `{"action": "rollout", "event": ..., "model": ...
     rollback     decided (why); rolled-back once every proxy replica left the canary, the `candidate` label is
                  dropped, the server no longer serves the version and the model's route is removed
     promote      decided; promoted once `stable` moved (promote's own history line beside it) and routing cleared
+    awaiting-approval  --approve-before: the controller holds the route with no canary share before the step
+    approved     `trainserve rollout --approve --reason TEXT`: who, why (trainserve.rollout.approval)
+    notified     --notify: at the controller's exit, the notifications delivered and those that failed
 The event is written before the move it announces, so a controller killed in between redoes the move. While a
 rollout is in progress, `trainserve candidate`, `promote` and `rollback` of its model refuse (`refuse_during`).
 """
@@ -31,6 +34,7 @@ ROLLOUT = "rollout"
 START, STEP, CHECK, PAUSED, RESUMED = "start", "step", "check", "paused", "resumed"
 ROLLBACK, ROLLED_BACK, PROMOTE, PROMOTED = "rollback", "rolled-back", "promote", "promoted"
 TERMINAL = (ROLLED_BACK, PROMOTED)
+AWAITING, APPROVED, NOTIFIED = "awaiting-approval", "approved", "notified"
 
 
 @dataclass
