@@ -37,6 +37,7 @@ from trainserve.rollout.ends import Ends, Outcome
 from trainserve.rollout.follow import routed_to
 from trainserve.rollout.history import append_history, read_history
 from trainserve.rollout.labels import Rollout
+from trainserve.rollout.look_words import Narrator
 from trainserve.rollout.measure import Meter
 from trainserve.rollout.notify import notifier
 from trainserve.rollout.offline import evidence_of, offline_summary
@@ -73,6 +74,7 @@ class Controller:
         self.model = find_model(read_config(config.config), config.config, config.model).name
         self.ends = Ends(config, self.model, prometheus, server, self._labels, self._append, clock, sleep)
         self.notifier = notifier(config, self.history, self.model)  # told of every record _append writes
+        self.narrator = Narrator(self.model, config.gate)
         self.approvals = Approvals(config, lambda: self.plan, self.notifier, self._same_labels, self._append, sleep)
 
     # -- the run -------------------------------------------------------------------------------------------
@@ -286,7 +288,7 @@ class Controller:
                 **({"unjudged": look.unjudged} if look.unjudged else {}),
             )
             said = "; ".join([f"{c.name}: {c.said}" for c in found] + ([look.unjudged] if look.unjudged else []))
-            log.info("model %s step %d (%s): %s (%s)", self.model, index + 1, self._words(index), decision, said)
+            self.narrator.look(index, step, flips, offline, look, found, decision, self.clock() - started)
             if decision == analysis.ROLLBACK:
                 return "; ".join(f"{c.name}: {c.said}" for c in found if c.result == analysis.FAIL)
             if decision == analysis.ADVANCE:
