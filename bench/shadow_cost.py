@@ -13,9 +13,12 @@ batch 1; shadow >= 0.8 x direct examples/s at batch 256 (on a machine whose CPUs
 saturate). The copies shed (the proxy's latency rule, --shadow-shed-latency-margin, and its in-flight ceiling,
 --shadow-shed-in-flight) are printed beside the p99 added, with their share of the copies offered. Each `--shadow`
 adds a shadowing proxy with its own flags, measured in the same alternating windows, so that two shed rules are
-compared on the same machine at the same moments.
+compared on the same machine at the same moments. `--replicas N` makes each of them N proxies in front of the one
+server, the clients' calls spread over them, as replicas behind a Service are: each replica's copies then slow the
+others' calls. The route has no shadow share through the warm-up round (the calls every replica's shed rule takes
+as quiet), then the share given, read within the proxies' 1 s routing poll.
 
-    python bench/shadow_cost.py [--rounds 3] [--rate 100] [--window-s 2] [--windows 4]
+    python bench/shadow_cost.py [--rounds 3] [--rate 100] [--window-s 2] [--windows 4] [--replicas 1]
                                 [--shadow '--shadow-shed-in-flight 1' --shadow '' ...]
 """
 
@@ -30,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -52,12 +56,12 @@ def request(input_key: str, batch: int) -> bytes:
     return message.SerializeToString()
 
 
-def closed_loop(target: str, body: bytes, batch: int, window_s: float, threads: int = 4) -> float:
-    """Examples/s of `threads` clients each sending as soon as its last answer came."""
+def closed_loop(targets: list[str], body: bytes, batch: int, window_s: float, threads: int = 4) -> float:
+    """Examples/s of `threads` clients each sending as soon as its last answer came, spread over `targets`."""
     done, stop = [0] * threads, threading.Event()
 
     def client(i: int) -> None:
-        with grpc.insecure_channel(target) as channel:
+        with grpc.insecure_channel(targets[i % len(targets)]) as channel:
             call = channel.unary_unary(PREDICT)
             while not stop.is_set():
                 call(body, timeout=60)
@@ -74,14 +78,17 @@ def closed_loop(target: str, body: bytes, batch: int, window_s: float, threads: 
     return sum(done) / (time.perf_counter() - start)
 
 
-def open_loop(target: str, body: bytes, rate: float, window_s: float) -> list[float]:
-    """Latency (ms) of each request, from its scheduled (Poisson) send time to its answer."""
+def open_loop(targets: list[str], body: bytes, rate: float, window_s: float) -> list[float]:
+    """Latency (ms) of each request, from its scheduled (Poisson) send time to its answer; the requests take
+    `targets` in turn."""
     rng, latencies, lock = np.random.default_rng(0), [], threading.Lock()
-    with grpc.insecure_channel(target) as channel:
-        call = channel.unary_unary(PREDICT)
-        call(body, timeout=60)  # connected before the clock starts
+    channels = [grpc.insecure_channel(target) for target in targets]
+    try:
+        calls = [channel.unary_unary(PREDICT) for channel in channels]
+        for call in calls:
+            call(body, timeout=60)  # connected before the clock starts
 
-        def send(scheduled: float) -> None:
+        def send(call, scheduled: float) -> None:
             call(body, timeout=60)
             with lock:
                 latencies.append((time.perf_counter() - scheduled) * 1000)
@@ -92,11 +99,14 @@ def open_loop(target: str, body: bytes, rate: float, window_s: float) -> list[fl
             delay = start + at - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)  # pacing the open loop's arrivals, not synchronisation
-            sender = threading.Thread(target=send, args=(start + at,))
+            sender = threading.Thread(target=send, args=(calls[len(senders) % len(calls)], start + at))
             sender.start()
             senders.append(sender)
         for sender in senders:
             sender.join()
+    finally:
+        for channel in channels:
+            channel.close()
     return latencies
 
 
@@ -123,20 +133,20 @@ def proxy_page(page: str) -> dict[str, float]:
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if not line.startswith("#")}
 
 
-def shadow_outcomes(page: str) -> dict[str, float]:
-    """The shadow copies' outcomes, summed over models, from a proxy's metrics page."""
+def shadow_outcomes(pages: list[str]) -> dict[str, float]:
+    """The shadow copies' outcomes, summed over models and replicas, from the proxies' metrics pages."""
     outcomes: dict[str, float] = {}
-    for series, value in proxy_page(page).items():
+    for series, value in ((s, v) for page in pages for s, v in proxy_page(page).items()):
         if series.startswith(":trainserve:proxy:shadow_requests{"):
             outcome = series.split('outcome="')[1].split('"')[0]
             outcomes[outcome] = outcomes.get(outcome, 0) + value
     return outcomes
 
 
-def wait_shadow_idle(page: str, timeout_s: float = 120) -> None:
-    """Until the shadow holds no copy (none queued, none being sent): one phase's copies are that phase's cost."""
+def wait_shadow_idle(pages: list[str], timeout_s: float = 120) -> None:
+    """Until the shadows hold no copy (none queued, none being sent): one phase's copies are that phase's cost."""
     deadline = time.monotonic() + timeout_s
-    while proxy_page(page).get(":trainserve:proxy:shadow_held_bytes", 0) > 0:
+    while any(proxy_page(page).get(":trainserve:proxy:shadow_held_bytes", 0) > 0 for page in pages):
         if time.monotonic() > deadline:
             raise TimeoutError(f"the shadow still held copies after {timeout_s:g} s")
         time.sleep(0.05)  # polling a process's page: no event crosses the process boundary
@@ -176,6 +186,7 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=2.0, help="each measurement's window")
     parser.add_argument("--windows", type=int, default=4, help="batch-1 windows per path and round, alternating")
     parser.add_argument("--shadow-percent", type=float, default=100, help="share of stable requests shadowed")
+    parser.add_argument("--replicas", type=int, default=1, help="proxies per shadowing path, in front of one server")
     parser.add_argument(
         "--shadow",
         action="append",
@@ -189,9 +200,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         server, port, rest_port = serve_two_versions(tmp)
-        routing = write_routing(
-            tmp / "routing.json", Routing({"bench": ModelRoute(2, shadow_percent=args.shadow_percent)})
-        )
+        routing = write_routing(tmp / "routing.json", Routing({"bench": ModelRoute(2, shadow_percent=0)}))
         processes = [server]
         try:
             wait_ready(f"http://127.0.0.1:{rest_port}")
@@ -199,13 +208,21 @@ def main() -> None:
             upstream, upstream_rest = f"127.0.0.1:{port}", f"127.0.0.1:{rest_port}"
             capture, capture_target, _ = start_proxy(tmp, upstream, upstream_rest, None)
             processes.append(capture)
-            targets, pages = {"direct": f"127.0.0.1:{port}", "capture": capture_target}, {}
+            targets, pages = {"direct": [f"127.0.0.1:{port}"], "capture": [capture_target]}, {}
             for i, flags in enumerate(args.shadow):
-                shadow, targets[f"shadow {i + 1}"], pages[f"shadow {i + 1}"] = start_proxy(
-                    tmp, upstream, upstream_rest, routing, *flags.split()
-                )
-                processes.append(shadow)
-            seen, batch_1 = measure(targets, request(key, 256), request(key, 1), pages, args)
+                name = f"shadow {i + 1}"
+                targets[name], pages[name] = [], []
+                for _ in range(args.replicas):
+                    shadow, target, page = start_proxy(
+                        tmp, upstream, upstream_rest, routing, "--routing-poll-seconds", "1", *flags.split()
+                    )
+                    processes.append(shadow)
+                    targets[name].append(target)
+                    pages[name].append(page)
+            shadowing = Routing({"bench": ModelRoute(2, shadow_percent=args.shadow_percent)})
+            seen, batch_1 = measure(
+                targets, request(key, 256), request(key, 1), pages, lambda: write_routing(routing, shadowing), args
+            )
             outcomes = {name: shadow_outcomes(page) for name, page in pages.items()}
         finally:
             for process in processes:
@@ -214,12 +231,18 @@ def main() -> None:
     report(seen, batch_1, outcomes, args)
 
 
-def measure(targets: dict[str, str], big: bytes, one: bytes, pages: dict[str, str], args) -> tuple[dict, dict]:
+def measure(
+    targets: dict[str, list[str]], big: bytes, one: bytes, pages: dict[str, list[str]], shadow: Callable, args
+) -> tuple[dict, dict]:
     """Per path: examples/s at batch 256 and batch-1 p50/p99, one figure per round after the warm-up; and per
-    shadowing proxy, the outcomes of the copies of the batch-1 windows of those rounds."""
+    shadowing path, the outcomes of the copies of the batch-1 windows of those rounds. `shadow()`, after the
+    warm-up, gives the route its shadow share."""
     seen = {name: {"ex/s": [], "p50": [], "p99": []} for name in targets}
     batch_1 = {name: {} for name in pages}
     for round_ in range(args.rounds + 1):
+        if round_ == 1:
+            shadow()
+            time.sleep(2.0)  # the proxies' 1 s routing poll: no event crosses the process boundary
         order = list(targets) if round_ % 2 == 0 else list(reversed(targets))
         throughput = {name: closed_loop(targets[name], big, 256, args.window_s) for name in order}
         before = {name: idle_outcomes(page) for name, page in pages.items()}
@@ -238,16 +261,16 @@ def measure(targets: dict[str, str], big: bytes, one: bytes, pages: dict[str, st
     return seen, batch_1
 
 
-def idle_outcomes(page: str) -> dict[str, float]:
-    """The shadow's outcomes once it holds no copy."""
-    wait_shadow_idle(page)
-    return shadow_outcomes(page)
+def idle_outcomes(pages: list[str]) -> dict[str, float]:
+    """The shadows' outcomes once they hold no copy."""
+    wait_shadow_idle(pages)
+    return shadow_outcomes(pages)
 
 
 def report(seen: dict, batch_1: dict[str, dict[str, float]], outcomes: dict[str, dict[str, float]], args) -> None:
     m = {name: {k: statistics.median(v) for k, v in figures.items()} for name, figures in seen.items()}
     cpus = len(os.sched_getaffinity(0))
-    shadowed = f"shadow: {args.shadow_percent:g} % to version 2"
+    shadowed = f"shadow: {args.shadow_percent:g} % to version 2, {args.replicas} prox(ies) per shadowing path"
     print(f"\nsmall CNN, 28x28x1 uint8, {cpus} CPUs ({cpu()}), loopback; {shadowed}")
     for name, f in m.items():
         print(

@@ -1,7 +1,9 @@
 """Shadow copies shed by the clients' own latency (trainserve.proxy.shadow_headroom): quiet latency sends every
 copy; a rise over the baseline of the calls no copy overlapped sheds them, never sent, and they resume once the
-clients' latency is back; the baseline follows a server slowed for good; the proxy feeds each shadowed call's
-latency. Clocks and latencies are injected: nothing here races a clock."""
+clients' latency is back; the baseline follows a server slowed for good; with N proxy replicas in front of one
+server the calls made while the route had no shadow are the baseline, which each replica's own quiet calls (slowed
+by the others' copies) cannot raise; the proxy feeds each shadowed call's latency, and each unshadowed one's.
+Clocks and latencies are injected: nothing here races a clock."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from test_routing_shadow import PREDICT, Serving, outcomes, response, run_shadow
 from trainserve.errors import TrainserveError
 from trainserve.protos import predict_pb2
 from trainserve.proxy.config import ProxyConfig
+from trainserve.proxy.routing import ModelRoute, Routing, write_routing
 from trainserve.proxy.shadow import Shadow
 from trainserve.proxy.shadow_headroom import MIN_QUIET, QUIET_CALLS, Headroom, kind
 
@@ -112,6 +115,63 @@ def test_the_baseline_follows_a_server_slowed_for_good():
     assert headroom.quiet[ONE].median() == pytest.approx(10 * MS) and not headroom.inflated()
 
 
+SKEW = 20.0  # a routing poll plus a copy's deadline, as the shadow sets it from its flags
+
+
+def unshadowed_calls(headroom: Headroom, clock: Clock, latency: float, n: int, of_kind=ONE) -> None:
+    """`n` client calls of `latency`, one a second, while the model's route has no shadow share."""
+    for _ in range(n):
+        clock.now += 1.0
+        headroom.unshadowed_call(of_kind, latency)
+
+
+def test_two_replicas_slowed_by_each_others_copies_shed_against_the_calls_before_the_shadow():
+    # issue 58: each replica's own quiet calls meet the other replica's copies and take 2x, as its shadowed calls
+    # do; judged against them, neither sheds while every call takes 2x
+    clock = Clock()
+    alone = Headroom(margin=0.2, window=8, skew=SKEW, clock=clock)
+    replica = Headroom(margin=0.2, window=8, skew=SKEW, clock=clock)
+    unshadowed_calls(replica, clock, 5 * MS, MIN_QUIET)
+    clock.now += SKEW
+    for headroom in (alone, replica):
+        quiet_calls(headroom, clock, 10 * MS, QUIET_CALLS)  # none of its own copies out: the other's were
+        for _ in range(8):
+            overlapped_call(headroom, clock, 10 * MS)
+    assert not alone.inflated(), "the rule before replicas sheds here"
+    assert replica.baseline(ONE) == pytest.approx(5 * MS) and replica.inflated()
+
+
+def test_calls_within_the_skew_of_a_shadow_are_not_the_baseline():
+    clock = Clock()
+    headroom = Headroom(margin=0.2, window=8, skew=SKEW, clock=clock)
+    unshadowed_calls(headroom, clock, 5 * MS, 2 * MIN_QUIET)
+    unshadowed_calls(headroom, clock, 10 * MS, int(SKEW) - 1)  # another replica shadows already; this one not yet
+    assert headroom.baseline(ONE) == pytest.approx(5 * MS)  # those calls are pending
+    quiet_calls(headroom, clock, 10 * MS, 1)  # this replica sees the shadow: the pending calls are discarded
+    assert list(headroom.unshadowed[ONE].latencies) == [5 * MS] * 2 * MIN_QUIET and not headroom.pending.get(ONE)
+    unshadowed_calls(headroom, clock, 10 * MS, int(SKEW) - 1)  # the shadow ended here, other copies may not have
+    assert not headroom.pending.get(ONE), "a call that began within the skew of the shadow is pending"
+    clock.now += 2 * SKEW
+    headroom.unshadowed_call(ONE, 10 * MS)  # began after: it will enter
+    assert list(headroom.pending[ONE]) == [(clock.now, 10 * MS)]
+    assert list(headroom.unshadowed[ONE].latencies) == [5 * MS] * 2 * MIN_QUIET
+
+
+def test_while_shadowing_the_baseline_follows_the_server_down_not_up_and_up_once_the_shadow_ends():
+    clock = Clock()
+    headroom = Headroom(margin=0.2, window=8, skew=SKEW, clock=clock)
+    unshadowed_calls(headroom, clock, 5 * MS, MIN_QUIET)
+    clock.now += SKEW
+    quiet_calls(headroom, clock, 10 * MS, QUIET_CALLS)
+    assert headroom.baseline(ONE) == pytest.approx(5 * MS)
+    quiet_calls(headroom, clock, 3 * MS, QUIET_CALLS)
+    assert headroom.baseline(ONE) == pytest.approx(3 * MS)
+    clock.now += SKEW  # the shadow ended; the server is slower for good
+    unshadowed_calls(headroom, clock, 10 * MS, QUIET_CALLS + int(SKEW))
+    headroom.quiet.clear()  # this replica's quiet calls of the shadow, older than the calls since
+    assert headroom.baseline(ONE) == pytest.approx(10 * MS)
+
+
 def test_a_call_that_began_as_a_copy_came_back_is_not_quiet_and_one_that_began_after_is():
     clock = Clock()
     headroom = Headroom(margin=0.2, window=8, clock=clock)
@@ -191,6 +251,28 @@ def test_the_proxy_gives_the_shadow_each_shadowed_calls_kind_and_latency(tmp_pat
         upstream.stop()
     assert [of_kind for of_kind, _ in seen] == [kind("m", request.ByteSize())] * 3
     assert all(0 < latency <= wall for (_, latency), wall in zip(seen, walls))
+
+
+def test_the_proxy_gives_the_shadow_the_calls_of_a_model_no_route_shadows(tmp_path):
+    upstream = Serving(hold_candidate=False)
+    proxy = start_proxy(upstream, tmp_path)
+    write_routing(tmp_path / "routing.json", Routing({"m": ModelRoute(2, shadow_percent=0)}))
+    proxy.router.poll()
+    seen, headroom = [], proxy.shadow.headroom
+    headroom.unshadowed_call = lambda *call: seen.append(call)
+    request = stable_request()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{proxy.port}") as channel:
+            call = channel.unary_unary(
+                PREDICT, predict_pb2.PredictRequest.SerializeToString, predict_pb2.PredictResponse.FromString
+            )
+            for _ in range(3):
+                call(request, timeout=30)
+    finally:
+        proxy.stop(5)
+        upstream.stop()
+    assert [of_kind for of_kind, _ in seen] == [kind("m", request.ByteSize())] * 3
+    assert outcomes(proxy.metrics) == {}, "a copy was offered with no shadow share"
 
 
 @pytest.mark.parametrize(

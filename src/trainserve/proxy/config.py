@@ -88,9 +88,9 @@ class ProxyConfig:
     )
     shadow_shed_latency_margin: float = option(
         0.2,
-        "shed shadow copies (never sent, counted) while the recent shadowed client calls are slower than the calls "
-        "of their model and size that no copy overlapped by more than this fraction (median of the window's "
-        "slowdowns): copies use spare capacity only",
+        "shed shadow copies (never sent, counted) while the recent shadowed client calls are slower than the quiet "
+        "calls of their model and size (made while the route had no shadow, or that no copy of this proxy "
+        "overlapped) by more than this fraction (median of the window's slowdowns): copies use spare capacity only",
         metavar="FRACTION",
     )
     shadow_shed_latency_window: int = option(

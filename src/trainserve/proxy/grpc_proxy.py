@@ -103,9 +103,8 @@ class Forwarder(grpc.GenericRpcHandler):
             self.upstream.answered(GRPC)
             if spec is not None:
                 self._count(spec, decision, api, "OK", response, started)
-                if decision.shadow is not None and self.shadow is not None and api == "predict":
-                    latency = time.perf_counter() - started  # the shadow sheds while the clients' latency rises
-                    self.shadow.offer(spec.name, decision.shadow, request, response, metadata, latency)
+                if self.shadow is not None and api == "predict":
+                    self._tell_shadow(spec.name, decision, request, response, metadata, started)
             trailing = await call.trailing_metadata()
             if trailing:
                 context.set_trailing_metadata(tuple(trailing))
@@ -152,6 +151,19 @@ class Forwarder(grpc.GenericRpcHandler):
             version = self.metrics.label_versions.get((spec.name, label), "")
         micros = (time.perf_counter() - started) * 1e6
         self.metrics.request(spec.name, version, api, status, decision.route, micros)
+
+    def _tell_shadow(
+        self, model: str, decision: Decision, request: bytes, response: bytes, metadata: tuple, started: float
+    ) -> None:
+        """An answered predict call: a shadowed one offers its copy, with its latency (the shadow sheds while the
+        clients' latency rises); one of a model no route shadows is quiet for every replica, the shadow's baseline."""
+        latency = time.perf_counter() - started
+        if decision.shadow is not None:
+            self.shadow.offer(model, decision.shadow, request, response, metadata, latency)
+            return
+        route = self.router.routing.route(model)
+        if decision.route != CANARY and not (route and route.shadow_percent):
+            self.shadow.unshadowed(model, len(request), latency)
 
     def _failed(self, err: grpc.aio.AioRpcError) -> None:
         """UNAVAILABLE: the call did not reach TF Serving (refused, reset, TLS refused); any other code is an answer."""

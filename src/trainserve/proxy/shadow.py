@@ -5,7 +5,8 @@ takes nothing the client needs:
 - `offer` only puts the copy on a queue bounded in copies (`--shadow-queue`) and in bytes (`--shadow-max-bytes`:
   the request and stable's answer of every copy held, queued or being sent); a copy beyond either is dropped;
 - a copy is shed, never sent, when offered or when a worker takes it, while the clients' recent latency is over
-  that of the calls no copy overlapped by more than `--shadow-shed-latency-margin` (shadow_headroom), or while the
+  that of the calls no copy overlapped (while the route had no shadow, the calls of every replica; since, this
+  replica's) by more than `--shadow-shed-latency-margin` (shadow_headroom), or while the
   clients' calls in flight through the proxy number `--shadow-shed-in-flight` or more (a hard ceiling): the
   server's spare capacity is the shadow's, not its own;
 - the rewrite to the candidate's version and the comparison (protobuf parsing, numpy) run in a thread pool, off
@@ -75,7 +76,8 @@ class Shadow:
     ):
         self.call = channel.unary_unary(PREDICT)
         self.metrics, self.config, self.in_flight = metrics, config, in_flight
-        self.headroom = Headroom(config.shadow_shed_latency_margin, config.shadow_shed_latency_window, clock)
+        skew = config.routing_poll_seconds + config.shadow_timeout  # replicas' copies may overlap calls this long
+        self.headroom = Headroom(config.shadow_shed_latency_margin, config.shadow_shed_latency_window, skew, clock)
         self.queue: asyncio.Queue = asyncio.Queue(config.shadow_queue)
         self.held_bytes = 0  # of the copies queued or being sent
         self.metrics.queued, self.metrics.held_bytes = self.queue.qsize, lambda: self.held_bytes
@@ -102,6 +104,11 @@ class Shadow:
         else:
             self.held_bytes += copy.size
             self.queue.put_nowait(copy)
+
+    def unshadowed(self, model: str, request_bytes: int, latency: float) -> None:
+        """A client's call of `model`, whose route has no shadow share, took `latency` s: quiet for every replica,
+        the headroom's baseline (trainserve.proxy.shadow_headroom)."""
+        self.headroom.unshadowed_call(kind(model, request_bytes), latency)
 
     def _busy_server(self) -> bool:
         return self.in_flight() >= self.config.shadow_shed_in_flight or self.headroom.inflated()

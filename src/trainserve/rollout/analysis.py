@@ -8,6 +8,8 @@ hold over every look of the step however many there are (a step that holds, a ro
     flip_rate      the share of classified shadow pairs whose top class differs, against a budget anchored to
                    the two versions' offline disagreement (the START record's `offline`)
     shadow_errors  the candidate's failures on shadow copies, which exist only for requests stable answered
+    slow_copies    the share of the shadow copies the candidate answered above stable's p99 minus stable's share
+                   above it, same step: a guard that fails a slow candidate at the shadow step, never holds one
 
 A check fails when its bounds show the quantity above its budget, passes when they show it within, and otherwise
 knows nothing yet: the step holds at its end. None passes on fewer than --gate-min-requests of its units, nor fails
@@ -17,6 +19,7 @@ after its first few).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,7 +56,7 @@ class Check:
 def check_names(step: Step, flips: bool) -> list[str]:
     """The checks that apply to `step`, by name (`flips`: a classifier's shadow pairs are being compared); what
     `checks` judges and the dry run prints."""
-    names = {SHADOW: ["shadow_errors"], CANARY: ["error_ratio", "slow_calls"]}.get(step.kind, [])
+    names = {SHADOW: ["shadow_errors", "slow_copies"], CANARY: ["error_ratio", "slow_calls"]}.get(step.kind, [])
     return [*names, "flip_rate"] if flips else names
 
 
@@ -142,6 +145,24 @@ def _shadow_errors(counts: dict, gate: StepGate, offline: dict) -> Check:
     )
 
 
+def _slow_copies(counts: dict, gate: StepGate, offline: dict) -> Check:
+    """The shadow copies' latency against stable's calls over the same step, on the same server, counted as
+    slow_calls counts the canary's. Pairing on one server holds for a failure only: a copy is sent while the server
+    has room (shed otherwise, shadow_headroom) and is timed without the proxy's own work, so it meets a lighter
+    load than the clients' calls and a candidate is favoured, never harmed, by it; an identical one is not failed by
+    load it did not cause. So the check fails a candidate shown slower by more than --gate-max-slow-increase, and
+    otherwise lets the step go on (the canary's slow_calls shows latency within its budget): a candidate whose slow
+    copies slow the clients, so that the rest are shed, is rolled back on the copies it answered, not held."""
+    slow, timed = counts["copies_slow"], counts["copies_latency_count"]
+    stable = (counts["stable_slow"], counts["stable_latency_count"])
+    what = f"shadow copies above stable's p99 {_share(slow, timed)} vs stable's calls {_share(*stable)}"
+    bounds = _against(slow, stable, gate.alpha)
+    found = _judge("slow_copies", what, (timed, "copies timed"), gate.max_slow_increase, bounds, gate)
+    if found.result == FAIL:
+        return found
+    return Check(found.name, PASS, f"{found.said} (only a failure counts here: slow_calls judges the canary)")
+
+
 def flip_budget(offline: dict, gate: StepGate) -> tuple[float, str] | None:
     """The online flip rate's budget and why: the larger of --gate-flip-budget-multiple times the offline
     disagreement and that disagreement's one-sided Wilson bound at --gate-alpha (a small offline sample cannot
@@ -162,21 +183,42 @@ def flip_budget(offline: dict, gate: StepGate) -> tuple[float, str] | None:
 def _flips(counts: dict, gate: StepGate, offline: dict) -> Check:
     name = "flip_rate"
     flips, classified, pairs = counts["shadow_flips"], counts["shadow_classified"], counts["shadow_pairs"]
-    offered, unsent = sum(counts[k] for k in OFFERED), sum(counts[k] for k in UNSENT)
     if not classified:
         return Check(name, UNKNOWN, f"no classification output compared ({pairs} pairs compared on other outputs)")
-    if unsent > gate.max_shadow_dropped * offered:
-        return Check(
-            name,
-            UNKNOWN,
-            f"{unsent} of {offered} shadow copies dropped or shed, more than --gate-max-shadow-dropped "
-            f"{gate.max_shadow_dropped:g}: the flips of the rest may not stand for the traffic",
-        )
     budget = flip_budget(offline, gate)
     if budget is None:
         return Check(name, UNKNOWN, "no offline disagreement of the two versions (START record) to anchor a budget")
     what = f"flips {_share(flips, classified)} of classified pairs ({budget[1]})"
+    offered, unsent = sum(counts[k] for k in OFFERED), sum(counts[k] for k in UNSENT)
+    if unsent > gate.max_shadow_dropped * offered:
+        return _flips_with_unsent(counts, gate, budget[0], what, (unsent, offered))
     return _judge(name, what, (classified, "classified pairs"), budget[0], _one(flips, gate.alpha), gate)
 
 
-_CHECKS = {"shadow_errors": _shadow_errors, "error_ratio": _errors, "slow_calls": _slow, "flip_rate": _flips}
+def _flips_with_unsent(counts: dict, gate: StepGate, budget: float, what: str, unsent: tuple[int, int]) -> Check:
+    """With more copies dropped or shed than --gate-max-shadow-dropped, the flips of the rest may not stand for the
+    traffic, but a failure still is certain when the unsent copies, counted as the most favourable outcome (pairs
+    without a flip, as many a copy as the compared copies had), leave the bound beyond the budget: a candidate
+    flipping 72 % of the answers compared is rolled back whatever was shed. Limit: the pairs of an unsent copy are
+    taken as the compared copies' mean (the proxy does not parse the copies it sheds)."""
+    flips, classified, compared = counts["shadow_flips"], counts["shadow_classified"], counts["shadow_compared"]
+    unsent_pairs = math.ceil(unsent[0] * classified / max(compared, 1))
+    found = _judge("flip_rate", what, (classified + unsent_pairs, "pairs"), budget, _one(flips, gate.alpha), gate)
+    shed = f"{unsent[0]} of {unsent[1]} shadow copies dropped or shed"
+    if found.result == FAIL:
+        return Check(found.name, FAIL, f"{found.said}, with the {shed} counted as {unsent_pairs} pairs without a flip")
+    return Check(
+        found.name,
+        UNKNOWN,
+        f"{what}: {shed}, more than --gate-max-shadow-dropped {gate.max_shadow_dropped:g}: the flips of the rest may "
+        "not stand for the traffic",
+    )
+
+
+_CHECKS = {
+    "shadow_errors": _shadow_errors,
+    "slow_copies": _slow_copies,
+    "error_ratio": _errors,
+    "slow_calls": _slow,
+    "flip_rate": _flips,
+}

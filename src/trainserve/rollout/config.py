@@ -181,9 +181,11 @@ class StepGate:
         parse=_multiple,
     )
     max_shadow_dropped: float = option(
-        0.2,
+        0.5,
         "flips: the check holds while the shadow copies dropped or shed exceed this share of those offered (the "
-        "flips of the rest may not stand for the traffic)",
+        "flips of the rest may not stand for the traffic), unless the flips compared fail it even with every unsent "
+        "copy counted as flipping nothing. Above what the proxy's default --shadow-shed-latency-margin sheds on a "
+        "busy server (a quarter to two fifths on two saturated cores, docs/progressive-delivery.md)",
         parse=share,
     )
     min_requests: int = option(

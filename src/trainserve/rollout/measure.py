@@ -37,6 +37,7 @@ from trainserve.proxy.proxy_metrics import (
     REQUEST_LATENCY,
     SHADOW_CLASSIFIED_PAIRS,
     SHADOW_FLIPS,
+    SHADOW_LATENCY,
     SHADOW_PAIRS,
     SHADOW_REQUESTS,
 )
@@ -76,21 +77,29 @@ COUNTERS = {
     }.items()
 }
 # Counted once the step's threshold is known ({le}: its bucket's bound, {lower}: the bound below): each version's
-# predict calls, and those above each bound (the calls counted minus that bound's bucket).
+# predict calls, and those above each bound (the calls counted minus that bound's bucket); and the shadow copies
+# the candidate answered (`copies`: their own histogram, the same buckets), against the same threshold.
 CALLS = LATENCY + '_count{{{%s},api="predict"}}'
 WITHIN = LATENCY + '_bucket{{{%s},api="predict",le="{%s}"}}'
+COPY_CALLS = SHADOW_LATENCY + "_count{{{%s}}}"
+COPY_WITHIN = SHADOW_LATENCY + '_bucket{{{%s},le="{%s}"}}'
+TIMED = (
+    ("candidate", "cand", CALLS, WITHIN),
+    ("stable", "stable", CALLS, WITHIN),
+    ("copies", "cand", COPY_CALLS, COPY_WITHIN),
+)
 LATENCY_COUNTERS = {
-    f"{version}_{name}": query
-    for version, selector in (("candidate", "cand"), ("stable", "stable"))
+    f"{timed}_{name}": query
+    for timed, selector, calls, within in TIMED
     for name, query in {
-        "latency_count": each(CALLS % selector),
-        "above_bound": f"{each(CALLS % selector)} - {each(WITHIN % (selector, 'le'))}",
-        "above_lower": f"{each(CALLS % selector)} - {each(WITHIN % (selector, 'lower'))}",
+        "latency_count": each(calls % selector),
+        "above_bound": f"{each(calls % selector)} - {each(within % (selector, 'le'))}",
+        "above_lower": f"{each(calls % selector)} - {each(within % (selector, 'lower'))}",
     }.items()
 }
 THRESHOLD = "latency_threshold_seconds"
 # Look.counts: what the checks read (trainserve.rollout.analysis), every key always there.
-KEYS = (*COUNTERS, "candidate_latency_count", "candidate_slow", "stable_latency_count", "stable_slow")
+KEYS = (*COUNTERS, *(f"{timed}_{name}" for timed, *_ in TIMED for name in ("latency_count", "slow")))
 # Stable's calls by bucket over the 5 minutes before a step: its threshold (the recording rule's window).
 BUCKETS = f'sum by (le) (rate({LATENCY}_bucket{{{{{{stable}},api="predict"}}}}[5m]))'
 
@@ -218,10 +227,10 @@ class Meter:
 
 def step_counts(counted: dict, limit: dict | None) -> dict[str, float]:
     """Look.counts from a step's counters (by COUNTERS' and LATENCY_COUNTERS' names) and its threshold: each
-    version's slow calls weighed by the threshold."""
+    version's slow calls, and the slow shadow copies, weighed by the threshold."""
     counts = {name: counted.get(name, 0) for name in COUNTERS}
-    for version in ("candidate", "stable"):
-        above = (counted.get(f"{version}_above_bound", 0), counted.get(f"{version}_above_lower", 0))
-        counts[f"{version}_latency_count"] = counted.get(f"{version}_latency_count", 0)
-        counts[f"{version}_slow"] = slow_calls(*above, limit["weight"]) if limit else 0
+    for timed, *_ in TIMED:
+        above = (counted.get(f"{timed}_above_bound", 0), counted.get(f"{timed}_above_lower", 0))
+        counts[f"{timed}_latency_count"] = counted.get(f"{timed}_latency_count", 0)
+        counts[f"{timed}_slow"] = slow_calls(*above, limit["weight"]) if limit else 0
     return counts
