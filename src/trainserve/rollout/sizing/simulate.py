@@ -5,7 +5,8 @@ history.
 
     requests   Poisson arrivals at the rate, one example each; the canary's share to the candidate, the rest to
                stable; each version fails a request with stable's error share
-    latency    each version has 1 % of its calls above stable's p99 (what the p99 means), drawn per call
+    latency    each version has 1 % of its calls above stable's p99 (what the p99 means), drawn per call; the
+               candidate's shadow copies too
     shadow     every request stable answered copied with the shadow's share; a copy fails as a request does; a
                classifier's copy flips with the offline disagreement
 
@@ -109,6 +110,8 @@ def _cumulative_counts(
         "candidate_slow": rng.binomial(to_canary, SLOW_SHARE),
         "stable_latency_count": to_stable,
         "stable_slow": rng.binomial(to_stable, SLOW_SHARE),
+        "copies_latency_count": compared,
+        "copies_slow": rng.binomial(compared, SLOW_SHARE),
         "shadow_compared": compared,
         "shadow_errors": copy_errors,
         "shadow_pairs": compared,
