@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
 
 import pytest
@@ -335,6 +336,27 @@ def test_the_dry_run_prints_the_plan_and_the_queries_and_changes_nothing(site, c
     assert snapshot(config) == before
 
 
+def test_the_dry_run_of_plan_auto_says_what_it_would_take_or_why_it_would_not_start(site, capsys):
+    """Sized at --expected-rate as the controller sizes it at the start; at 1 request/s no plan decides within
+    --max-duration, and the dry run says so with what would."""
+    config, report = site
+    before = snapshot(config)
+    assert main(args(config, report, "--dry-run", "--plan", "auto", "--expected-rate", "10")) == 0
+    out = capsys.readouterr().out
+    plan = re.search(r"plan auto: (shadow 100% \d+s hold \d+s, 25% (\d+)s hold \d+s, 100%)\n", out)
+    assert plan, out
+    assert "at 10 requests/s (--expected-rate), stable's error share 0.00%" in out
+    assert re.search(r"promoted in about \d+m \(90 %: \d+m\); at most 1h \d+m before a step would pause", out)
+    step = next(line for line in out.splitlines() if line.startswith(f"  step 2: 25% {plan[2]}s"))
+    assert "canary requests by its duration" in step and "exposure: about 75 canary requests" in step
+    assert float(re.search(r"pauses in ([\d.]+)% of runs", step)[1]) <= 2
+    assert f"step 2: 25% {plan[2]}s hold" in out and "canary 25%; checks error_ratio, slow_calls" in out
+    assert main(args(config, report, "--dry-run", "--plan", "auto", "--expected-rate", "1")) == 0
+    out = capsys.readouterr().out
+    assert "plan auto: REFUSED: no plan decides within --max-duration 4h 0m at 1 requests/s" in out
+    assert snapshot(config) == before
+
+
 def test_abort_and_a_resume_that_is_not_this_rollouts(site, capsys):
     config, report = site
     url = closed_port_url()
@@ -368,11 +390,14 @@ def test_the_one_file_of_thresholds_sets_the_commands_flags_for_compose_and_kube
 
 @st.composite
 def plans(draw) -> str:
-    """Any valid plan, in a person's words: shadow steps, rising canary shares, `100%`."""
+    """Any valid plan, in a person's words: shadow steps, rising canary shares (each with or without its hold),
+    `100%`."""
     duration = st.builds(lambda n, unit: f"{n}{unit}", st.integers(1, 90), st.sampled_from("smh"))
     shadows = draw(st.lists(st.tuples(st.integers(1, 100), duration), max_size=2))
     shares = sorted(set(draw(st.lists(st.integers(1, 100), min_size=0 if shadows else 1, max_size=4))))
-    words = [f"shadow {p}% {d}" for p, d in shadows] + [f"{p}% {draw(duration)}" for p in shares] + ["100%"]
+    held = st.one_of(st.just(""), duration.map(lambda d: f" hold {d}"))
+    words = [f"shadow {p}% {d}{draw(held)}" for p, d in shadows]
+    words += [f"{p}% {draw(duration)}{draw(held)}" for p in shares] + ["100%"]
     return ", ".join(words)
 
 
