@@ -68,7 +68,7 @@ def read_traffic(prometheus: Prometheus, model: str, job: str, history: str, now
         raise TrainserveError(
             f"model {model} had an hour without calls at these hours of the day (UTC) over the last {history}: a "
             "plan sized for it could not decide; expected --expected-rate REQUESTS_PER_S (the rate to size for), "
-            "--rate-history 0 (the last hour's rate), or an explicit --plan"
+            "--rate-history '' (the last hour's rate), or an explicit --plan"
         )
     rate, source = slowest, f"the slowest hour at these hours of the day over the last {history}"
     if slowest is None:
