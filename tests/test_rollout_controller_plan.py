@@ -380,7 +380,9 @@ def test_the_one_file_of_thresholds_sets_the_commands_flags_for_compose_and_kube
     args = build_parser().parse_args(["rollout"])
     assert all(hasattr(args, name.removeprefix("TRAINSERVE_").lower()) for name in pairs), sorted(pairs)
     config = config_from_args(RolloutConfig, args)
-    assert config.plan.text() == "shadow 100% 600s, 5% 600s, 25% 600s, 100%"
+    assert config.plan == "auto"
+    limits = (config.target_duration, config.max_duration, config.max_exposure, config.rate_history)
+    assert limits == (RolloutConfig.target_duration, RolloutConfig.max_duration, RolloutConfig.max_exposure, "7d")
     assert config.gate == StepGate()  # the file states every default, so a changed default changes the file too
     compose = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]["rollout"]
     assert compose["env_file"] == [str(env_file.relative_to(REPO))] and compose["command"][0] == "rollout"
