@@ -71,6 +71,7 @@ class Candidate:
     name: str
     error: float = 0.0  # stable's error share (requests that fail on both versions)
     own: float = 0.0  # the candidate's own failures among the rest
+    transient: float = 0.0  # every call's chance to fail at random, either version's, shadow copies included
     slower: float = 1.0
     flips: float = OFFLINE_RATE
     plan: str = AUTO
@@ -82,6 +83,8 @@ CANDIDATES = (
     Candidate("identical, 0% errors"),
     Candidate("identical, 1% errors", error=0.01),
     Candidate("identical, 5% errors", error=0.05),
+    Candidate("identical, 1% transient errors", transient=0.01),
+    Candidate("identical, 5% transient errors", transient=0.05),
     Candidate("identical, 30% outage on both", error=0.30),
     Candidate("identical, 1% errors, resumed", error=0.01, resumed=True),
     Candidate("flips at the budget (4%), resumed", flips=2 * OFFLINE_RATE, resumed=True),
@@ -143,10 +146,13 @@ class Traffic:
         to_canary = rng.binomial(arrived, canary / 100)
         to_stable = arrived - to_canary
         stable_errors = rng.binomial(to_stable, c.error)
+        stable_errors += rng.binomial(to_stable - stable_errors, c.transient)
         canary_errors = rng.binomial(to_canary, c.error)
+        canary_errors += rng.binomial(to_canary - canary_errors, c.transient)
         canary_errors += rng.binomial(to_canary - canary_errors, c.own)
-        copies = rng.binomial(to_stable - stable_errors, shadow / 100)
-        failed = rng.binomial(copies, c.own)
+        copies = rng.binomial(to_stable - stable_errors, shadow / 100)  # of the requests stable answered
+        failed = rng.binomial(copies, c.transient)  # a copy is a second call: it meets the transient errors too
+        failed += rng.binomial(copies - failed, c.own)
         compared = copies - failed
         for key, n in (
             ("canary_requests", to_canary),

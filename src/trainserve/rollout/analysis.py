@@ -7,7 +7,9 @@ hold over every look of the step however many there are (a step that holds, a ro
     slow_calls     the share of the candidate's calls above stable's p99 minus stable's share above it
     flip_rate      the share of classified shadow pairs whose top class differs, against a budget anchored to
                    the two versions' offline disagreement (the START record's `offline`)
-    shadow_errors  the candidate's failures on shadow copies, which exist only for requests stable answered
+    shadow_errors  the candidate's failed shadow copies minus stable's error share on its requests, same step: a
+                   copy is a second call to the same server and meets its transient errors (UNAVAILABLE,
+                   DEADLINE_EXCEEDED) as often as stable's calls do
     slow_copies    the share of the shadow copies the candidate answered above stable's p99 minus stable's share
                    above it, same step: a guard that fails a slow candidate at the shadow step, never holds one
 
@@ -136,13 +138,14 @@ def _slow(counts: dict, gate: StepGate, offline: dict) -> Check:
 
 
 def _shadow_errors(counts: dict, gate: StepGate, offline: dict) -> Check:
-    """The candidate's failures among the shadow copies it was sent. A copy exists only for a request stable
-    answered, so stable's share on them is 0: the budget is the share itself."""
+    """The candidate's failures among the shadow copies it was sent, against stable's error share over the same
+    step. A copy exists only for a request stable answered, but it is a second call to the same server: it meets
+    the server's transient errors as stable's calls do, so an identical candidate fails about stable's share."""
     errors, answered = counts["shadow_errors"], sum(counts[k] for k in ANSWERED)
-    what = f"failed shadow copies {_share(errors, answered)}"
-    return _judge(
-        "shadow_errors", what, (answered, "copies answered"), gate.max_error_increase, _one(errors, gate.alpha), gate
-    )
+    stable = (counts["stable_errors"], counts["stable_requests"])
+    what = f"failed shadow copies {_share(errors, answered)} vs stable's error share {_share(*stable)}"
+    bounds = _against(errors, stable, gate.alpha)
+    return _judge("shadow_errors", what, (answered, "copies answered"), gate.max_error_increase, bounds, gate)
 
 
 def _slow_copies(counts: dict, gate: StepGate, offline: dict) -> Check:

@@ -159,8 +159,9 @@ class StepGate:
     max_error_increase: float = option(
         0.01,
         "errors (every status but OK and CANCELLED): the candidate's share of its canary requests may exceed "
-        "stable's share of its own requests over the same step by at most this; on shadow copies stable answered, "
-        "the candidate may fail at most this share",
+        "stable's share of its own requests over the same step by at most this; so may the share of its shadow "
+        "copies that fail (a copy is a second call to the same server: it meets the transient errors stable's "
+        "calls meet)",
         parse=share,
     )
     max_slow_increase: float = option(
