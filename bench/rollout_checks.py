@@ -180,7 +180,8 @@ def stated(candidate: Candidate, rate: float, gate: StepGate, interval: float, m
     if candidate.plan != AUTO:
         return Stated(parse_plan(candidate.plan))
     defaults = RolloutConfig()
-    situation = Situation(Rate(rate, candidate.error), gate, OFFLINE, True, interval)
+    errors = candidate.error + (1 - candidate.error) * candidate.transient  # stable's share, as Prometheus shows it
+    situation = Situation(Rate(rate, errors), gate, OFFLINE, True, interval)
     limits = Limits(defaults.target_duration, defaults.max_duration, defaults.max_exposure)
     try:
         plan, expected = size_plan(situation, limits)
