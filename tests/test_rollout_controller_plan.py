@@ -378,6 +378,11 @@ def test_the_dry_run_of_plan_auto_says_what_it_would_take_or_why_it_would_not_st
     assert "canary requests by its duration" in step and "exposure: about 75 canary requests" in step
     assert float(re.search(r"pauses in ([\d.]+)% of runs", step)[1]) <= 2
     assert f"step 2: 25% {plan[2]}s hold" in out and "canary 25%; checks error_ratio, slow_calls" in out
+    assert (
+        main(args(config, report, "--dry-run", "--plan", "auto", "--expected-rate", "10", "--approve-before", "canary"))
+        == 0
+    )
+    assert f"approval: before step 2 (25% {plan[2]}s hold" in capsys.readouterr().out
     assert main(args(config, report, "--dry-run", "--plan", "auto", "--expected-rate", "1")) == 0
     out = capsys.readouterr().out
     assert "plan auto: REFUSED: no plan decides within --max-duration 4h 0m at 1 requests/s" in out

@@ -9,12 +9,12 @@ import time
 
 from trainserve.errors import TrainserveError
 from trainserve.rollout import analysis, measure, targets
-from trainserve.rollout.config import RolloutConfig
+from trainserve.rollout.config import RolloutConfig, step_index
 from trainserve.rollout.config_file import find_model, read_config
 from trainserve.rollout.controller import candidate_of
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.offline import evidence_of, offline_summary
-from trainserve.rollout.plan import AUTO, PROMOTE
+from trainserve.rollout.plan import AUTO, PROMOTE, Plan
 from trainserve.rollout.prometheus import Prometheus
 from trainserve.rollout.sizing.auto import resolve
 
@@ -46,7 +46,7 @@ def dry_run(config: RolloutConfig) -> list[str]:
             return [*lines, f"plan auto: REFUSED: {exc}"]
         raise
     plan = resolved.plan
-    lines += resolved.lines()
+    lines += [*resolved.lines(), *_approval(config, plan)]
     for i, step in enumerate(plan.steps):
         if step.kind == PROMOTE:
             lines.append(f"step {i + 1}: 100%: promote (stable -> {version}), routing cleared")
@@ -62,3 +62,17 @@ def dry_run(config: RolloutConfig) -> list[str]:
     lines += [f"  {name}: {q}" for name, q in measure.queries(model.name, version, stable, job, LE, LOWER).items()]
     lines.append(f"  ({LE}, {LOWER}: the bucket of stable's p99 when a step begins, from {measure.THRESHOLD})")
     return lines
+
+
+def _approval(config: RolloutConfig, plan: Plan) -> list[str]:
+    """Where --approve-before waits, in the plan as resolved (a refusal, as the start would refuse it)."""
+    if config.approve_before is None:
+        return []
+    try:
+        index = step_index(plan, config.approve_before)
+    except TrainserveError as exc:
+        return [f"approval: REFUSED: {exc}"]
+    return [
+        f"approval: before step {index + 1} ({plan.steps[index].words()}) the route is held with no canary share "
+        "until `trainserve rollout --approve --reason TEXT`"
+    ]
