@@ -79,12 +79,13 @@ def needed_to_pass(rate: float, budget: float, share: float) -> int:
 
 def test_too_little_traffic_is_refused_before_anything_moves_saying_what_would_decide():
     with pytest.raises(PlanRefused) as refused:
-        size_plan(situation(1), LIMITS)
+        size_plan(situation(1, errors=0.01), LIMITS)
     said = str(refused.value)
-    assert "--max-duration 4h 0m" in said and "1 requests/s" in said and "--plan" in said
+    assert "--max-duration 8h 0m" in said and "1 requests/s" in said and "error share 1.00%" in said
+    assert "--plan" in said
     needed = said.split("expected --max-duration ")[1].split(",")[0]
     longer = Limits(LIMITS.target, duration_of(needed), LIMITS.exposure)
-    plan, expected = size_plan(situation(1), longer)  # the time it said is enough
+    plan, expected = size_plan(situation(1, errors=0.01), longer)  # the time it said is enough
     assert totals(expected)[2] <= longer.most
 
 

@@ -279,8 +279,8 @@ class RolloutConfig:
         parse=_duration,
     )
     max_duration: float = option(
-        4 * 3600.0,
-        "plan auto: the longest a plan may take without pausing (every step's duration and hold; seconds, or 4h): a "
+        8 * 3600.0,
+        "plan auto: the longest a plan may take without pausing (every step's duration and hold; seconds, or 8h: a rollout begun in the evening decides by the morning): a "
         "plan that cannot decide within it at the measured rate is refused before anything moves",
         parse=_duration,
     )
