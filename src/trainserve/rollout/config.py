@@ -280,7 +280,8 @@ class RolloutConfig:
     )
     max_duration: float = option(
         8 * 3600.0,
-        "plan auto: the longest a plan may take without pausing (every step's duration and hold; seconds, or 8h: a rollout begun in the evening decides by the morning): a "
+        "plan auto: the longest a plan may take without pausing (every step's duration and hold; seconds, or 8h: "
+        "a rollout begun in the evening decides by the morning): a "
         "plan that cannot decide within it at the measured rate is refused before anything moves",
         parse=_duration,
     )

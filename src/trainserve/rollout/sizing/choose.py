@@ -2,7 +2,8 @@
 candidate inside every budget passes (trainserve.rollout.sizing.simulate):
 
     duration   the median of those times (the least a step is watched: the evidence a typical run needs)
-    hold       up to their 99th percentile: a candidate inside every budget pauses in about 1 % of steps
+    hold       up to their 99th percentile (a candidate inside every budget pauses in about 1 % of steps), and
+               at least until a candidate flipping 1.5 times its budget is rolled back in 97 % of runs
     share      among SHARES whose first look exposes at most --max-exposure canary requests (what a candidate
                failing every call answers before the controller can see it) and whose steps fit --max-duration
                (duration + hold, summed: the longest the plan can take without pausing): the smallest whose plan
@@ -22,12 +23,13 @@ from dataclasses import dataclass
 from trainserve.errors import TrainserveError
 from trainserve.rollout.plan import CANARY, PROMOTE, SHADOW, Plan, Step
 from trainserve.rollout.sizing.expect import Expected, expected_of, on_looks, totals
-from trainserve.rollout.sizing.simulate import Situation, pass_times, quantile
+from trainserve.rollout.sizing.simulate import Situation, fail_times, pass_times, quantile
 
 SHARES = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0)
 SECOND = {1.0: 5.0, 2.0: 10.0, 5.0: 25.0, 10.0: 50.0}
 SHADOW_PERCENT = 100.0
 HOLD_QUANTILE = 99
+FAIL_QUANTILE = 97  # a candidate flipping beyond its budget rolled back by the hold's end in 97 % of runs
 
 
 class PlanRefused(TrainserveError):
@@ -86,8 +88,10 @@ def _sized(kind: str, percent: float, situation: Situation, horizon: float) -> E
     shadow, canary = (percent, 0.0) if kind == SHADOW else (SHADOW_PERCENT, percent)
     probe = Step(kind, percent, 1.0)  # the checks depend on the kind only
     passing = pass_times(probe, shadow, canary, situation, horizon)
-    median, tail = quantile(passing, 50), quantile(passing, HOLD_QUANTILE)
-    if not math.isfinite(tail):  # more than 1 % of runs undecided within the horizon: it cannot be held for
+    failing = fail_times(probe, shadow, canary, situation, horizon)  # a flipping candidate's rollback
+    median = quantile(passing, 50)
+    tail = max(quantile(passing, HOLD_QUANTILE), quantile(failing, FAIL_QUANTILE))
+    if not math.isfinite(tail):  # runs undecided within the horizon: it cannot be held for
         return expected_of(Step(kind, percent, horizon, 0.0), canary, shadow, situation, math.inf, passing)
     duration = on_looks(median, situation.interval)
     hold = max(on_looks(tail, situation.interval) - duration, situation.interval)

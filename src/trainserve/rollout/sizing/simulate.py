@@ -10,6 +10,10 @@ history.
     shadow     every request stable answered copied with the shadow's share; a copy fails as a request does; a
                classifier's copy flips with the offline disagreement
 
+A candidate beyond its flip budget (FLIPPING times it) is simulated too, so that a step's hold also lasts until
+the flip check fails it: a hold sized for a good candidate alone would pause a bad one that the check needs a little
+longer to show beyond its budget.
+
 Each simulated step is looked at every --interval (every MAX_LOOKS-th of the horizon where that is coarser: the
 times are then that coarse); the time it would pass is its first look at which every check passes, found by
 bisection over the looks (the checks' bounds narrow as counts grow, so once passing they stay passing in all but a
@@ -19,7 +23,7 @@ few paths).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,6 +35,7 @@ from trainserve.rollout.sizing.traffic import Traffic
 
 SLOW_SHARE = 0.01  # stable's calls above its own p99
 SIMULATIONS = 400
+FLIPPING = 1.5  # the flip rate of the bad candidate a hold must wait for, as a multiple of the flip budget
 MAX_LOOKS = 1000
 SEED = 0
 
@@ -47,8 +52,20 @@ class Situation:
     interval: float
 
     def flip_rate(self) -> float:
+        """The candidate's live flip rate: the offline disagreement (or the rate `flipping` set)."""
         found = self.offline.get("disagreement") or {}
+        if "rate" in found:
+            return found["rate"]
         return found["count"] / found["examples"] if found.get("examples") else 0.0
+
+    def flipping(self) -> Situation | None:
+        """The same traffic with a candidate flipping FLIPPING times its budget (None: no flips judged)."""
+        budget = analysis.flip_budget(self.offline, self.gate)
+        if not self.flips or budget is None:
+            return None
+        rate = min(FLIPPING * budget[0], 1.0)
+        offline = {"disagreement": {**self.offline["disagreement"], "rate": rate}}
+        return replace(self, offline=offline)
 
 
 def quantile(values, percent: float) -> float:
@@ -63,11 +80,25 @@ def looks(seconds: float, interval: float) -> int:
 def pass_times(step: Step, shadow: float, canary: float, situation: Situation, horizon: float) -> np.ndarray:
     """Seconds from the step's start to its first look at which every check passes, per simulated rollout (inf:
     not within `horizon`)."""
+    return _decision_times(step, shadow, canary, situation, horizon, analysis.ADVANCE)
+
+
+def fail_times(step: Step, shadow: float, canary: float, situation: Situation, horizon: float) -> np.ndarray:
+    """Seconds to the look that rolls back a candidate flipping beyond its budget (zeros: no flips judged)."""
+    flipping = situation.flipping()
+    if flipping is None or shadow <= 0:
+        return np.zeros(SIMULATIONS)
+    return _decision_times(step, shadow, canary, flipping, horizon, analysis.ROLLBACK)
+
+
+def _decision_times(
+    step: Step, shadow: float, canary: float, situation: Situation, horizon: float, decision: str
+) -> np.ndarray:
     rng = np.random.default_rng([SEED, int(canary * 100), int(shadow * 100), int(situation.traffic.rate * 1000)])
     every = max(situation.interval, horizon / MAX_LOOKS)
     counts = _cumulative_counts(rng, shadow, canary, situation, every, looks(horizon, every))
     flips = situation.flips and shadow > 0
-    judged = lambda sim, look: _passes(step, flips, counts, sim, look, situation)  # noqa: E731
+    judged = lambda sim, look: _decides(step, flips, counts, sim, look, situation, decision)  # noqa: E731
     count = counts["canary_requests"].shape[1]
     return every * np.array([_first_passing(sim, judged, count) for sim in range(SIMULATIONS)])
 
@@ -83,10 +114,10 @@ def _first_passing(sim: int, judged, count: int) -> float:
     return high + 1  # looks
 
 
-def _passes(step: Step, flips: bool, counts: dict, sim: int, look: int, situation: Situation) -> bool:
+def _decides(step: Step, flips: bool, counts: dict, sim: int, look: int, situation: Situation, decision: str) -> bool:
     seen = {key: float(values[sim, look]) for key, values in counts.items()}
     found = analysis.checks(step, flips, seen, situation.gate, situation.offline)
-    return analysis.decide(found, ended=True) == analysis.ADVANCE
+    return analysis.decide(found, ended=True) == decision
 
 
 def _cumulative_counts(
