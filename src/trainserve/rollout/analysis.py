@@ -69,6 +69,18 @@ def checks(step: Step, flips: bool, counts: dict[str, int], gate: StepGate, offl
     return [_CHECKS[name](counts, gate, offline) for name in check_names(step, flips)]
 
 
+def reaches(step: Step, flips: bool, counts: dict[str, int], gate: StepGate, offline: dict, decision: str) -> bool:
+    """Whether `decide(checks(...), ended=True)` would be `decision` (ADVANCE or ROLLBACK), judging the checks one
+    at a time and stopping at the first that settles it: what a simulation of many looks asks."""
+    for name in check_names(step, flips):
+        result = _CHECKS[name](counts, gate, offline).result
+        if decision == ADVANCE and result != PASS:
+            return False
+        if decision == ROLLBACK and result == FAIL:
+            return True
+    return decision == ADVANCE
+
+
 def decide(found: list[Check], ended: bool) -> str:
     if any(c.result == FAIL for c in found):
         return ROLLBACK

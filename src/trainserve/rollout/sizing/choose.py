@@ -46,15 +46,28 @@ class Limits:
 
 
 def size_plan(situation: Situation, limits: Limits) -> tuple[Plan, list[Expected]]:
-    """The plan `auto` at the traffic (see the module's docstring); PlanRefused when none fits."""
-    shadow = _sized(SHADOW, SHADOW_PERCENT, situation, limits.most)
+    """The plan `auto` at the traffic (see the module's docstring); PlanRefused when none fits. Shares are tried
+    from the smallest, each step simulated once."""
+    sized: dict[tuple[str, float], Expected] = {}
+
+    def step(kind: str, percent: float) -> Expected:
+        if (kind, percent) not in sized:
+            sized[kind, percent] = _sized(kind, percent, situation, limits.most)
+        return sized[kind, percent]
+
     shares = _exposable(situation, limits.exposure)
-    fitting = [plan for plan in (_steps(shadow, share, shares, situation, limits) for share in shares) if plan]
+    fitting = []
+    for share in shares:
+        steps = _steps(step, share, shares, limits)
+        if steps is not None and totals(steps)[0] <= limits.target:
+            return _plan(steps)
+        fitting += [steps] if steps is not None else []
     if not fitting:
-        raise _too_long(situation, shadow, shares[-1], limits.most)
-    medians = [totals(steps)[0] for steps in fitting]
-    on_target = [steps for steps, median in zip(fitting, medians) if median <= limits.target]
-    steps = on_target[0] if on_target else fitting[medians.index(min(medians))]
+        raise _too_long(situation, step(SHADOW, SHADOW_PERCENT), shares[-1], limits.most)
+    return _plan(min(fitting, key=lambda steps: totals(steps)[0]))
+
+
+def _plan(steps: list[Expected]) -> tuple[Plan, list[Expected]]:
     return Plan((*(e.step for e in steps), Step(PROMOTE, 100.0, 0.0))), steps
 
 
@@ -72,12 +85,13 @@ def _exposable(situation: Situation, exposure: float) -> list[float]:
     )
 
 
-def _steps(shadow: Expected, share: float, shares: list[float], situation: Situation, limits: Limits):
-    """The shadow and canary steps from `share` on, when they fit --max-duration (else None)."""
-    steps = [shadow, _sized(CANARY, share, situation, limits.most)]
+def _steps(step, share: float, shares: list[float], limits: Limits) -> list[Expected] | None:
+    """The shadow and canary steps from `share` on (`step(kind, percent)` sizes one), when they fit
+    --max-duration (else None)."""
+    steps = [step(SHADOW, SHADOW_PERCENT), step(CANARY, share)]
     second = SECOND.get(share)
     if second is not None and second in shares:
-        longer = [*steps, _sized(CANARY, second, situation, limits.most)]
+        longer = [*steps, step(CANARY, second)]
         steps = longer if _most(longer) <= limits.most else steps
     return steps if _most(steps) <= limits.most else None
 
@@ -88,9 +102,10 @@ def _sized(kind: str, percent: float, situation: Situation, horizon: float) -> E
     shadow, canary = (percent, 0.0) if kind == SHADOW else (SHADOW_PERCENT, percent)
     probe = Step(kind, percent, 1.0)  # the checks depend on the kind only
     passing = pass_times(probe, shadow, canary, situation, horizon)
-    failing = fail_times(probe, shadow, canary, situation, horizon)  # a flipping candidate's rollback
+    tail = quantile(passing, HOLD_QUANTILE)
+    if kind == SHADOW:  # where a flipping candidate is to be rolled back, before any client gets its answers
+        tail = max(tail, quantile(fail_times(probe, shadow, canary, situation, horizon), FAIL_QUANTILE))
     median = quantile(passing, 50)
-    tail = max(quantile(passing, HOLD_QUANTILE), quantile(failing, FAIL_QUANTILE))
     if not math.isfinite(tail):  # runs undecided within the horizon: it cannot be held for
         return expected_of(Step(kind, percent, horizon, 0.0), canary, shadow, situation, math.inf, passing)
     duration = on_looks(median, situation.interval)

@@ -99,25 +99,36 @@ def _decision_times(
     counts = _cumulative_counts(rng, shadow, canary, situation, every, looks(horizon, every))
     flips = situation.flips and shadow > 0
     judged = lambda sim, look: _decides(step, flips, counts, sim, look, situation, decision)  # noqa: E731
-    count = counts["canary_requests"].shape[1]
-    return every * np.array([_first_passing(sim, judged, count) for sim in range(SIMULATIONS)])
+    count, found = counts["canary_requests"].shape[1], []
+    for sim in range(SIMULATIONS):  # each search starts where the runs so far ended: most end near there
+        ended = sorted(look for look in found if math.isfinite(look))
+        hint = int(ended[len(ended) // 2]) - 1 if ended else count // 2
+        found.append(_first_decided(sim, judged, count, hint))
+    return every * np.array(found)
 
 
-def _first_passing(sim: int, judged, count: int) -> float:
-    last = count - 1
-    if not judged(sim, last):
-        return math.inf
-    low, high = -1, last  # judged(high) holds; judged(low) taken as not
+def _first_decided(sim: int, judged, count: int, hint: int) -> float:
+    """The first look (from 1) at which `judged(sim, look)` holds, taken as holding from there on (inf: not by the
+    last): galloping from `hint` to a bracket, then bisection."""
+    if judged(sim, hint):
+        low, high, step = hint - 1, hint, 1  # judged(high) holds; judged(low) is taken as not
+        while low >= 0 and judged(sim, low):
+            high, low, step = low, max(low - 2 * step, -1), 2 * step
+    else:
+        low, high, step = hint, hint + 1, 1
+        while high < count and not judged(sim, high):
+            low, high, step = high, min(high + 2 * step, count), 2 * step
+        if high >= count:
+            return math.inf
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (low, middle) if judged(sim, middle) else (middle, high)
-    return high + 1  # looks
+    return high + 1
 
 
 def _decides(step: Step, flips: bool, counts: dict, sim: int, look: int, situation: Situation, decision: str) -> bool:
     seen = {key: float(values[sim, look]) for key, values in counts.items()}
-    found = analysis.checks(step, flips, seen, situation.gate, situation.offline)
-    return analysis.decide(found, ended=True) == decision
+    return analysis.reaches(step, flips, seen, situation.gate, situation.offline, decision)
 
 
 def _cumulative_counts(
