@@ -87,11 +87,15 @@ def plan_lines(out: str) -> list[str]:
     return lines[first:end]
 
 
+def seen(prometheus) -> float:
+    """Seconds since Prometheus first saw a call of model m (0 before)."""
+    return max((float(s["value"][1]) for s in prometheus.query(seen_query("m", "proxy"))), default=0.0)
+
+
 def test_auto_is_sized_to_the_traffic_and_promoted_within_the_stated_duration(paced, capsys, caplog):
     site, clients = paced
     report = staged(site.config, site.base, site.server, 2)
-    seen = lambda: [float(s["value"][1]) for s in site.prometheus.query(seen_query("m", "proxy"))]  # noqa: E731
-    site.prometheus.wait_for(lambda: seen() and seen()[0] >= SEEN, f"{SEEN} s of the clients' calls in Prometheus")
+    site.prometheus.wait_for(lambda: seen(site.prometheus) >= SEEN, f"{SEEN} s of the clients' calls in Prometheus")
     argv = [
         *("rollout", "--config", str(site.config), "--report", str(report), "--server", site.server.target),
         *("--routing-file", str(site.routing), "--prometheus", site.prometheus.url, "--wait", "60"),
