@@ -12,22 +12,16 @@ from pathlib import Path
 
 import grpc
 import pytest
-from reports import compared_with, eval_report, write
+from rollout_live import live_site, staged
 from scipy.stats import binom
 
-from conftest import MONITORING, install_version
-from prometheus_server import Prometheus
-from serving_fixtures import IMAGES, NO_LATENCY_SHED, InProcessServer, predict_request, stubs
+from serving_fixtures import IMAGES, predict_request, stubs
 from trainserve.cli import main
-from trainserve.client import ServingClient
-from trainserve.proxy.config import ProxyConfig
 from trainserve.proxy.routing import read_routing
 from trainserve.proxy.server import Proxy
-from trainserve.rollout.config import CandidateConfig, PromoteConfig
 from trainserve.rollout.config_file import history_path, read_config
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout
-from trainserve.rollout.steps import promote, stage_candidate
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rollout-live")]
 
@@ -106,65 +100,19 @@ def live(model_versions, tmp_path_factory):
     """Model m: version 1 stable; 2 the same weights (no flips), 3 other weights, 4 failing on some requests;
     serve-local, proxy, Prometheus, and clients calling `stable` through the proxy."""
     root = tmp_path_factory.mktemp("rollout-live")
-    base = root / "models" / "m"
-    for version, template in ((1, model_versions[0]), (2, model_versions[0]), (3, model_versions[1])):
-        install_version(template, base, version)
-    install_version(save_failing_model(model_versions[0], root / "failing"), base, 4)
-    config = root / "rollout" / "models.config"
-    config.parent.mkdir()
-    stage_candidate(CandidateConfig(config, "m", str(base), 1, "unused:1", 1), Applied())
-    promote(PromoteConfig(config, write(compared_with(eval_report(base / "1"), None), root / "report-1.json")))
-    (root / "monitoring.config").write_text(MONITORING)  # serve-local's own page, which Prometheus scrapes too
-    server = InProcessServer(
-        f"--monitoring_config_file={root / 'monitoring.config'}",
-        f"--model_config_file={config}",
-        "--model_config_file_poll_wait_seconds=1",
-        "--allow_version_labels_for_unavailable_models",
-    )
-    server.wait_available("m", 1)
-    routing = root / "rollout" / "routing.json"
-    proxy = Proxy(
-        ProxyConfig(
-            upstream=server.target,
-            upstream_rest=f"127.0.0.1:{server.rest_port}",
-            port=0,
-            rest_port=0,
-            filename_prefix=str(root / "captures" / "c"),
-            sampling_rate=0.0,
-            routing_file=routing,
-            routing_poll_seconds=0.2,
-            **NO_LATENCY_SHED,
-        )
-    )
-    # The repository's scrape config: serve-local's page and the proxy's.
-    prometheus = Prometheus(root, f"127.0.0.1:{server.rest_port}", proxy=f"127.0.0.1:{proxy.rest_port}")
-    clients = None
-    try:
-        prometheus.wait_scraped(2)
-        clients = Clients(proxy)
-        yield config, base, server, prometheus, clients
-    finally:
-        if clients is not None:
+    failing = save_failing_model(model_versions[0], root / "failing")
+    versions = {1: model_versions[0], 2: model_versions[0], 3: model_versions[1], 4: failing}
+    with live_site(root, versions) as site:
+        clients = Clients(site.proxy)
+        try:
+            yield site.config, site.base, site.server, site.prometheus, clients
+        finally:
             clients.close()
-        prometheus.stop()
-        proxy.stop(5)
-        assert server.stop() == 0
-
-
-class Applied:
-    def wait_available(self, model, version, wait):
-        pass
-
-    def wait_label(self, model, label, version, wait):
-        pass
 
 
 def roll_out(config, base, server, prometheus, version: int, plan: str = FULL, slow: str = "0.5") -> int:
     """Stage `version` on the real server, then run the whole plan against it."""
-    stage_candidate(CandidateConfig(config, "m", None, version, server.target, 60), ServingClient(server.target))
-    stable = Rollout.of(read_config(config).model_config_list.config[0]).stable
-    document = compared_with(eval_report(base / str(version)), stable) | {"server": server.target}  # of this server
-    report = write(document, config.parent / f"report-{version}.json")
+    report = staged(config, base, server, version)
     return main(
         [
             "rollout",

@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 from reports import compared_with, eval_report, write
-from test_rollout_controller_live import Applied
+from rollout_live import Applied
 
 from conftest import MONITORING, REPO, install_version
 from prometheus_server import Prometheus

@@ -21,7 +21,15 @@ from trainserve.rollout.plan import CANARY, PROMOTE, SHADOW, Step, parse_plan, p
 from trainserve.rollout.sizing.choose import Limits, PlanRefused, hours, size_plan
 from trainserve.rollout.sizing.expect import expect_plan, totals
 from trainserve.rollout.sizing.simulate import Situation, pass_times
-from trainserve.rollout.sizing.traffic import Traffic, hours_of, rate_query, read_traffic, slowest_hour_query
+from trainserve.rollout.sizing.traffic import (
+    Traffic,
+    hours_of,
+    last_hour_query,
+    rate_query,
+    read_traffic,
+    seen_query,
+    slowest_hour_query,
+)
 from trainserve.stats.sequential import difference_sequence
 
 pytestmark = pytest.mark.unit
@@ -150,7 +158,7 @@ class Answers:
     def value(self, expr: str):
         if expr.startswith("min_over_time"):
             return self.slowest
-        return self.errors if " / " in expr else self.last
+        return self.errors if "status!~" in expr else self.last
 
 
 def test_read_traffic_takes_the_slowest_hour_else_the_last_and_refuses_on_none():
@@ -166,10 +174,56 @@ def test_read_traffic_takes_the_slowest_hour_else_the_last_and_refuses_on_none()
         read(Answers(None, None))
 
 
+def test_a_steady_rate_read_twice_sizes_one_plan():
+    """A dry run and the start a minute later read the rate a little apart: both size for the same two figures (and
+    so the same plan: the sizing is seeded by the traffic)."""
+    read = lambda last: read_traffic(Answers(None, last, 0.01234), "m", "proxy", "7d", 0.0, 3600.0)  # noqa: E731
+    assert read(9.98) == read(10.03) == Traffic(10.0, 0.012, "the last hour")
+
+
+def promtool_answers(tmp_path, interval: str, series: list[dict], cases: list[dict]) -> None:
+    """promtool evaluates each case over `series` (promtool's input_series) as the case expects."""
+    require("promtool", shutil.which("promtool") is not None, "Debian's prometheus package evaluates the queries")
+    spec = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": interval, "input_series": series, "promql_expr_test": cases}],
+    }
+    path = tmp_path / "sizing.yml"
+    path.write_text(yaml.safe_dump(spec))
+    proc = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def case(expr: str, at: float, value: float | None) -> dict:
+    """A promtool case: `expr` at `at` (seconds) is `value` (None: no series)."""
+    samples = [] if value is None else [{"labels": "{}", "value": value}]
+    return {"expr": expr, "eval_time": f"{int(at)}s", "exp_samples": samples}
+
+
+def test_prometheus_answers_a_models_rate_from_its_first_minutes(tmp_path):
+    """A model first called 400 s ago at 10 requests/s (an error a second over the last 200 s), scraped every
+    second: the last hour's rate is over the 400 s Prometheus saw (rate() over [1h] alone reads 1.2); and no slowest
+    hour is found, since Prometheus saw no hour from its start (the subquery would take its first minutes for one).
+    The counters start at 0, so that rate() extrapolates nothing before their first sample."""
+    labels = 'job="proxy",model_name="m",version="1",route="direct"'
+    series = [
+        {"series": f':trainserve:proxy:request_count{{{labels},status="OK"}}', "values": "_x3620 0+10x400"},
+        {"series": f':trainserve:proxy:request_count{{{labels},status="UNAVAILABLE"}}', "values": "_x3820 0+1x200"},
+    ]
+    now = 4020  # promtool's series are loaded up to its last evaluation (every minute): at one, all of them
+    cases = [
+        case(seen_query("m", "proxy"), now, 400),
+        case(last_hour_query("m", "proxy"), now, 10.5),
+        case(slowest_hour_query("m", "proxy", "7d", now, 3600), now, None),
+        case(slowest_hour_query("m", "proxy", "7d", now, 86400), now, None),
+    ]
+    promtool_answers(tmp_path, "1s", series, cases)
+
+
 def test_prometheus_answers_the_slowest_hour_at_the_plans_hours(tmp_path):
     """Seven days of a model at 10 requests/s from 00:00 to 12:00 UTC and 2 requests/s after: a plan begun at
     13:00 is sized for 2, one begun at 02:00 for 10, and the last hour's rate is what it was."""
-    require("promtool", shutil.which("promtool") is not None, "Debian's prometheus package evaluates the queries")
     step = 300
     values, total = [], 0.0
     for i in range(7 * 24 * 12 + 24 * 12):
@@ -177,28 +231,11 @@ def test_prometheus_answers_the_slowest_hour_at_the_plans_hours(tmp_path):
         total += step * (10.0 if (i * step // 3600) % 24 < 12 else 2.0)
     series = ':trainserve:proxy:request_count{job="proxy",model_name="m",version="1",status="OK",route="direct"}'
     day7 = 7 * 86400
-
-    def case(expr: str, at: float, value: float) -> dict:
-        return {"expr": expr, "eval_time": f"{int(at)}s", "exp_samples": [{"labels": "{}", "value": value}]}
-
     span = 4 * 3600
     cases = [
         case(slowest_hour_query("m", "proxy", "7d", day7 + 13 * 3600, span), day7 + 13 * 3600, 2.0),
         case(slowest_hour_query("m", "proxy", "7d", day7 + 2 * 3600, span), day7 + 2 * 3600, 10.0),
         case(rate_query("m", "proxy"), day7 + 6 * 3600, 10.0),
+        case(last_hour_query("m", "proxy"), day7 + 6 * 3600, 10.0),
     ]
-    spec = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": f"{step}s",
-                "input_series": [{"series": series, "values": " ".join(f"{v:g}" for v in values)}],
-                "promql_expr_test": cases,
-            }
-        ],
-    }
-    path = tmp_path / "sizing.yml"
-    path.write_text(yaml.safe_dump(spec))
-    proc = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    promtool_answers(tmp_path, f"{step}s", [{"series": series, "values": " ".join(f"{v:g}" for v in values)}], cases)
