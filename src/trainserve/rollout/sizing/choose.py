@@ -127,7 +127,8 @@ def _too_long(situation: Situation, shadow: Expected, share: float, max_duration
     said = f"about {hours(needs)}" if enough else f"more than {hours(max_duration * 8)}"
     return PlanRefused(
         f"no plan decides within --max-duration {hours(max_duration)} at {traffic.describe()}: a {share:g}% canary "
-        f"needs {said} for a candidate inside every budget to pass (99 % of runs); expected "
+        f"needs {said} for a candidate inside every budget to pass (99 % of runs) and one flipping 1.5 times its "
+        f"budget to be rolled back (97 %); expected "
         f"{enough or 'a longer --max-duration'}, larger --gate-max-error-increase / --gate-max-slow-increase "
         "budgets, or an explicit --plan (a step that cannot decide pauses)"
     )
