@@ -41,6 +41,7 @@ from trainserve.rollout.progress import CHECK, ROLLBACK, START, STEP, Progress, 
 from trainserve.rollout.progress import PROMOTE as PROMOTE_EVENT
 from trainserve.rollout.prometheus import Prometheus, PrometheusUnreachable
 from trainserve.rollout.steps import Server, stage_candidate
+from trainserve.rollout.targets import refuse_unjudged_replicas
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,10 @@ class Controller:
                 f"version {version} is not the candidate yet: expected --server, so that it is labelled once loaded"
             )
         read = evidence_of(config, self.model, labels, version)
+        # Before the START record, so that a refusal leaves nothing to --abort (unanswered: the first step holds).
+        with contextlib.suppress(PrometheusUnreachable):
+            if self.prometheus is not None:
+                refuse_unjudged_replicas(self.prometheus, config.proxy_job, self.model)
         with locked(config.config):
             if self._labels() != labels:
                 raise TrainserveError(f"model {self.model}: the labels changed while the rollout was starting: retry")
