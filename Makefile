@@ -110,7 +110,7 @@ promote: ## Gated rollout: candidate -> eval (non-inferior to stable by MAX_DROP
 
 .PHONY: rollout
 rollout: ## Progressive rollout on live traffic through the proxy: candidate -> gated eval -> shadow, canary steps judged by Prometheus -> stable, or rolled back
-	$(COMPOSE) --profile promote run --rm candidate
+	$(COMPOSE) --profile promote run --rm rollout-candidate
 	$(COMPOSE) --profile promote run --rm promote-eval
 	$(COMPOSE) --profile promote run --rm rollout
 

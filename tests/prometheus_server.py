@@ -46,9 +46,11 @@ class Prometheus:
         config_file: str = "prometheus.yml",
         proxy: str | list[str] | None = None,
         interval: str = "1s",
+        other_jobs: dict[str, str] | None = None,
     ):
         """`proxy`: the proxy's REST address (or its replicas'), scraped as the config's `proxy` job (left
-        out without); `interval`: of the scrapes and the rules' evaluation."""
+        out without); `interval`: of the scrapes and the rules' evaluation; `other_jobs`: more proxies, each
+        scraped as the proxy job is but under its own job name (name -> REST address)."""
         require("prometheus", shutil.which("prometheus") is not None, "Debian's prometheus package")
         config = yaml.safe_load((MONITORING / config_file).read_text())
         config["global"].update(scrape_interval=interval, evaluation_interval=interval)
@@ -59,6 +61,10 @@ class Prometheus:
         for job, addresses in ((scrape, [target]), (proxy_scrape, [proxy] if isinstance(proxy, str) else proxy)):
             (static,) = job["static_configs"]
             static["targets"] = addresses
+        for name, address in (other_jobs or {}).items():
+            config["scrape_configs"].append(
+                {**proxy_scrape, "job_name": name, "static_configs": [{"targets": [address]}]}
+            )
         self.job = scrape["job_name"]
         (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.url = f"http://127.0.0.1:{free_port()}"

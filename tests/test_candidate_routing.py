@@ -261,6 +261,40 @@ def _routing_file(container: dict) -> str | None:
     return (flags or env or [None])[0]
 
 
+def test_the_candidate_steps_of_a_deployment_with_prometheus_confirm_the_route_on_it():
+    """Where a deployment has the rollout's Prometheus (k8s/overlays/proxy's progressive-delivery component, compose's
+    `make rollout`), `candidate` is given it, so that the version loads only once every proxy replica reports the
+    model's route, and may reach it."""
+    from test_gate_deploy import compose_config
+    from test_k8s import all_containers, pod_specs, render
+
+    docs = render("k8s/overlays/proxy")
+    containers = {(d["metadata"]["name"], c["name"]): c for d, s in pod_specs(docs) for c in all_containers(s)}
+    for job in ("rollout", "promote"):
+        (url,) = [e for e in containers[job, "candidate"]["env"] if e["name"] == "TRAINSERVE_PROMETHEUS"]
+        assert url["valueFrom"]["configMapKeyRef"]["key"] == "TRAINSERVE_PROMETHEUS", job  # the rollout's own
+        egress = [
+            rule
+            for d in docs
+            if d["kind"] == "NetworkPolicy"
+            and d["spec"]["podSelector"].get("matchLabels") == {"app.kubernetes.io/name": job}
+            for rule in d["spec"].get("egress", [])
+        ]
+        assert {"protocol": "TCP", "port": 9090} in [p for rule in egress for p in rule["ports"]], job
+    services = compose_config()["services"]
+    prometheus = services["rollout"]["environment"]["TRAINSERVE_PROMETHEUS"]
+    staged = services["rollout-candidate"]
+    assert staged["command"] == services["candidate"]["command"]
+    assert staged["environment"]["TRAINSERVE_PROMETHEUS"] == prometheus == "http://prometheus:9090"
+    assert (
+        staged["environment"]["TRAINSERVE_ROUTING_FILE"]
+        == services["candidate"]["environment"]["TRAINSERVE_ROUTING_FILE"]
+    )
+    make = (REPO / "Makefile").read_text()
+    rollout_target = make[make.index("\nrollout:") : make.index("\n.PHONY", make.index("\nrollout:"))]
+    assert "run --rm rollout-candidate" in rollout_target and "run --rm candidate" not in rollout_target
+
+
 def test_every_label_command_passes_the_file_the_proxy_follows():
     from test_k8s import all_containers, pod_specs, render
 

@@ -130,6 +130,26 @@ def test_the_reference_lists_every_command_and_flag(site):
                 assert f"<code>TRAINSERVE_{action.dest.upper()}</code>" in section
 
 
+# Flags removed since they were released in a commit: each stays named in the changelog, with what replaced it.
+REMOVED = (
+    ("promote", "--force"),
+    ("rollout", "--gate-max-latency-ratio"),
+    ("rollout", "--gate-max-flip-rate"),
+)
+
+
+@pytest.mark.parametrize(("command", "flag"), REMOVED)
+def test_the_changelog_names_every_removed_flag(command, flag):
+    from trainserve.cli import build_parser
+
+    (parser,) = [p for path, p in walk(build_parser()) if path == ("trainserve", command)]
+    assert flag not in {s for action in parser._actions for s in action.option_strings}, f"{flag} is back"
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert f"`trainserve {command} {flag}`" in changelog, (
+        f"CHANGELOG.md does not say `trainserve {command} {flag}` went"
+    )
+
+
 SCHEMAS = sorted((REPO / "src" / "trainserve").rglob("*.schema.json"))
 
 

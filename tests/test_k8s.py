@@ -401,7 +401,11 @@ def test_promote_job_gates_a_rollout_with_least_privilege(rendered):
         # (with the proxy component, its sidecar's gRPC port too: the Service sends calls through it)
         assert [p["port"] for r in to_serving for p in r["ports"]] == [8500] + ([8510] if "proxy" in overlay else [])
         dns = [r for r in egress if {p["port"] for p in r["ports"]} == {53}]
-        assert dns and all(r in to_serving + dns for r in egress), "serve-cpu by name, then its gRPC port only"
+        # (with progressive delivery, promote's `candidate` asks the rollout's Prometheus whether the proxy follows)
+        asks_prometheus = name == "promote" and "proxy" in overlay
+        to_prometheus = [r for r in egress if asks_prometheus and r["ports"] == [{"protocol": "TCP", "port": 9090}]]
+        assert bool(to_prometheus) == asks_prometheus
+        assert dns and all(r in to_serving + dns + to_prometheus for r in egress), "serve-cpu by name, then gRPC only"
         ingress = by_kind[("NetworkPolicy", "serve-cpu-from-clients")]["spec"]["ingress"][0]
         assert ingress["from"][0]["podSelector"]["matchLabels"].items() <= labels.items()
 

@@ -446,3 +446,13 @@ def test_every_valid_plan_reads_back_from_its_canonical_words(text):
     for i, step in enumerate(plan.steps[:-1]):  # the routing of each step: the share its words give
         assert plan.canary_during(i) == (step.percent if step.kind == CANARY else 0)
         assert plan.shadow_during(i) == max([0] + [s.percent for s in plan.steps[: i + 1] if s.kind == SHADOW][-1:])
+
+
+def test_the_rollout_help_says_what_its_checks_compare(capsys):
+    """`rollout --help` describes the checks that run (analysis.py), not the p99 comparison they replaced."""
+    with pytest.raises(SystemExit):
+        main(["rollout", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "p99 latency against stable's" not in text
+    for said in ("error share", "slower than stable's p99", "failed copies against stable's error share", "flip rate"):
+        assert said in text, said

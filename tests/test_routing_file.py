@@ -208,3 +208,23 @@ def test_label_versions_ask_once_per_max_age_and_answer_from_the_cache_between()
     assert labels.version("m", "stable") == "3"
     assert labels.version("m", "nope") is None
     assert asked == [("m", "stable"), ("m", "stable"), ("m", "nope")]
+
+
+def test_a_symlinked_routing_file_is_written_through_to_its_target(tmp_path):
+    """The rollout's moves on a routing file that is a link (a user's link to a shared file): the link stays a link,
+    and its target holds each change, as the proxy following either path reads it."""
+    from trainserve.rollout.moves import clear_route, hold_route, set_route
+
+    shared = tmp_path / "shared" / "routing.json"
+    shared.parent.mkdir()
+    write_routing(shared, Routing({"other": ModelRoute(3)}))
+    link = tmp_path / "routing.json"
+    link.symlink_to(shared)
+    set_route(link, "m", ModelRoute(2, 100, 5))
+    assert link.is_symlink() and os.readlink(link) == str(shared)
+    assert read_routing(shared).route("m") == ModelRoute(2, 100, 5) and read_routing(shared).route("other")
+    hold_route(link, "m")
+    assert link.is_symlink() and read_routing(shared).route("m").canary_percent == 0
+    clear_route(link, "m")
+    assert link.is_symlink() and read_routing(shared).route("m") is None
+    assert not [p.name for p in shared.parent.iterdir() if ".tmp-" in p.name]  # no temp file left beside it

@@ -1,6 +1,6 @@
 """The shadow's comparison of two answers against an independent count, example by example in plain Python, over
 random outputs (hypothesis): names only one version has, shapes and dtypes that differ, both wire encodings, and
-every kind of classification output (scores, class ids, sigmoids)."""
+every kind of classification output (scores, class ids, sigmoids named so), and regression outputs of any shape."""
 
 from __future__ import annotations
 
@@ -27,15 +27,17 @@ def answer(outputs: dict[str, np.ndarray], as_values: bool = False) -> bytes:
     return message.SerializeToString()
 
 
-def class_of(array: np.ndarray, i: int):
-    """Example i's class, or None when `array` is not a classification output: written out by hand."""
+def class_of(array: np.ndarray, i: int, name: str):
+    """Example i's class, or None when output `name` is not a classification output: written out by hand."""
     kind, shape = array.dtype.kind, array.shape
+    if kind == "f" and name == "predictions":  # the regression head
+        return None
     if kind == "f" and len(shape) == 2 and shape[1] > 1:
         row = [float(v) for v in array[i]]
         return row.index(max(row))  # the first of equal maxima, as argmax
     if kind in "iub" and (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
         return int(array.ravel()[i])
-    if kind == "f" and len(shape) == 2 and shape[1] == 1:
+    if kind == "f" and len(shape) == 2 and shape[1] == 1 and name in ("probabilities", "logistic"):
         return float(array[i][0]) > 0.5
     return None
 
@@ -54,8 +56,10 @@ def expected(stable: dict, candidate: dict) -> Comparison | None:
     if not common or len({stable[k].shape[0] for k in common}) > 1:
         return None
     n = stable[common[0]].shape[0]
-    classifying = [k for k in common if class_of(np.zeros((1, *stable[k].shape[1:]), stable[k].dtype), 0) is not None]
-    flips = sum(any(class_of(stable[k], i) != class_of(candidate[k], i) for k in classifying) for i in range(n))
+    classifying = [
+        k for k in common if class_of(np.zeros((1, *stable[k].shape[1:]), stable[k].dtype), 0, k) is not None
+    ]
+    flips = sum(any(class_of(stable[k], i, k) != class_of(candidate[k], i, k) for k in classifying) for i in range(n))
     diffs = [
         abs(float(b) - float(a))
         for k in common
@@ -70,7 +74,8 @@ def output_pairs(draw):
     """Stable's outputs and the candidate's: most alike in name, shape and dtype, some not."""
     n = draw(st.integers(0, 5))
     stable, candidate = {}, {}
-    for name in draw(st.lists(st.sampled_from("abcdef"), unique=True, max_size=4)):
+    names = st.sampled_from(["a", "b", "c", "d", "probabilities", "logistic", "predictions"])
+    for name in draw(st.lists(names, unique=True, max_size=4)):
         dtype = draw(st.sampled_from((*NUMERIC, object)))
         shape = draw(st.sampled_from([(n,), (n, 1), (n, 3), (n, 2, 2), (), (n + 1, 2)]))
         stable[name] = draw(values(dtype, shape))
@@ -134,3 +139,14 @@ def test_class_ids_and_sigmoids_count_flips_and_an_added_output_is_ignored():
 def test_answers_with_nothing_comparable_in_common_are_incomparable(candidate):
     with pytest.raises(Incomparable):
         compare(answer({"p": np.ones((2, 2), np.float32)}), answer(candidate))
+
+
+def test_a_regression_models_one_target_is_compared_as_a_regression_not_a_sigmoid():
+    """A float [N, 1] not named as a binary classifier's head (a regression model's one target), and the regression
+    head `predictions` of any shape: |candidate - stable| summed, nothing classified, no flip."""
+    for name, shape in (("predictions", (4, 1)), ("output_0", (4, 1)), ("predictions", (4, 3))):
+        stable = np.linspace(0.1, 0.9, math.prod(shape)).reshape(shape).astype(np.float32)
+        candidate = (stable + np.float32(0.5)).astype(np.float32)  # every example crosses 0.5 or moves by 0.5
+        got = compare(answer({name: stable}), answer({name: candidate}))
+        assert (got.pairs, got.classified, got.flips) == (4, 0, 0), name
+        assert got.abs_diff == pytest.approx(0.5 * math.prod(shape), rel=1e-6), name

@@ -42,20 +42,22 @@ def ensure_writable_dir(directory: Path, what: str) -> None:
 
 def write_file_atomic(path: Path, data: bytes) -> Path:
     """Write via a temp file of its own (created exclusively, mode as `open` gives), fsync and one rename: readers
-    in other processes see all of it or none, and two writers of one path never share a temp file."""
+    in other processes see all of it or none, and two writers of one path never share a temp file. A symlink is
+    written through: its target is replaced and the link kept (a user's link to a shared file stays one)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = unique_sibling(path, "tmp")
+    target = Path(os.path.realpath(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = unique_sibling(target, "tmp")
     try:
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    fsync_dir(target.parent)
     return path
 
 

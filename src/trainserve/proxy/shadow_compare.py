@@ -7,9 +7,13 @@ error). The classification outputs, where an example flips when its predicted cl
 
 - float `[N, K]`, K > 1: scores or probabilities, the class is the argmax;
 - integer or bool `[N]` or `[N, 1]`: class ids (e.g. `classes`), the class is the value;
-- float `[N, 1]`: a sigmoid, the class is whether it is above 0.5.
+- float `[N, 1]` named as a binary classifier's head names it (`probabilities`, TF's `logistic`): a sigmoid, the
+  class is whether it is above 0.5.
 
-Every other comparable output (regression) adds |candidate - stable| summed over its elements.
+A float output named `predictions` (the regression head's name in the signature, as replay reads it) is never a
+classification, nor is any other float `[N, 1]`: a regression model's one target is not a sigmoid, and its shape
+alone cannot tell. Every comparable output that is not a classification (regression) adds |candidate - stable|
+summed over its elements.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainserve.errors import TrainserveError
+from trainserve.layout import PREDICTIONS, PROBABILITIES
 from trainserve.protos import predict_pb2
 from trainserve.tensors import from_tensor_proto
 
 SIGMOID_THRESHOLD = 0.5
+SIGMOID_OUTPUTS = (PROBABILITIES, "logistic")  # a binary classifier's one score, by the names heads give it
 
 
 class Incomparable(ValueError):
@@ -40,14 +46,16 @@ class Comparison:
     abs_diff: float
 
 
-def predicted_class(x: np.ndarray) -> np.ndarray | None:
-    """Each example's class if `x` is a classification output (see the module's docstring), else None."""
+def predicted_class(x: np.ndarray, name: str = "") -> np.ndarray | None:
+    """Each example's class if output `name` is a classification output (see the module's docstring), else None."""
     floating, integral = np.issubdtype(x.dtype, np.floating), np.issubdtype(x.dtype, np.integer) or x.dtype == bool
-    if x.ndim == 2 and x.shape[1] > 1 and floating:
+    if floating and (name == PREDICTIONS or x.ndim != 2):
+        return None
+    if floating and x.shape[1] > 1:
         return x.argmax(axis=1)
     if integral and (x.ndim == 1 or (x.ndim == 2 and x.shape[1] == 1)):
         return x.reshape(len(x))
-    if floating and x.ndim == 2 and x.shape[1] == 1:
+    if floating and name in SIGMOID_OUTPUTS:
         return x[:, 0] > SIGMOID_THRESHOLD
     return None
 
@@ -76,8 +84,8 @@ def compare(stable: bytes, candidate: bytes) -> Comparison:
         raise Incomparable(f"outputs disagree on the number of examples: {rows}")
     (n,) = set(rows.values())
     flipped, classified, abs_diff = np.zeros(n, bool), False, 0.0
-    for _, x, y in outputs:
-        x_class, y_class = predicted_class(x), predicted_class(y)
+    for key, x, y in outputs:
+        x_class, y_class = predicted_class(x, key), predicted_class(y, key)
         if x_class is not None:
             flipped |= x_class != y_class
             classified = True

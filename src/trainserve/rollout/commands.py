@@ -58,12 +58,13 @@ def add_parsers(commands) -> None:
             run_rollout,
             "shift live `stable` traffic to a candidate step by step (shadow, canary shares), judged on Prometheus",
             "Check the candidate's eval report as promote does, label it `candidate`, then follow --plan: each step "
-            "rewrites the proxy's routing file (a shadow share, then canary shares of `stable` requests) "
-            "and is watched on Prometheus (the candidate's server-error ratio and p99 latency against stable's, "
-            "the online flip rate's bound). A failing check rolls back at once (routing held on stable, confirmed by "
-            "every proxy replica, then `candidate` dropped, stable untouched); too few requests or no answer holds, "
-            "up to --max-hold, then pauses with the routing held on stable; the last step promotes. Every step, "
-            "query and value lands in the rollout history, from which a killed controller resumes.",
+            "rewrites the proxy's routing file (a shadow share, then canary shares of `stable` requests) and is judged "
+            "on Prometheus with anytime-valid bounds: the candidate's error share and its calls slower than stable's "
+            "p99 against stable's own, its failed copies against stable's error share, over the same step, and the "
+            "flip rate against a budget anchored to the offline disagreement. A failing check rolls back at once "
+            "(routing held on stable, confirmed by every proxy replica, then `candidate` dropped); too few requests "
+            "or no answer holds, up to --max-hold, then pauses with the routing held on stable; the last step "
+            "promotes. Every step, query and value lands in the history, from which a killed controller resumes.",
         ),
     )
     for name, options, func, help_text, description in steps:

@@ -306,7 +306,9 @@ class RolloutConfig:
         None, "Prometheus's URL, asked the proxy's series and recording rules between steps"
     )
     proxy_job: str = option(
-        PROXY_JOB, "the scrape job (Prometheus `job` label) of the proxy's replicas, whose series are read"
+        PROXY_JOB,
+        "the scrape job (Prometheus `job` label) of the proxy's replicas, whose series are read; refused while a "
+        "replica under another job routes the model (its calls would be neither judged nor waited for)",
     )
     report: Path | None = option(
         None, "the candidate's eval report, checked as promote checks it, before anything moves"

@@ -47,6 +47,7 @@ from trainserve.rollout.progress import PROMOTE as PROMOTE_EVENT
 from trainserve.rollout.prometheus import Prometheus, PrometheusUnreachable
 from trainserve.rollout.sizing.auto import resolve
 from trainserve.rollout.steps import Server, stage_candidate
+from trainserve.rollout.targets import refuse_unjudged_replicas
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,10 @@ class Controller:
                 f"version {version} is not the candidate yet: expected --server, so that it is labelled once loaded"
             )
         read = evidence_of(config, self.model, labels, version)
+        # Before the START record, so that a refusal leaves nothing to --abort (unanswered: the first step holds).
+        with contextlib.suppress(PrometheusUnreachable):
+            if self.prometheus is not None:
+                refuse_unjudged_replicas(self.prometheus, config.proxy_job, self.model)
         offline = offline_summary(read, config.replay, labels.stable)
         flips = read.report["task"]["kind"] == "classification"
         resolved = resolve(config, self.prometheus, self.model, offline, flips, self.clock())

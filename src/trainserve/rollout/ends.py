@@ -73,11 +73,16 @@ class Ends:
     # -- rollback ------------------------------------------------------------------------------------------
 
     def abort(self, start: dict) -> Outcome:
-        """--abort: refused before anything moves when the label could only be dropped unconfirmed."""
+        """--abort: the replicas confirmed on --prometheus, else on the Prometheus the START record names (an abort
+        needs only the model and --reason); refused before anything moves when the label could only be dropped
+        unconfirmed."""
+        if self.prometheus is None and start.get("prometheus"):
+            self.prometheus = Prometheus(start["prometheus"])
         if self.prometheus is None and self._needs_confirming(start):
             raise TrainserveError(
                 f"--abort of model {self.model} version {start['candidate']}, which had a canary share: expected "
-                "--prometheus URL, to confirm that every proxy replica left it before its label is dropped"
+                "--prometheus URL (its START record names none), to confirm that every proxy replica left it before "
+                "its label is dropped"
             )
         said = f"aborted: {self.config.reason}"
         self.append(ROLLBACK, start, said=said)

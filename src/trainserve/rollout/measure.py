@@ -22,7 +22,8 @@ whether they can be judged at this look.
              latency from there)
     values   informational: the counters' totals now, stable's interpolated p99 in seconds
 
-`Meter.origin()` is a step's state at its start (and refuses a rollout that nothing scrapes the proxy for);
+`Meter.origin()` is a step's state at its start (and refuses a rollout that nothing scrapes the proxy for, or whose
+model a replica under another job routes: trainserve.rollout.targets);
 `Meter.look(state)` the counts since, the values, the state to keep (recorded in the history whenever it changes,
 so a resumed controller counts on from it) and why the counts cannot be judged now (trainserve.rollout.targets).
 State: {"le": the p99 bucket's `le` or None, "lower": the bound below, "weight": weight, "seen": {counter:
@@ -43,7 +44,7 @@ from trainserve.proxy.proxy_metrics import (
 )
 from trainserve.rollout.counting import tallied
 from trainserve.rollout.prometheus import Prometheus
-from trainserve.rollout.targets import PROXY_JOB, REQUESTS, proxy_targets, refuse_if_never_scraped
+from trainserve.rollout.targets import PROXY_JOB, REQUESTS, proxy_targets, refuse_other_jobs, refuse_unjudged_replicas
 
 # The statuses that are no version's error on a routed request, as trainserve:proxy_route_errors:ratio_rate5m
 # reads them (monitoring/rules.yml; a test keeps the two equal): a client that gave up (CANCELLED) is nobody's.
@@ -189,9 +190,9 @@ class Meter:
 
     def origin(self) -> dict:
         """The state a step's counts start from: every replica's counters now, the step's latency threshold.
-        Refused when Prometheus has had no target of the proxy's job for a while (nothing scrapes it)."""
-        if not proxy_targets(self.prometheus, self.job).up:
-            refuse_if_never_scraped(self.prometheus, self.job)
+        Refused when Prometheus has had no target of the proxy's job for a while (nothing scrapes it), or a
+        replica under another job routes the model (trainserve.rollout.targets)."""
+        refuse_unjudged_replicas(self.prometheus, self.job, self.model)
         state, _ = self._counted({})
         return state
 
@@ -204,7 +205,9 @@ class Meter:
 
     def look(self, state: dict) -> Look:
         """The step's counts from `state` on. Unjudged while a target is down or silent, before or after the
-        counters are read (a replica missed in between has its calls counted at a later look)."""
+        counters are read (a replica missed in between has its calls counted at a later look). Refused when a
+        replica under another job routes the model."""
+        refuse_other_jobs(self.prometheus, self.job, self.model)
         before = proxy_targets(self.prometheus, self.job).unjudged()
         state, values = self._counted(state)
         after = proxy_targets(self.prometheus, self.job).unjudged()

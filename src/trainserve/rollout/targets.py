@@ -6,6 +6,13 @@ A look at a step's counts cannot be judged while a target is down (its calls sin
 counts yet) or is up without the proxy's request counts (just started and not called yet, out of the Service, or
 not the proxy at all: the wrong port under the proxy's job). A rollout whose Prometheus has had no target of the
 job for an hour is refused: nothing scrapes the proxy, and holding would only wait for --max-hold.
+
+One job is judged and waited for, so a rollout is refused, before it starts and at every look (a replica may appear
+later), while a replica under another job routes the model (its routing gauge): that replica's calls to the
+candidate would be neither counted nor waited for (a second proxy following the same routing file under another job
+once ran a canary that rejected every call, and the candidate was promoted). Reading every job that exports the
+gauge instead would count twice a replica that two jobs scrape (a static config beside a PodMonitor), and narrow
+the checks' bounds on calls that were made once.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainserve.errors import TrainserveError
-from trainserve.proxy.proxy_metrics import REQUEST_COUNT
+from trainserve.proxy.proxy_metrics import CANARY_PERCENT, REQUEST_COUNT
 from trainserve.rollout.prometheus import Prometheus
 
 PROXY_JOB = "proxy"  # the scrape job of the proxy in monitoring/prometheus*.yml and the k8s PodMonitor
@@ -59,6 +66,27 @@ def proxy_targets(prometheus: Prometheus, job: str = PROXY_JOB) -> Targets:
 def silent_query(job: str) -> str:
     """The targets up whose last scrape had no request counts, in one evaluation (one scrape's samples)."""
     return f'up{{job="{job}"}} == 1 unless on (instance) count by (instance) ({REQUESTS}{{job="{job}"}})'
+
+
+def refuse_unjudged_replicas(prometheus: Prometheus, job: str, model: str) -> None:
+    """Before a rollout writes anything: refused when nothing scrapes the proxy as `job`, or when a replica under
+    another job routes `model`."""
+    if not proxy_targets(prometheus, job).up:
+        refuse_if_never_scraped(prometheus, job)
+    refuse_other_jobs(prometheus, job, model)
+
+
+def refuse_other_jobs(prometheus: Prometheus, job: str, model: str) -> None:
+    """A one-line refusal when a replica scraped under a job other than `job` reports a route of `model`."""
+    found = prometheus.series(f'group by (job, instance) ({CANARY_PERCENT}{{job!="{job}",model_name="{model}"}})')
+    if not found:
+        return
+    others = sorted({f"{labels.get('job', '')!r} ({labels.get('instance', '')})" for labels, _ in found})
+    raise TrainserveError(
+        f"model {model} is routed by proxy replicas under scrape job(s) {', '.join(others)}, not --proxy-job "
+        f"{job!r}: their calls would be neither judged nor waited for; expected every replica that follows the "
+        "routing file scraped under the one job --proxy-job names"
+    )
 
 
 def refuse_if_never_scraped(prometheus: Prometheus, job: str) -> None:
