@@ -42,8 +42,8 @@ import numpy as np
 
 from trainserve.exposition import LATENCY_BUCKETS
 from trainserve.rollout import analysis, measure
-from trainserve.rollout.config import RolloutConfig, StepGate
 from trainserve.rollout.plan import AUTO, CANARY, EXAMPLE_PLAN, Plan, parse_plan
+from trainserve.rollout.rollout_config import RolloutConfig, StepGate
 from trainserve.rollout.sizing.choose import Limits, PlanRefused, hours, size_plan
 from trainserve.rollout.sizing.expect import totals
 from trainserve.rollout.sizing.simulate import Situation

@@ -9,10 +9,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from trainserve.rollout import analysis
-from trainserve.rollout.config import StepGate
 from trainserve.rollout.measure import KEYS
 from trainserve.rollout.plan import parse_plan
 from trainserve.rollout.progress import CHECK, START, STEP, event
+from trainserve.rollout.rollout_config import StepGate
 
 PLAN = "shadow 1s, 25% 1s, 100%"
 GATE = StepGate(min_requests=20)

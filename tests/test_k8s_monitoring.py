@@ -17,7 +17,7 @@ from test_k8s import render
 
 from conftest import REPO
 from trainserve.proxy.config import ProxyConfig
-from trainserve.rollout.config import RolloutConfig
+from trainserve.rollout.rollout_config import RolloutConfig
 from trainserve.serving.config import parse_monitoring
 
 pytestmark = pytest.mark.unit  # kubectl runs as a subprocess; nothing imports TensorFlow

@@ -21,12 +21,13 @@ from trainserve.files import locked
 from trainserve.options import config_from_args
 from trainserve.proxy.routing import read_routing
 from trainserve.rollout.analysis import ADVANCE, FAIL, HOLD, PASS, ROLLBACK, UNKNOWN, WATCH, checks, decide
-from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig, StepGate
+from trainserve.rollout.config import CandidateConfig, PromoteConfig
 from trainserve.rollout.config_file import history_path, read_config
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.measure import KEYS
 from trainserve.rollout.plan import CANARY, PROMOTE, SHADOW, Step, parse_plan
+from trainserve.rollout.rollout_config import RolloutConfig, StepGate
 from trainserve.rollout.steps import promote, stage_candidate
 
 pytestmark = pytest.mark.unit
@@ -195,7 +196,7 @@ PAIRS = {"shadow_pairs": 8000, "shadow_classified": 8000, "shadow_compared": 800
             counts(shadow_compared=95_000, shadow_errors=5000, stable_requests=100_000, stable_errors=5000),
             True,
             ADVANCE,
-            [PASS],
+            [PASS, PASS],
             id="shadow-errors-transient-5pct",
         ),
         pytest.param(  # 1 % transient: not a hold either
@@ -204,7 +205,7 @@ PAIRS = {"shadow_pairs": 8000, "shadow_classified": 8000, "shadow_compared": 800
             counts(shadow_compared=19_800, shadow_errors=200, stable_requests=20_000, stable_errors=200),
             True,
             ADVANCE,
-            [PASS],
+            [PASS, PASS],
             id="shadow-errors-transient-1pct",
         ),
         pytest.param(  # 5 % transient and 5 % of its own: beyond stable's share by more than the budget
@@ -213,7 +214,7 @@ PAIRS = {"shadow_pairs": 8000, "shadow_classified": 8000, "shadow_compared": 800
             counts(shadow_compared=18_000, shadow_errors=2000, stable_requests=20_000, stable_errors=1000),
             False,
             ROLLBACK,
-            [FAIL],
+            [FAIL, PASS],
             id="shadow-errors-own-over-transient",
         ),
     ],

@@ -9,10 +9,10 @@ import logging
 import pytest
 
 from trainserve.rollout import analysis
-from trainserve.rollout.config import StepGate
 from trainserve.rollout.look_words import Narrator, units_needed
 from trainserve.rollout.measure import KEYS, Look
 from trainserve.rollout.plan import CANARY, Step
+from trainserve.rollout.rollout_config import StepGate
 from trainserve.stats.sequential import difference_sequence
 
 pytestmark = pytest.mark.unit

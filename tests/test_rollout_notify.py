@@ -19,13 +19,13 @@ from test_rollout_safety import Applied, labels, rollout_events, site, site_in  
 from trainserve.cli import build_parser
 from trainserve.options import config_from_args
 from trainserve.proxy.routing import read_routing
-from trainserve.rollout.config import RolloutConfig
 from trainserve.rollout.controller import Controller
 from trainserve.rollout.ends import RolloutPaused
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.measure import THRESHOLD, queries
 from trainserve.rollout.notify import fingerprint
 from trainserve.rollout.notify_sender import Refused, Sender, parse_receivers
+from trainserve.rollout.rollout_config import RolloutConfig
 
 pytestmark = pytest.mark.unit  # in process; the receiver is a thread on a loopback port
 
@@ -155,7 +155,8 @@ def test_each_decision_of_a_promoted_rollout_is_posted_once_with_the_look_behind
     # the look that advanced the shadow step: its checks, each passed, with what it said
     look = bodies[2]["look"]
     assert (look["step"], look["decision"]) == (0, "advance")
-    assert [(c["name"], c["result"]) for c in look["checks"]] == [("shadow_errors", "pass"), ("flip_rate", "pass")]
+    names = [(c["name"], c["result"]) for c in look["checks"]]
+    assert names == [("shadow_errors", "pass"), ("slow_copies", "pass"), ("flip_rate", "pass")]
     assert look["counts"]["shadow_compared"] > 0 and all(c["said"] for c in look["checks"])
     assert bodies[3]["summary"] == "model m version 2 promoted: stable -> 2" and bodies[3]["step"]["words"] == "100%"
     assert bodies[3]["report"] == str(config.parent / "rollout-m-2.html")

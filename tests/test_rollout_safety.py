@@ -20,7 +20,7 @@ from trainserve.cli import main
 from trainserve.evidence.document import read_report
 from trainserve.proxy.routing import ModelRoute, read_routing, write_routing
 from trainserve.proxy.routing import Routing as RoutingFile
-from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
+from trainserve.rollout.config import CandidateConfig, PromoteConfig
 from trainserve.rollout.config_file import history_path, read_config, write_config
 from trainserve.rollout.controller import Controller
 from trainserve.rollout.ends import RollbackPending
@@ -28,6 +28,7 @@ from trainserve.rollout.history import append_history, read_history
 from trainserve.rollout.labels import Rollout, apply_rollout
 from trainserve.rollout.plan import parse_plan
 from trainserve.rollout.progress import PROMOTE, ROLLBACK, START, STEP, event
+from trainserve.rollout.rollout_config import RolloutConfig
 from trainserve.rollout.steps import promote, stage_candidate
 
 pytestmark = pytest.mark.unit

@@ -30,12 +30,13 @@ from trainserve.cli import build_parser, main
 from trainserve.client import ServingClient
 from trainserve.options import config_from_args
 from trainserve.proxy.routing import read_routing
-from trainserve.rollout.config import CandidateConfig, PromoteConfig, RolloutConfig
+from trainserve.rollout.config import CandidateConfig, PromoteConfig
 from trainserve.rollout.config_file import history_path, read_config
 from trainserve.rollout.controller import Controller
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.prometheus import Prometheus as PrometheusClient
+from trainserve.rollout.rollout_config import RolloutConfig
 from trainserve.rollout.steps import promote, stage_candidate
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rollout-live")]

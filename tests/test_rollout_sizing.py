@@ -16,8 +16,8 @@ import yaml
 from conftest import require
 from trainserve.errors import TrainserveError
 from trainserve.rollout import analysis
-from trainserve.rollout.config import RolloutConfig, StepGate
 from trainserve.rollout.plan import CANARY, PROMOTE, SHADOW, Step, parse_plan, plan_or_auto
+from trainserve.rollout.rollout_config import RolloutConfig, StepGate
 from trainserve.rollout.sizing.choose import Limits, PlanRefused, hours, size_plan
 from trainserve.rollout.sizing.expect import expect_plan, totals
 from trainserve.rollout.sizing.simulate import Situation, pass_times

@@ -17,11 +17,11 @@ from trainserve.errors import TrainserveError
 from trainserve.options import config_from_args
 from trainserve.proxy.proxy_metrics import CANARY_PERCENT
 from trainserve.proxy.routing import ModelRoute, read_routing
-from trainserve.rollout.config import RolloutConfig
 from trainserve.rollout.controller import Controller
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.moves import set_route
 from trainserve.rollout.prometheus import Prometheus as PrometheusClient
+from trainserve.rollout.rollout_config import RolloutConfig
 
 pytestmark = pytest.mark.integration  # a Prometheus process, sockets
 

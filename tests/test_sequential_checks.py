@@ -16,10 +16,10 @@ from scipy.stats import binomtest
 
 from trainserve.evidence.document import ReadReport
 from trainserve.rollout.analysis import ADVANCE, FAIL, PASS, ROLLBACK, UNKNOWN, checks, decide, flip_budget
-from trainserve.rollout.config import StepGate
 from trainserve.rollout.measure import KEYS, step_counts, threshold
 from trainserve.rollout.offline import offline_summary
 from trainserve.rollout.plan import CANARY, SHADOW, Step
+from trainserve.rollout.rollout_config import StepGate
 
 pytestmark = pytest.mark.unit
 

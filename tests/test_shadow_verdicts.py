@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from trainserve.rollout.analysis import ADVANCE, FAIL, HOLD, PASS, ROLLBACK, UNKNOWN, checks, decide
-from trainserve.rollout.config import StepGate
 from trainserve.rollout.measure import KEYS
 from trainserve.rollout.plan import SHADOW, Step
+from trainserve.rollout.rollout_config import StepGate
 
 pytestmark = pytest.mark.unit
 

@@ -25,8 +25,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainserve.rollout.config import StepGate
 from trainserve.rollout.plan import CANARY, SHADOW, Step
+from trainserve.rollout.rollout_config import StepGate
 from trainserve.stats.proportions import wilson_upper
 from trainserve.stats.sequential import confidence_sequence, difference_sequence
 

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING
 
 from trainserve.errors import TrainserveError
 from trainserve.rollout import moves
-from trainserve.rollout.config import step_index
 from trainserve.rollout.config_file import find_model, history_path, read_config
 from trainserve.rollout.history import append_history, read_history
 from trainserve.rollout.progress import APPROVED, AWAITING, ROLLOUT, START, STEP, event, in_progress, same_rollout
+from trainserve.rollout.rollout_config import step_index
 
 if TYPE_CHECKING:
-    from trainserve.rollout.config import RolloutConfig
     from trainserve.rollout.notify import Notifier
     from trainserve.rollout.plan import Plan
+    from trainserve.rollout.rollout_config import RolloutConfig
 
 log = logging.getLogger(__name__)
 

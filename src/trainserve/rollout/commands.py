@@ -10,61 +10,55 @@ import threading
 from trainserve.options import add_options, config_from_args
 from trainserve.rollout.report.command import add_report_parser
 
+CANDIDATE = (
+    "Add the newest version under the model's base path (or --version) to the config's `specific` versions, wait "
+    "until the server has it AVAILABLE, then label it `candidate`. With --routing-file, the model is first routed "
+    "with no share (and, with --prometheus, followed by every proxy replica), so that requests naming no version stay "
+    "on `stable`. Refused while a rollout of the model is in progress (--skip-during-rollout: a logged no-op instead)."
+)
+PROMOTE = (
+    "Read the eval report of the candidate (trainserve eval --label candidate --report FILE), check it against its "
+    "schema and re-derive its decision: its gates from its numbers, its baseline against the config's stable, the "
+    "version's files against those it evaluated, its data as the version's own held-out split, evaluated whole; with "
+    "--replay, a replay's flip-rate gate from its counts too. Then label the candidate `stable` and keep the old "
+    "stable loaded as `previous`, and remove the model's route from --routing-file. A refusal rewrites nothing; "
+    "--override CHECK --reason TEXT passes a check, on the record. Refused while a rollout of the model is in "
+    "progress (it promotes, or rolls back, itself)."
+)
+ROLLBACK = (
+    "Label the previous stable version (kept loaded since the last promotion) `stable` again; the model's route in "
+    "--routing-file is removed unless a `candidate` stays labelled. Refused while a rollout of the model is in "
+    "progress (`trainserve rollout --abort --reason TEXT` ends it)."
+)
+ROLLOUT = (
+    "Check the candidate's eval report as promote does, label it `candidate`, then follow --plan (`auto`: steps "
+    "sized to the model's request rate, read from Prometheus, said before anything moves; refused when no plan "
+    "decides within --max-duration): each step rewrites the proxy's routing file (a shadow share, then canary "
+    "shares of `stable` requests) and is judged on Prometheus with anytime-valid bounds: the candidate's error share "
+    "and its calls slower than stable's p99 against stable's own, its failed copies against stable's error share, "
+    "over the same step, and the flip rate against a budget anchored to the offline disagreement. A failing check "
+    "rolls back at once (routing held on stable, confirmed by every proxy replica, then `candidate` dropped); too "
+    "few requests or no answer holds, up to the step's hold, then pauses with the routing held on stable (a rerun "
+    "resumes the step with its counts); the last step promotes. Every step, query and value lands in the history, "
+    "from which a killed controller resumes, and each end writes a decision report beside it."
+)
+
 
 def add_parsers(commands) -> None:
     """The rollout stage's commands."""
-    from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig, RolloutConfig
+    from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
+    from trainserve.rollout.rollout_config import RolloutConfig
 
     steps = (
-        (
-            "candidate",
-            CandidateConfig,
-            run_candidate,
-            "serve the newest published version as `candidate`, stable untouched",
-            "Add the newest version under the model's base path (or --version) to the config's "
-            "`specific` versions, wait until the server has it AVAILABLE, then label it `candidate`. With "
-            "--routing-file, the model is first routed with no share (and, with --prometheus, followed by every proxy "
-            "replica), so that requests naming no version stay on `stable`. Refused while a rollout of the model is in "
-            "progress (--skip-during-rollout: a logged no-op instead).",
-        ),
-        (
-            "promote",
-            PromoteConfig,
-            run_promote,
-            "move `stable` to the candidate whose eval report passed",
-            "Read the eval report of the candidate (trainserve eval --label candidate --report FILE), check it "
-            "against its schema and re-derive its decision: its gates from its numbers, its baseline against the "
-            "config's stable, the version's files against those it evaluated, its data as the version's own "
-            "held-out split, evaluated whole; with --replay, a replay's flip-rate gate from its counts too. Then "
-            "label the candidate `stable` and keep the old stable loaded as "
-            "`previous`, and remove the model's route from --routing-file. A refusal rewrites nothing; --override "
-            "CHECK --reason TEXT passes a check, on the record. "
-            "Refused while a rollout of the model is in progress (it promotes, or rolls back, itself).",
-        ),
-        (
-            "rollback",
-            RollbackConfig,
-            run_rollback,
-            "move `stable` back to the previous stable version",
-            "Label the previous stable version (kept loaded since the last promotion) `stable` again; the model's "
-            "route in --routing-file is removed unless a `candidate` stays labelled. Refused while a rollout of the "
-            "model is in progress (`trainserve rollout --abort --reason TEXT` ends it).",
-        ),
-    )
-    steps += (
+        ("candidate", CandidateConfig, run_candidate, "serve the newest published version as `candidate`", CANDIDATE),
+        ("promote", PromoteConfig, run_promote, "move `stable` to the candidate whose eval report passed", PROMOTE),
+        ("rollback", RollbackConfig, run_rollback, "move `stable` back to the previous stable version", ROLLBACK),
         (
             "rollout",
             RolloutConfig,
             run_rollout,
             "shift live `stable` traffic to a candidate step by step (shadow, canary shares), judged on Prometheus",
-            "Check the candidate's eval report as promote does, label it `candidate`, then follow --plan: each step "
-            "rewrites the proxy's routing file (a shadow share, then canary shares of `stable` requests) and is judged "
-            "on Prometheus with anytime-valid bounds: the candidate's error share and its calls slower than stable's "
-            "p99 against stable's own, its failed copies against stable's error share, over the same step, and the "
-            "flip rate against a budget anchored to the offline disagreement. A failing check rolls back at once "
-            "(routing held on stable, confirmed by every proxy replica, then `candidate` dropped); too few requests "
-            "or no answer holds, up to --max-hold, then pauses with the routing held on stable; the last step "
-            "promotes. Every step, query and value lands in the history, from which a killed controller resumes.",
+            ROLLOUT,
         ),
     )
     for name, options, func, help_text, description in steps:
@@ -116,10 +110,10 @@ def run_rollback(args: argparse.Namespace) -> int:
 
 
 def run_rollout(args: argparse.Namespace) -> int:
-    from trainserve.rollout.config import RolloutConfig
     from trainserve.rollout.controller import Controller
     from trainserve.rollout.dry_run import dry_run
     from trainserve.rollout.prometheus import Prometheus
+    from trainserve.rollout.rollout_config import RolloutConfig
 
     config = config_from_args(RolloutConfig, args)
     config.check()

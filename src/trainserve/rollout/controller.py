@@ -28,10 +28,9 @@ from dataclasses import asdict
 
 from trainserve.errors import TrainserveError
 from trainserve.files import locked
-from trainserve.proxy.routing import default_sticky_salt
 from trainserve.rollout import analysis, moves
 from trainserve.rollout.approval import Approvals
-from trainserve.rollout.config import CandidateConfig, RolloutConfig
+from trainserve.rollout.config import CandidateConfig
 from trainserve.rollout.config_file import find_model, history_path, read_config
 from trainserve.rollout.ends import Ends, Outcome
 from trainserve.rollout.follow import routed_to
@@ -40,14 +39,13 @@ from trainserve.rollout.labels import Rollout
 from trainserve.rollout.look_words import Narrator
 from trainserve.rollout.measure import Meter
 from trainserve.rollout.notify import notifier
-from trainserve.rollout.offline import evidence_of, offline_summary
 from trainserve.rollout.plan import AUTO, PROMOTE, Plan, parse_plan
 from trainserve.rollout.progress import CHECK, RESUMED, ROLLBACK, START, STEP, Progress, event, in_progress
 from trainserve.rollout.progress import PROMOTE as PROMOTE_EVENT
 from trainserve.rollout.prometheus import Prometheus, PrometheusUnreachable
-from trainserve.rollout.sizing.auto import resolve
+from trainserve.rollout.rollout_config import RolloutConfig
+from trainserve.rollout.start import may_begin
 from trainserve.rollout.steps import Server, stage_candidate
-from trainserve.rollout.targets import refuse_unjudged_replicas
 
 log = logging.getLogger(__name__)
 
@@ -148,56 +146,19 @@ class Controller:
     # -- start and resume ----------------------------------------------------------------------------------
 
     def _start(self) -> Progress:
-        """The evidence promote would check, then the START record, under the config's lock (no `trainserve
-        candidate` in between: it refuses once the record is there); a refusal moves nothing."""
+        """Every refusal before anything moves (trainserve.rollout.start), then the START record, under the
+        config's lock (no `trainserve candidate` in between: it refuses once the record is there)."""
         config, labels = self.config, self._labels()
-        version = candidate_of(config, labels, self.model)
-        if labels.stable is None:
-            raise TrainserveError(
-                f"model {self.model} has no stable version: expected `trainserve promote` for the first one "
-                "(clients ask for `stable`; there is nothing to shift them from)"
-            )
-        if version == labels.stable:
-            raise TrainserveError(f"model {self.model} version {version} is already stable: nothing to roll out")
-        current = moves.route_of(config.routing_file, self.model)
-        moves.refuse_a_share(config.routing_file, self.model, current, "a rollout with none of it in the history")
-        if labels.candidate != version and self.server is None:
-            raise TrainserveError(
-                f"version {version} is not the candidate yet: expected --server, so that it is labelled once loaded"
-            )
-        read = evidence_of(config, self.model, labels, version)
-        # Before the START record, so that a refusal leaves nothing to --abort (unanswered: the first step holds).
-        with contextlib.suppress(PrometheusUnreachable):
-            if self.prometheus is not None:
-                refuse_unjudged_replicas(self.prometheus, config.proxy_job, self.model)
-        offline = offline_summary(read, config.replay, labels.stable)
-        flips = read.report["task"]["kind"] == "classification"
-        resolved = resolve(config, self.prometheus, self.model, offline, flips, self.clock())
-        self.plan = resolved.plan
+        begun = may_begin(config, self.prometheus, self.model, labels, self.server is not None, self.clock())
+        self.plan = begun.plan
         self.approvals.check()  # --approve-before names a step of the plan `auto` chose, or is refused now
-        for line in resolved.lines():
-            log.info("model %s: %s", self.model, line)
         with locked(config.config):
             if self._labels() != labels:
                 raise TrainserveError(f"model {self.model}: the labels changed while the rollout was starting: retry")
-            start = self._append(
-                START,
-                {"candidate": version},
-                plan=self.plan.text(),
-                sizing=resolved.record(),
-                stable=labels.stable,
-                flips=flips,
-                report=str(read.path),
-                report_sha256=read.sha256,
-                offline=offline,
-                gate=asdict(config.gate),
-                prometheus=config.prometheus,
-                routing_file=str(config.routing_file),
-                sticky_header=config.sticky_header,
-                sticky_salt=config.sticky_salt or default_sticky_salt(self.model, version),
-            )
+            start = self._append(START, {"candidate": begun.version}, **begun.fields)
         log.info(
-            "model %s: rollout of version %d begun (stable %d): %s", self.model, version, labels.stable, start["plan"]
+            "model %s: rollout of version %d begun (stable %d): %s",
+            *(self.model, begun.version, labels.stable, start["plan"]),
         )
         return Progress(start=start)
 
@@ -348,12 +309,3 @@ class Controller:
         """One controller per model and config: a second one is refused at once, not interleaved."""
         holder = f"another `trainserve rollout` of model {self.model}"
         return locked(self.config.config, f"rollout-{self.model}.lock", holder)
-
-
-def candidate_of(config: RolloutConfig, labels: Rollout, model: str) -> int:
-    """--candidate, or else the version the config labels `candidate` (staged by `trainserve candidate`)."""
-    if config.candidate is not None:
-        return config.candidate
-    if labels.candidate is None:
-        raise TrainserveError(f"model {model} has no `candidate` label: expected --candidate VERSION")
-    return labels.candidate

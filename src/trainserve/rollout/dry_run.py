@@ -9,14 +9,14 @@ import time
 
 from trainserve.errors import TrainserveError
 from trainserve.rollout import analysis, measure, targets
-from trainserve.rollout.config import RolloutConfig, step_index
 from trainserve.rollout.config_file import find_model, read_config
-from trainserve.rollout.controller import candidate_of
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.offline import evidence_of, offline_summary
 from trainserve.rollout.plan import AUTO, PROMOTE, Plan
 from trainserve.rollout.prometheus import Prometheus
+from trainserve.rollout.rollout_config import RolloutConfig, step_index
 from trainserve.rollout.sizing.auto import resolve
+from trainserve.rollout.start import candidate_of
 
 LE, LOWER = "LE", "LOWER"  # the step's latency threshold's bucket bounds, known once it begins
 

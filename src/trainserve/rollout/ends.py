@@ -21,7 +21,7 @@ from pathlib import Path
 
 from trainserve.errors import TrainserveError
 from trainserve.rollout import moves
-from trainserve.rollout.config import PromoteConfig, RolloutConfig
+from trainserve.rollout.config import PromoteConfig
 from trainserve.rollout.config_file import history_path
 from trainserve.rollout.follow import FOLLOW_POLL_S, Judge, await_followers, no_canary
 from trainserve.rollout.history import read_history
@@ -30,6 +30,7 @@ from trainserve.rollout.plan import parse_plan
 from trainserve.rollout.progress import PAUSED, PROMOTED, ROLLBACK, ROLLED_BACK, in_progress
 from trainserve.rollout.prometheus import Prometheus
 from trainserve.rollout.report.write import written
+from trainserve.rollout.rollout_config import RolloutConfig
 from trainserve.rollout.steps import ReportChanged, Server, promote
 
 

@@ -14,9 +14,9 @@ import sys
 
 from trainserve.rollout import analysis
 from trainserve.rollout.analysis import Check
-from trainserve.rollout.config import StepGate
 from trainserve.rollout.measure import Look
 from trainserve.rollout.plan import Step
+from trainserve.rollout.rollout_config import StepGate
 from trainserve.rollout.sizing.choose import hours
 
 log = logging.getLogger("trainserve.rollout.controller")

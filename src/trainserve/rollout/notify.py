@@ -33,7 +33,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainserve.rollout.config import RolloutConfig
 from trainserve.rollout.history import append_history, read_history
 from trainserve.rollout.notify_sender import Receiver, Sender, Tally
 from trainserve.rollout.plan import parse_plan
@@ -49,6 +48,7 @@ from trainserve.rollout.progress import (
     STEP,
     event,
 )
+from trainserve.rollout.rollout_config import RolloutConfig
 
 log = logging.getLogger(__name__)
 

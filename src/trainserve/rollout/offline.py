@@ -9,9 +9,10 @@ from trainserve.errors import TrainserveError
 from trainserve.evidence.document import ReadReport, read_replay_report, read_report
 from trainserve.evidence.flips import flip_rate
 from trainserve.rollout.checks import refusals
-from trainserve.rollout.config import PromoteConfig, RolloutConfig
+from trainserve.rollout.config import PromoteConfig
 from trainserve.rollout.config_file import find_model, read_config
 from trainserve.rollout.labels import Rollout
+from trainserve.rollout.rollout_config import RolloutConfig
 
 
 def evidence_of(config: RolloutConfig, model: str, labels: Rollout, version: int) -> ReadReport:

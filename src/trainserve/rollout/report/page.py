@@ -12,10 +12,10 @@ from trainserve import __version__
 from trainserve.html_page import escape, figure, page, table
 from trainserve.html_page import verdict as verdict_line
 from trainserve.rollout import analysis
-from trainserve.rollout.config import StepGate
 from trainserve.rollout.report.plots import draw_bounds, has_bounds
 from trainserve.rollout.report.read import Account, Stint
 from trainserve.rollout.report.words import bounds, budget, check_words, units, verdict
+from trainserve.rollout.rollout_config import StepGate
 
 # Records each image's decoded size in the page, as eval.html does: how a test in a browser sees that they decode.
 SCRIPT = """window.addEventListener("load", function () {

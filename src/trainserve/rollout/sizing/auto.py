@@ -10,9 +10,9 @@ import logging
 from dataclasses import dataclass, field
 
 from trainserve.errors import TrainserveError
-from trainserve.rollout.config import RolloutConfig
 from trainserve.rollout.plan import AUTO, Plan
 from trainserve.rollout.prometheus import Prometheus
+from trainserve.rollout.rollout_config import RolloutConfig
 from trainserve.rollout.sizing.choose import Limits, hours, size_plan
 from trainserve.rollout.sizing.expect import Expected, expect_plan, totals
 from trainserve.rollout.sizing.simulate import Situation

@@ -28,9 +28,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from trainserve.rollout import analysis
-from trainserve.rollout.config import StepGate
 from trainserve.rollout.measure import KEYS
 from trainserve.rollout.plan import Step
+from trainserve.rollout.rollout_config import StepGate
 from trainserve.rollout.sizing.traffic import Traffic
 
 SLOW_SHARE = 0.01  # stable's calls above its own p99
