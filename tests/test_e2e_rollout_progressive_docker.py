@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 from reports import compared_with, eval_report, write
+from rollout_live import Applied
 from test_e2e_monitoring_docker import Container
-from test_rollout_controller_live import Applied, Clients, roll_out
+from test_rollout_controller_live import Clients, roll_out
 
 from conftest import free_port, install_version
 from prometheus_server import Prometheus

@@ -17,7 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 from reports import compared_with, eval_report, write
-from test_rollout_controller_live import FULL, Applied, roll_out
+from rollout_live import Applied
+from test_rollout_controller_live import FULL, roll_out
 
 from conftest import MONITORING, free_port, install_version
 from prometheus_server import Prometheus

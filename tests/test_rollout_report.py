@@ -42,7 +42,7 @@ def test_each_check_keeps_its_numbers_beside_its_words():
 
 def test_a_check_that_judged_no_bounds_has_no_numbers():
     counts = {key: 0 for key in KEYS}
-    (_, flips) = analysis.checks(parse_plan(PLAN).steps[0], True, counts, GATE, OFFLINE)
+    (_, _, flips) = analysis.checks(parse_plan(PLAN).steps[0], True, counts, GATE, OFFLINE)
     assert flips.said.startswith("no classification output compared")
     assert (flips.low, flips.high, flips.budget, flips.seen, flips.unit) == (None,) * 5
 
