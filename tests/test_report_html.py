@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 
@@ -107,9 +108,9 @@ def compared(model_versions, tmp_path_factory):
     return root
 
 
-def test_the_report_reads_in_a_browser(compared, tmp_path):
-    page = compared / "eval.html"
-    report = json.loads((compared / "eval.json").read_text())
+def opened(page: Path, tmp_path: Path) -> tuple[str, Seen]:
+    """`page` as a browser shows it (its DOM, and what a person reads), once it is known to be self-contained,
+    under 2 MB, and without a console error."""
     html = page.read_text()
     assert page.stat().st_size < 2 * 2**20, "under 2 MB"
     assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:|//)", html) and "@import" not in html, "self-contained"
@@ -117,6 +118,13 @@ def test_the_report_reads_in_a_browser(compared, tmp_path):
     assert console == [], console
     seen = Seen()
     seen.feed(dom)
+    return dom, seen
+
+
+def test_the_report_reads_in_a_browser(compared, tmp_path):
+    page = compared / "eval.html"
+    report = json.loads((compared / "eval.json").read_text())
+    dom, seen = opened(page, tmp_path)
     # What was judged first: model, version, server, data, evidence (digits without a record: unverified).
     header = " ".join(seen.texts["header"].split())
     assert dom.index('id="header"') < dom.index('id="verdict"') < dom.index("<table")
