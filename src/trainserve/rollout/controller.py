@@ -79,7 +79,7 @@ class Controller:
     # -- the run -------------------------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        with self._only_controller(), self.notifier:
+        with self._only_controller(), self.notifier, self.narrator:
             progress = in_progress(read_history(self.history), self.model)
             if self.config.abort:
                 if progress is None:

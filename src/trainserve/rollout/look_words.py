@@ -98,6 +98,12 @@ class Narrator:
         self.bar.n = min(round(elapsed), self.bar.total)
         self.bar.set_postfix_str("; ".join(w for w in words if ": passed" not in w)[:160], refresh=True)
 
+    def __enter__(self) -> Narrator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
