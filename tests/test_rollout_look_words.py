@@ -4,7 +4,9 @@ bounds; and the line names its bounds, its budget and the time left at the step'
 
 from __future__ import annotations
 
+import io
 import logging
+import sys
 
 import pytest
 
@@ -75,3 +77,21 @@ def test_the_look_line_says_what_each_check_waits_for(caplog):
     minutes = float(slow.split("about ")[2].split("m at the current rate")[0].split("h ")[-1])
     needed = independent_needed(0.05, gate.max_slow_increase)
     assert minutes == pytest.approx((needed - 1000) / 10 / 60, rel=0.1)  # 1,000 calls in 100 s: 10 a second
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_sees_the_step_as_a_progress_bar_with_what_it_waits_for(monkeypatch):
+    gate, counts = StepGate(), canary_counts(1000)
+    found = analysis.checks(STEP, False, counts, gate, {})
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with Narrator("m", gate) as narrator:
+        narrator.look(1, STEP, False, {}, Look(counts, {}, {}), found, analysis.WATCH, elapsed=100.0)
+        narrator.look(1, STEP, False, {}, Look(counts, {}, {}), found, analysis.WATCH, elapsed=300.0)
+    shown = terminal.getvalue()
+    assert "step 2 (5% 600s)" in shown and "300/600" in shown and "slow_calls: 1,000 of about" in shown
+    assert "error_ratio: passed" not in shown  # the bar names what still waits
