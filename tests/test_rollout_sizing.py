@@ -5,6 +5,7 @@ Prometheus (promtool's evaluator, over a week of synthetic series) answers as th
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import shutil
 import subprocess
@@ -43,9 +44,15 @@ def situation(rate: float, errors: float = 0.0, interval: float = 30.0) -> Situa
     return Situation(Traffic(rate, errors), StepGate(), OFFLINE, True, interval)
 
 
+@functools.cache
+def sized_at(rate: float):
+    """The plan auto sizes at `rate` with the defaults, sized once for the tests that read it."""
+    return size_plan(situation(rate), LIMITS)
+
+
 @pytest.mark.parametrize("rate", [10, 100, 1000])
 def test_auto_fits_the_limits_and_states_what_each_step_takes(rate):
-    plan, expected = size_plan(situation(rate), LIMITS)
+    plan, expected = sized_at(rate)
     kinds = [s.kind for s in plan.steps]
     assert kinds[0] == SHADOW and kinds[-1] == PROMOTE and CANARY in kinds
     assert all(s.hold is not None and s.hold > 0 for s in plan.steps[:-1])
@@ -60,7 +67,7 @@ def test_auto_fits_the_limits_and_states_what_each_step_takes(rate):
 def test_more_traffic_gets_a_smaller_share_and_a_quicker_plan():
     first_share = {}
     for rate in (10, 100):
-        plan, expected = size_plan(situation(rate), LIMITS)
+        plan, expected = sized_at(rate)
         first_share[rate] = next(s.percent for s in plan.steps if s.kind == CANARY)
         assert totals(expected)[0] <= LIMITS.target  # both rates can meet the 30-minute target
     assert first_share[100] < first_share[10]
@@ -69,7 +76,7 @@ def test_more_traffic_gets_a_smaller_share_and_a_quicker_plan():
 def test_a_canary_steps_duration_is_what_the_checks_need_by_an_independent_count():
     """The median canary requests of the sized step lie near the count at which an identical candidate's expected
     counts put the difference bounds within budget (computed here from the bounds alone, no simulation)."""
-    plan, expected = size_plan(situation(10), LIMITS)
+    plan, expected = sized_at(10)
     step = next(e for e in expected if e.step.kind == CANARY)
     share = step.step.percent / 100
     needed = needed_to_pass(0.01, 0.01, share)  # the slow-call check: 1 % of each version's calls above the p99
@@ -108,7 +115,7 @@ def test_a_first_look_beyond_the_exposure_cap_is_refused():
 
 
 def test_sizing_is_seeded_the_dry_run_and_the_start_agree():
-    assert size_plan(situation(100), LIMITS)[0] == size_plan(situation(100), LIMITS)[0]
+    assert size_plan(situation(100), LIMITS)[0] == sized_at(100)[0]  # sized anew, the same plan
 
 
 def test_an_explicit_plans_expectations_show_it_would_pause():
