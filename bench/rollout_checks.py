@@ -11,7 +11,8 @@ Each look's counts are measure's contract, since the step began:
     routes     each request to the canary with the step's share, else to stable; the shadow copies every request
                stable answered (the shadow's share), and the candidate answers or fails each copy
     errors     stable fails a share `error` of requests; the same requests fail on the candidate (a request's own
-               fault), which also fails a share `own` of the rest (its own fault: on copies too)
+               fault), which also fails a share `own` of the rest (its own fault: on copies too); a share
+               `transient` of every call fails at random, either version's, shadow copies included
     latency    lognormal (sigma 0.5) around a median drawn per rollout between 3.7 and 6.7 ms, so that stable's p99
                falls anywhere between two of the histogram's bounds (10 us x 1.8^i); each step's threshold is
                measure's, from stable's calls in the 5 minutes before the step (the request rate x 300 of them,
