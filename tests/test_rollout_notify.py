@@ -159,7 +159,8 @@ def test_each_decision_of_a_promoted_rollout_is_posted_once_with_the_look_behind
     assert names == [("shadow_errors", "pass"), ("slow_copies", "pass"), ("flip_rate", "pass")]
     assert look["counts"]["shadow_compared"] > 0 and all(c["said"] for c in look["checks"])
     assert bodies[3]["summary"] == "model m version 2 promoted: stable -> 2" and bodies[3]["step"]["words"] == "100%"
-    assert bodies[3]["report"] == str(config.parent / "rollout-m-2.html")
+    assert bodies[3]["report"] == str(config.parent / "models.config.history-m-v2.html")  # the page written
+    assert Path(bodies[3]["report"]).is_file()
     notified = rollout_events(config)[-1]
     assert (notified["event"], notified["delivered"], notified["failed"]) == ("notified", 4, 0)
 

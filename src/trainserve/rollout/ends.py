@@ -7,7 +7,7 @@ rollback  the route held (no canary share, no shadow); once every proxy replica 
           finishes it. A rollout that never gave a canary share has nothing to wait for.
 promote   the report checked against the START record's SHA-256 (changed since: rolled back instead), then
           promoted as `trainserve promote` does, then the route removed
-pause     the route held, the controller stops (exit 75); a rerun enters the step again, with its routing
+pause     the route held, the controller stops (exit 75); a rerun resumes the step with its routing and its counts
 
 Each end, once recorded, writes the decision report beside the history (trainserve.rollout.report); one that
 cannot be written is logged, and the decision stands.

@@ -48,6 +48,7 @@ from trainserve.rollout.progress import (
     STEP,
     event,
 )
+from trainserve.rollout.report.write import page_path
 from trainserve.rollout.rollout_config import RolloutConfig
 
 log = logging.getLogger(__name__)
@@ -67,11 +68,6 @@ ANNOUNCED = {
 ENDS = ("rolled-back", "promoted")
 
 
-def report_page(history: Path, start: dict) -> Path:
-    """Where the rollout's decision report is written, beside its history."""
-    return history.parent / f"rollout-{start['model']}-{start['candidate']}.html"
-
-
 @dataclass(frozen=True)
 class Where:
     """What a document points to: the history, and the report page (under `link`, a URL, when given)."""
@@ -80,7 +76,7 @@ class Where:
     link: str | None = None
 
     def report(self, start: dict) -> str:
-        page = report_page(self.history, start)
+        page = page_path(self.history, start["model"], start["candidate"])
         return f"{self.link.rstrip('/')}/{page.name}" if self.link else str(page)
 
 
