@@ -10,12 +10,14 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reports import compared_with, eval_report, replay_report, write
 from scipy import stats
 from scipy.stats import binomtest
 
 from trainserve.evidence.document import ReadReport
-from trainserve.rollout.analysis import ADVANCE, FAIL, PASS, ROLLBACK, UNKNOWN, checks, decide, flip_budget
+from trainserve.rollout.analysis import ADVANCE, FAIL, PASS, ROLLBACK, UNKNOWN, checks, decide, flip_budget, reaches
 from trainserve.rollout.measure import KEYS, step_counts, threshold
 from trainserve.rollout.offline import offline_summary
 from trainserve.rollout.plan import CANARY, SHADOW, Step
@@ -169,3 +171,29 @@ def test_a_candidate_twice_as_slow_is_rolled_back_within_its_step_wherever_stabl
     assert caught >= 95
     back = sum(ROLLBACK in verdicts(CANARY_STEP, False, slow_looks(rng, 40, 600, 1.0), 10) for _ in range(ROLLOUTS))
     assert back / ROLLOUTS <= GATE.alpha + TOLERANCE
+
+
+EVENTS_OF = (
+    ("canary_errors", "canary_requests"),
+    ("stable_errors", "stable_requests"),
+    ("candidate_slow", "candidate_latency_count"),
+    ("stable_slow", "stable_latency_count"),
+    ("copies_slow", "copies_latency_count"),
+    ("shadow_flips", "shadow_classified"),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from([Step(SHADOW, 100.0, 60.0), Step(CANARY, 5.0, 60.0)]),
+    st.booleans(),
+    st.lists(st.integers(0, 3000), min_size=len(KEYS), max_size=len(KEYS)),
+)
+def test_reaches_decides_as_checks_then_decide_do(step, flips, values):
+    """The simulation's short cut (analysis.reaches) agrees with the controller's own checks and decide."""
+    counts = dict(zip(KEYS, values))
+    for events, total in EVENTS_OF:  # each count of events no more than what it is counted among
+        counts[events] = min(counts[events], counts[total])
+    decision = decide(checks(step, flips, counts, StepGate(), OFFLINE), ended=True)
+    for wanted in (ADVANCE, ROLLBACK):
+        assert reaches(step, flips, counts, StepGate(), OFFLINE, wanted) == (decision == wanted)

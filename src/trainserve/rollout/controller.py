@@ -128,8 +128,8 @@ class Controller:
             return self._enter(start, 0)
         step = self.plan.steps[index]
         if progress.paused:  # its routing was held: the counters moved without the candidate; its time stood still
+            started = self._started = self.clock() - min(progress.watched, step.seconds)
             counters = self._ask(start, index, lambda: self._meter(start).rebased(progress.counters))
-            started = self.clock() - min(progress.watched, step.seconds)
         else:
             counters, started = progress.counters, progress.step_started
         left = max(0.0, started + step.seconds - self.clock())

@@ -23,7 +23,6 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smh])")
 _PERCENT = re.compile(r"(\d+(?:\.\d+)?)%")
 EXAMPLE_PLAN = "shadow 10m, 5% 10m, 25% 10m, 100%"  # the errors' example, and the plan before `auto`
-DEFAULT_PLAN = EXAMPLE_PLAN  # kept for the benchmarks and tests that compare with it
 AUTO = "auto"  # `trainserve rollout --plan`'s default: sized from the model's request rate
 
 
