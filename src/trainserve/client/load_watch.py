@@ -3,7 +3,7 @@ waits for, in one line at its start; each new state the server reports, and ever
 still reports, in one line; on a terminal a bar over the seconds --wait allows; and how long the load took.
 
     waiting up to 600 s (--wait) for localhost:8500 to load model digits version 3
-    model digits version 3: state LOADING after 0.3 s
+    model digits version 3 after 0.3 s: state LOADING
     model digits version 3 AVAILABLE after 17.2 s
 """
 
@@ -33,7 +33,7 @@ class LoadWatch:
         now = self.clock()
         elapsed = now - self.started
         if version is None and (said != self.said or now - self.last_line >= REPEAT_S):
-            log.info("%s: %s after %.1f s", self.what, said, elapsed)
+            log.info("%s after %.1f s: %s", self.what, elapsed, said)
             self.said, self.last_line = said, now
         self.bar.n = min(round(elapsed), self.bar.total)
         self.bar.set_postfix_str(said, refresh=True)
