@@ -3,9 +3,9 @@ and window, per version and slice value, and one per version overall (with its c
 
 Regression cells keep, per error kind (squared, absolute), the sums of the per-example errors' first four powers:
 MSE and MAE are their means, the skew-corrected interval of a mean (trainserve.stats.skewed_means: Hall's
-transformation of Student's t) needs the first three and the gates' tail check (trainserve.stats.tails) the fourth, so a window, a
-slice and a merged shard stay exact in bounded memory. RMSE's interval is the square root of MSE's ends (the root
-is monotone)."""
+transformation of Student's t) needs the first three and the gates' tail check (trainserve.stats.tails) the
+fourth, so a window, a slice and a merged shard stay exact in bounded memory. RMSE's interval is the square root of
+MSE's ends (the root is monotone)."""
 
 from __future__ import annotations
 
