@@ -139,10 +139,13 @@ def observed_power(planned: dict, comparison: dict) -> dict:
 
 
 def undecided_warning(assumed: dict, observed: dict) -> str | None:
-    """Where the versions disagreed more than assumed and the margin applied fell below 80 % power at it: the words
-    that say the eval could not decide, and what would: more rows at the margin kept, or a discordance known
-    before the comparison (never a margin loosened after seeing this one)."""
-    if observed["discordance"] <= assumed["discordance"] or observed["power_at_margin"] >= POWER:
+    """Where the plan had its 80 % power at the assumed discordance but the versions disagreed more and left the
+    margin below it (a margin already below it was the pre-flight's warning): the words that say the eval could
+    not decide, and what would: more rows at the margin kept, or a discordance known before the comparison (never
+    a margin loosened after seeing this one)."""
+    if assumed["power_at_margin"] < POWER or observed["discordance"] <= assumed["discordance"]:
+        return None
+    if observed["power_at_margin"] >= POWER:
         return None
     margin, share = observed["margin"], observed["discordance"]
     needed = examples_to_decide(margin, share)
