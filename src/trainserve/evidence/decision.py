@@ -144,8 +144,8 @@ def _slices_non_inferior(gate: dict, comparison: dict) -> bool | None:
     for row in table.get("rows", []):
         margin = margin_of(gate, {"baseline": row.get("baseline") or 0.0})
         interval = row.get("margin_interval") or row.get("interval") or [None, None]  # unadjusted: an IUT
-        direction = {"interval": interval, "higher_is_better": table.get("higher_is_better")}
-        verdict = non_inferiority(*gain_interval(direction), margin)
+        direction = {"interval": interval, "higher_is_better": table.get("higher_is_better"), "tail": row.get("tail")}
+        verdict = metric_verdict(direction, margin)
         if row.get("verdict") != verdict:
             return None
         if verdict != "non-inferior":
