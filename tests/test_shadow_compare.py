@@ -5,6 +5,7 @@ every kind of classification output (scores, class ids, sigmoids named so), and 
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -65,7 +66,20 @@ def expected(stable: dict, candidate: dict) -> Comparison | None:
         if k not in classifying
         for a, b in zip(stable[k].ravel(), candidate[k].ravel(), strict=True)
     ]
-    return Comparison(n, n if classifying else 0, flips, math.fsum(diffs))
+    found = Comparison(n, n if classifying else 0, flips, math.fsum(diffs))
+    if classifying:  # stable's class of the first classification output by name, its own label below 16
+        first = sorted(classifying)[0]
+        labels = [class_label_of(class_of(stable[first], i, first)) for i in range(n)]
+        for i, label in enumerate(labels):
+            found.class_pairs[label] += 1
+            found.class_flips[label] += any(
+                class_of(stable[k], i, k) != class_of(candidate[k], i, k) for k in classifying
+            )
+    return found
+
+
+def class_label_of(value) -> str:
+    return str(int(value)) if 0 <= int(value) < 16 else "other"
 
 
 @st.composite
@@ -116,6 +130,7 @@ def test_compare_equals_a_count_made_example_by_example(pair, as_values):
         return
     got = compare(answer(stable, as_values), answer(candidate))
     assert (got.pairs, got.classified, got.flips) == (want.pairs, want.classified, want.flips)
+    assert +got.class_pairs == +want.class_pairs and +got.class_flips == +want.class_flips
     assert got.abs_diff == pytest.approx(want.abs_diff, rel=1e-9, abs=1e-9)
 
 
@@ -124,9 +139,34 @@ def test_class_ids_and_sigmoids_count_flips_and_an_added_output_is_ignored():
     stable = {"classes": np.array([0, 1, 2, 1], np.int64), "logistic": np.array([[0.2], [0.7], [0.5], [0.9]])}
     candidate = {"classes": np.array([0, 2, 2, 1], np.int64), "logistic": np.array([[0.2], [0.7], [0.6], [0.4]])}
     candidate["new_head"] = np.ones((4, 3), np.float32)
-    assert compare(answer(stable), answer(candidate)) == Comparison(4, 4, 3, 0.0)  # examples 1, 2 and 3 flip
+    got = compare(answer(stable), answer(candidate))  # examples 1, 2 and 3 flip
+    assert (got.pairs, got.classified, got.flips, got.abs_diff) == (4, 4, 3, 0.0)
+    # stable's class of `classes` (the first by name): 0, 1, 2, 1; flipped: 1, 2 and 3
+    assert (got.class_pairs, +got.class_flips) == (Counter({"0": 1, "1": 2, "2": 1}), Counter({"1": 2, "2": 1}))
     regression = {"score": np.array([1.0, 2.0], np.float32)}
-    assert compare(answer(regression), answer({"score": np.array([1.5, 1.0], np.float32)})) == Comparison(2, 0, 0, 1.5)
+    got = compare(answer(regression), answer({"score": np.array([1.5, 1.0], np.float32)}))
+    assert (got.pairs, got.classified, got.flips, got.abs_diff, got.tolerated) == (2, 0, 0, 1.5, 0)
+
+
+@pytest.mark.unit
+def test_with_a_tolerance_each_example_counts_whether_an_element_differs_beyond_it():
+    stable = {"predictions": np.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]], np.float32)}
+    candidate = {"predictions": np.array([[1.2, 1.0], [2.0, 2.9], [3.0, 3.0]], np.float32)}
+    got = compare(answer(stable), answer(candidate), tolerance=0.5)
+    assert (got.pairs, got.tolerated, got.beyond) == (3, 3, 1)  # example 1 only: 0.9 > 0.5; 0.2 is within
+    assert compare(answer(stable), answer(candidate), tolerance=0.1).beyond == 2
+    classifier = {"probabilities": np.eye(3, dtype=np.float32)}
+    assert compare(answer(classifier), answer(classifier), tolerance=0.1).tolerated == 0  # nothing regressed
+
+
+@pytest.mark.unit
+def test_classes_beyond_the_labels_cap_share_one_label():
+    stable, candidate = (
+        {"classes": np.array([3, 40, 99, 16], np.int64)},
+        {"classes": np.array([3, 41, 99, 1], np.int64)},
+    )
+    got = compare(answer(stable), answer(candidate))
+    assert (got.class_pairs, +got.class_flips) == (Counter({"3": 1, "other": 3}), Counter({"other": 2}))
 
 
 @pytest.mark.unit

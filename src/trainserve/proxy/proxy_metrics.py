@@ -12,6 +12,11 @@ stable.
   (`shadow_pairs`), of them those compared on a classification output (`shadow_classified_pairs`) and those whose
   class flipped, the sum of absolute differences (regression), the candidate's latency, and what the shadow holds
   (copies, bytes); the routing in force as gauges.
+- the flip matrix's rows: `shadow_class_pairs{class}` and `shadow_class_flips{class}`, the classified examples by
+  stable's class (its id below shadow_compare.CLASS_LABELS, else `other`) and those that flipped; both series of a
+  class appear together, at its first example.
+- with the route's `shadow_tolerance` (regression): `shadow_tolerated_pairs`, the examples compared against it,
+  and `shadow_beyond_tolerance`, those with an element differing from stable's by more.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ P = ":trainserve:proxy:"
 REQUEST_COUNT, REQUEST_LATENCY = P + "request_count", P + "request_latency"
 SHADOW_REQUESTS, SHADOW_PAIRS, SHADOW_FLIPS = P + "shadow_requests", P + "shadow_pairs", P + "shadow_flips"
 SHADOW_CLASSIFIED_PAIRS, SHADOW_ABS_DIFF_SUM = P + "shadow_classified_pairs", P + "shadow_abs_diff_sum"
+SHADOW_CLASS_PAIRS, SHADOW_CLASS_FLIPS = P + "shadow_class_pairs", P + "shadow_class_flips"
+SHADOW_TOLERATED_PAIRS, SHADOW_BEYOND_TOLERANCE = P + "shadow_tolerated_pairs", P + "shadow_beyond_tolerance"
 SHADOW_LATENCY, SHADOW_QUEUED, SHADOW_HELD_BYTES = P + "shadow_latency", P + "shadow_queued", P + "shadow_held_bytes"
 CANARY_PERCENT, SHADOW_PERCENT = P + "canary_percent", P + "shadow_percent"
 ROUTING_RELOADS, ROUTING_REFUSED = P + "routing_reloads", P + "routing_refused"
@@ -46,6 +53,10 @@ class ProxyMetrics:
         self.classified: Counter = Counter()
         self.flips: Counter = Counter()
         self.abs_diff: Counter = Counter()
+        self.class_pairs: Counter = Counter()  # (model, candidate, stable's class label)
+        self.class_flips: Counter = Counter()
+        self.tolerated: Counter = Counter()  # (model, candidate)
+        self.beyond: Counter = Counter()
         self.latency = Histogram(
             REQUEST_LATENCY, "Wall time (microseconds) of calls through the proxy.", ("model_name", "version", "api")
         )
@@ -88,6 +99,12 @@ class ProxyMetrics:
             self.classified[key] += comparison.classified
             self.flips[key] += comparison.flips
             self.abs_diff[key] += comparison.abs_diff
+            for label, n in comparison.class_pairs.items():
+                self.class_pairs[(*key, label)] += n
+                self.class_flips[(*key, label)] += comparison.class_flips[label]
+            if comparison.tolerated:
+                self.tolerated[key] += comparison.tolerated
+                self.beyond[key] += comparison.beyond
         self.shadow_latency.observe(micros, *key)
 
     def lines(self) -> list[str]:
@@ -118,6 +135,7 @@ class ProxyMetrics:
         ):
             out += header(name, "counter", text)
             out += [f"{name}{label_set(self.SHADOW_LABELS, k)} {counts.get(k, 0)!r}" for k in models]
+        out += self._compared_lines()
         out += self.shadow_latency.lines()
         out += header(SHADOW_QUEUED, "gauge", "Shadow copies waiting to be sent.") + [
             f"{SHADOW_QUEUED} {self.queued()}"
@@ -128,6 +146,26 @@ class ProxyMetrics:
             "Bytes of the shadow copies queued or being sent: requests and stable's answers.",
         ) + [f"{SHADOW_HELD_BYTES} {self.held_bytes()}"]
         return out + self._routing_lines()
+
+    def _compared_lines(self) -> list[str]:
+        """The flip matrix's rows by stable's class, and the examples beyond the route's tolerance."""
+        with self._lock:
+            class_pairs, class_flips = sorted(self.class_pairs.items()), dict(self.class_flips)
+            tolerated, beyond = sorted(self.tolerated.items()), dict(self.beyond)
+        labels, out = (*self.SHADOW_LABELS, "class"), []
+        for name, text, counts in (
+            (SHADOW_CLASS_PAIRS, "Classified examples compared, by stable's class.", dict(class_pairs)),
+            (SHADOW_CLASS_FLIPS, "Classified examples whose class flipped, by stable's class.", class_flips),
+        ):
+            out += header(name, "counter", text)
+            out += [f"{name}{label_set(labels, k)} {counts.get(k, 0)}" for k, _ in class_pairs]
+        for name, text, counts in (
+            (SHADOW_TOLERATED_PAIRS, "Examples compared against the route's shadow_tolerance.", dict(tolerated)),
+            (SHADOW_BEYOND_TOLERANCE, "Examples differing from stable's by more than shadow_tolerance.", beyond),
+        ):
+            out += header(name, "counter", text)
+            out += [f"{name}{label_set(self.SHADOW_LABELS, k)} {counts.get(k, 0)}" for k, _ in tolerated]
+        return out
 
     def _routing_lines(self) -> list[str]:
         router = self.router

@@ -10,7 +10,9 @@ never undo each other.
                            "shadow_percent": 100,      # share of `stable` requests also sent to the candidate
                            "canary_percent": 5,        # share of `stable` requests answered by the candidate
                            "sticky_header": "x-user-id",    # optional: one caller (header value), one version
-                           "sticky_salt": "digits:7"}}}     # optional: salts that hash (default model:candidate)
+                           "sticky_salt": "digits:7",       # optional: salts that hash (default model:candidate)
+                           "shadow_tolerance": 0.8}}}       # optional: a regression copy's answer differing from
+                                                            # stable's by more is counted (the rollout sets it)
 
 Only requests addressed to the version label `stable` are routed, and, for a model the file routes, requests that
 name neither a version nor a label: TF Serving would answer those with its highest version (the candidate, once
@@ -38,8 +40,10 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "trainserve.routing/1"
 STABLE_LABEL = "stable"
-_MODEL_KEYS = frozenset({"candidate", "shadow_percent", "canary_percent", "sticky_header", "sticky_salt"})
-_OPTIONAL_KEYS = ("sticky_header", "sticky_salt")  # left out of the file when None
+_MODEL_KEYS = frozenset(
+    {"candidate", "shadow_percent", "canary_percent", "sticky_header", "sticky_salt", "shadow_tolerance"}
+)
+_OPTIONAL_KEYS = ("sticky_header", "sticky_salt", "shadow_tolerance")  # left out of the file when None
 
 
 class RoutingError(TrainserveError):
@@ -55,6 +59,7 @@ class ModelRoute:
     canary_percent: float = 0.0  # 0-100: share of `stable` requests the candidate answers instead
     sticky_header: str | None = None  # header whose value decides the share, so one caller sees one version
     sticky_salt: str | None = None  # salts the callers' hash; None: default_sticky_salt(model, candidate)
+    shadow_tolerance: float | None = None  # regression: a copy's answer beyond this from stable's is counted
 
     def check(self, model: str) -> None:
         where = f"routing for model {model!r}"
@@ -75,6 +80,10 @@ class ModelRoute:
             raise RoutingError(f"{where}: sticky_header {self.sticky_header!r}: expected a header name")
         if self.sticky_salt is not None and (not isinstance(self.sticky_salt, str) or not self.sticky_salt):
             raise RoutingError(f"{where}: sticky_salt {self.sticky_salt!r}: expected a non-empty string")
+        tolerance = self.shadow_tolerance
+        number = isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool)
+        if tolerance is not None and not (number and math.isfinite(tolerance) and tolerance >= 0):
+            raise RoutingError(f"{where}: shadow_tolerance {tolerance!r}: expected a finite number, 0 or more")
 
     def salt(self, model: str) -> str:
         """What the callers' hash is salted with: the file's `sticky_salt`, else the model's and candidate's."""

@@ -49,6 +49,7 @@ class Copy:
     request: bytes
     stable: bytes
     metadata: tuple
+    tolerance: float | None = None  # the route's shadow_tolerance when the copy was offered
 
     @property
     def size(self) -> int:
@@ -96,7 +97,7 @@ class Shadow:
         the client's call took (s), for the headroom's view of the clients' latency."""
         if latency is not None:
             self.headroom.client_call(kind(model, len(request)), latency)
-        copy = Copy(model, version, request, stable, metadata)
+        copy = Copy(model, version, request, stable, metadata, self._tolerance(model, version))
         if self._busy_server():
             self.metrics.shadow_outcome(model, version, "shed")
         elif self.queue.full() or self.held_bytes + copy.size > self.config.shadow_max_bytes:
@@ -109,6 +110,12 @@ class Shadow:
         """A client's call of `model`, whose route has no shadow share, took `latency` s: quiet for every replica,
         the headroom's baseline (trainserve.proxy.shadow_headroom)."""
         self.headroom.unshadowed_call(kind(model, request_bytes), latency)
+
+    def _tolerance(self, model: str, version: int) -> float | None:
+        """The route's shadow_tolerance, while it still routes `version` (the routing file may have moved on)."""
+        router = self.metrics.router
+        route = router.routing.route(model) if router is not None else None
+        return route.shadow_tolerance if route is not None and route.candidate == version else None
 
     def _busy_server(self) -> bool:
         return self.in_flight() >= self.config.shadow_shed_in_flight or self.headroom.inflated()
@@ -145,7 +152,7 @@ class Shadow:
             self.headroom.copy_back()
         micros = (time.perf_counter() - start) * 1e6
         try:
-            comparison = await loop.run_in_executor(self._executor, compare, copy.stable, answer)
+            comparison = await loop.run_in_executor(self._executor, compare, copy.stable, answer, copy.tolerance)
         except Incomparable as exc:
             log.debug("proxy: shadow answer of %s version %d: %s", copy.model, copy.version, exc)
             return "incomparable"
