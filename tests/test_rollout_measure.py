@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from prometheus_server import ALERTS, RECORDS
 from trainserve.rollout.counting import tallied
 from trainserve.rollout.measure import (
+    CLASS_COUNTERS,
     COUNTERS,
     ERRORS_EXCEPT,
     KEYS,
@@ -196,7 +197,7 @@ def test_the_queries_read_both_versions_from_the_same_counters_per_replica():
     assert f':trainserve:proxy:request_latency_bucket{{{cand},api="predict",le="3571.14"}}' in slow[1]
     assert "candidate_above_bound" not in queries("m", 7, 3)  # no threshold: not asked yet
     # every look asks what the counts are made of, and nothing else (no ratios that no check reads)
-    assert set(found) == {*COUNTERS, *LATENCY_COUNTERS, THRESHOLD}
+    assert set(found) == {*COUNTERS, *LATENCY_COUNTERS, *CLASS_COUNTERS, THRESHOLD}
     assert set(step_counts(dict.fromkeys(found, 0), {"le": "6428.06", "lower": "3571.14", "weight": 0.5})) == set(KEYS)
 
 
@@ -244,3 +245,38 @@ def test_a_step_an_older_controller_kept_counts_on_from_its_calls_above_the_boun
     calls = {"candidate_latency_count": 1100, "candidate_above_bound": 110, "candidate_above_lower": 500}
     _, look = looked(Answers([], **calls), state)
     assert (look.counts["candidate_latency_count"], look.counts["candidate_slow"]) == (100, 10)  # weight 0
+
+
+class ClassAnswers(Answers):
+    """Answers whose per-class counters are {class: {instance: value}} (`classes[name]`)."""
+
+    def __init__(self, classes: dict[str, dict[str, dict[str, float]]], instances=("a",)):
+        super().__init__([])
+        self.classes, self.instances = classes, instances
+
+    def series(self, expr: str) -> list[tuple[dict[str, str], float]]:
+        name = next((n for n, q in self.meter.queries.items() if q == expr), None)
+        if name in CLASS_COUNTERS:
+            return [
+                ({"instance": i, "class": c}, v) for c, by in self.classes.get(name, {}).items() for i, v in by.items()
+            ]
+        if name == "shadow_classified":
+            return [({"instance": i}, 0.0) for i in self.instances]
+        return super().series(expr)
+
+
+@pytest.mark.unit
+def test_the_flip_matrix_rows_count_per_class_and_a_class_new_on_a_known_replica_from_zero():
+    at_origin = {"shadow_class_pairs": {"0": {"a": 500}}, "shadow_class_flips": {"0": {"a": 5}}}
+    _, origin = looked(ClassAnswers(at_origin))
+    later = {
+        # class 0 counted on; class 3 first seen on replica a (seen at the origin: all of it the step's); replica b
+        # first seen now (what it counted before is not known to be the step's)
+        "shadow_class_pairs": {"0": {"a": 600, "b": 900}, "3": {"a": 40}},
+        "shadow_class_flips": {"0": {"a": 6, "b": 9}, "3": {"a": 12}},
+    }
+    _, look = looked(ClassAnswers(later, ("a", "b")), origin)
+    counts = look.counts
+    assert (counts["shadow_class_pairs:0"], counts["shadow_class_flips:0"]) == (100, 1)
+    assert (counts["shadow_class_pairs:3"], counts["shadow_class_flips:3"]) == (40, 12)
+    assert look.values["shadow_class_pairs"] == 1540

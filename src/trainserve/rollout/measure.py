@@ -20,6 +20,10 @@ whether they can be judged at this look.
              budget could not show it in a 5 % step.) Fixed for the step and kept in its state (a step that
              begins before stable has a p99 fixes it at its first look that has one, and counts both versions'
              latency from there)
+    classes  the flip matrix's rows, per replica and stable's class: `shadow_class_pairs:<class>` and
+             `shadow_class_flips:<class>` in the counts. A class's series appears at its first example, so one
+             first seen on a replica that an earlier look of the step saw starts from 0 (it counted none before);
+             on a replica seen for the first time, from its value, as every counter does
     values   informational: the counters' totals now, stable's interpolated p99 in seconds
 
 `Meter.origin()` is a step's state at its start (and refuses a rollout that nothing scrapes the proxy for, or whose
@@ -36,11 +40,15 @@ from dataclasses import dataclass
 
 from trainserve.proxy.proxy_metrics import (
     REQUEST_LATENCY,
+    SHADOW_BEYOND_TOLERANCE,
+    SHADOW_CLASS_FLIPS,
+    SHADOW_CLASS_PAIRS,
     SHADOW_CLASSIFIED_PAIRS,
     SHADOW_FLIPS,
     SHADOW_LATENCY,
     SHADOW_PAIRS,
     SHADOW_REQUESTS,
+    SHADOW_TOLERATED_PAIRS,
 )
 from trainserve.rollout.counting import tallied
 from trainserve.rollout.prometheus import Prometheus
@@ -69,6 +77,8 @@ COUNTERS = {
         "shadow_pairs": SHADOW_PAIRS + "{{{cand}}}",
         "shadow_flips": SHADOW_FLIPS + "{{{cand}}}",
         "shadow_classified": SHADOW_CLASSIFIED_PAIRS + "{{{cand}}}",
+        "shadow_tolerated": SHADOW_TOLERATED_PAIRS + "{{{cand}}}",
+        "shadow_beyond": SHADOW_BEYOND_TOLERANCE + "{{{cand}}}",
         "shadow_compared": SHADOW + '{{{cand},outcome="compared"}}',
         "shadow_incomparable": SHADOW + '{{{cand},outcome="incomparable"}}',
         "shadow_errors": SHADOW + '{{{cand},outcome="error"}}',
@@ -76,6 +86,11 @@ COUNTERS = {
         "shadow_shed": SHADOW + '{{{cand},outcome="shed"}}',
         "shadow_cut": SHADOW + '{{{cand},outcome="cut"}}',
     }.items()
+}
+# The flip matrix's rows, per replica and stable's class (counts' keys: `<name>:<class>`).
+CLASS_COUNTERS = {
+    "shadow_class_pairs": f"sum by (instance, class) ({SHADOW_CLASS_PAIRS}{{{{{{cand}}}}}})",
+    "shadow_class_flips": f"sum by (instance, class) ({SHADOW_CLASS_FLIPS}{{{{{{cand}}}}}})",
 }
 # Counted once the step's threshold is known ({le}: its bucket's bound, {lower}: the bound below): each version's
 # predict calls, and those above each bound (the calls counted minus that bound's bucket); and the shadow copies
@@ -119,6 +134,7 @@ def queries(
     every_replica = f'sum by (instance) (up{{job="{job}"}} == 1) * 0'  # scraped now without the series: 0
     return {
         **{name: f"{expr.format(**names)} or {every_replica}" for name, expr in counters.items()},
+        **{name: expr.format(**names) for name, expr in CLASS_COUNTERS.items()},
         THRESHOLD: BUCKETS.format(**names),
     }
 
@@ -220,18 +236,34 @@ class Meter:
         bounds = (limit["le"], limit["lower"]) if limit else ()
         self.queries = queries(*self.rollout, self.job, *bounds)
         seen, counts = _renamed(state.get("seen") or {}), _renamed(state.get("counts") or {})
+        known = set(seen.get("shadow_classified", {}))  # the replicas an earlier look of the step saw
         values: dict[str, float | None] = {THRESHOLD: threshold_seconds(limit) if limit else None}
         for name in (*COUNTERS, *(LATENCY_COUNTERS if limit else ())):
             answer = {s.get("instance", ""): v for s, v in self.prometheus.series(self.queries[name])}
             seen[name], counts[name] = tallied(seen.get(name, {}), counts.get(name, 0), answer)
             values[name] = sum(answer.values()) if answer else None
+        for name in CLASS_COUNTERS:
+            values[name] = self._count_classes(name, known, seen, counts)
         return {**(limit or {"le": None}), "seen": seen, "counts": counts}, values
+
+    def _count_classes(self, name: str, known: set, seen: dict, counts: dict) -> float | None:
+        """Each class's series of counter `name` tallied as its own counter (`name:<class>`), in place; a class
+        first seen on a replica in `known` (seen at an earlier look) from 0. Returns their total now."""
+        by_class: dict[str, dict[str, float]] = {}
+        for labels, value in self.prometheus.series(self.queries[name]):
+            by_class.setdefault(labels.get("class", ""), {})[labels.get("instance", "")] = value
+        for label, answer in by_class.items():
+            key = f"{name}:{label}"
+            last = {instance: 0 for instance in answer if instance in known} | seen.get(key, {})
+            seen[key], counts[key] = tallied(last, counts.get(key, 0), answer)
+        return sum(v for answer in by_class.values() for v in answer.values()) if by_class else None
 
 
 def step_counts(counted: dict, limit: dict | None) -> dict[str, float]:
     """Look.counts from a step's counters (by COUNTERS' and LATENCY_COUNTERS' names) and its threshold: each
     version's slow calls, and the slow shadow copies, weighed by the threshold."""
     counts = {name: counted.get(name, 0) for name in COUNTERS}
+    counts |= {name: n for name, n in counted.items() if ":" in name and name.split(":")[0] in CLASS_COUNTERS}
     for timed, *_ in TIMED:
         above = (counted.get(f"{timed}_above_bound", 0), counted.get(f"{timed}_above_lower", 0))
         counts[f"{timed}_latency_count"] = counted.get(f"{timed}_latency_count", 0)
