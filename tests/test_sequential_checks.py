@@ -109,9 +109,9 @@ def test_the_flip_budget_is_anchored_to_the_offline_disagreement():
     assert flip_budget({}, GATE) is None
     # an ordinary retrain flipping 3 % live, offline 2 %: within its budget (the old fixed 2 % failed it)
     seen = contract(shadow_pairs=20_000, shadow_classified=20_000, shadow_compared=20_000, shadow_flips=600)
-    assert [c.result for c in checks(SHADOW_STEP, True, seen, GATE, OFFLINE)] == [PASS, PASS, PASS]
+    assert [c.result for c in checks(SHADOW_STEP, True, seen, GATE, OFFLINE)] == [PASS, PASS, PASS, PASS]
     seen = seen | {"shadow_flips": 1200}  # 3 x the offline rate
-    assert [c.result for c in checks(SHADOW_STEP, True, seen, GATE, OFFLINE)] == [PASS, PASS, FAIL]
+    assert [c.result for c in checks(SHADOW_STEP, True, seen, GATE, OFFLINE)] == [PASS, PASS, PASS, FAIL]
     found = checks(SHADOW_STEP, True, seen, GATE, {})
     assert found[-1].result == UNKNOWN and "no offline disagreement" in found[-1].said
 

@@ -63,7 +63,7 @@ def test_flips_that_the_shed_copies_could_have_diluted_within_the_budget_still_h
 def test_an_11x_slower_candidate_is_rolled_back_at_the_shadow_step_on_the_copies_it_answered():
     # the finding: its answers like stable's, 4,386 of 9,599 copies shed; every copy answered above stable's p99
     seen = shadow(9_599, 4_386, 8, round(0.02 * 5_213 * 8), slow_share=1.0)
-    assert judged(seen) == {"shadow_errors": PASS, "slow_copies": FAIL, "flip_rate": PASS}
+    assert judged(seen) == {"shadow_errors": PASS, "slow_copies": FAIL, "flip_classes": PASS, "flip_rate": PASS}
     early = shadow(40, 0, 8, 6, slow_share=1.0)  # 40 copies, all slow: certain before --gate-min-requests
     assert judged(early)["slow_copies"] == FAIL
 

@@ -7,6 +7,10 @@ hold over every look of the step however many there are (a step that holds, a ro
     slow_calls     the share of the candidate's calls above stable's p99 minus stable's share above it
     flip_rate      the share of classified shadow pairs whose top class differs, against a budget anchored to
                    the two versions' offline disagreement (the START record's `offline`)
+    flip_classes   the same per stable's class, each within a slack of that budget, alpha split over the classes
+                   (trainserve.rollout.shadow_checks): a guard that fails a candidate wrong on one class
+    differences    regression, in place of both: the share of examples whose answer differs from stable's beyond
+                   a tolerance, against a budget anchored on replay's share (trainserve.rollout.shadow_checks)
     shadow_errors  the candidate's failed shadow copies minus stable's error share on its requests, same step: a
                    copy is a second call to the same server and meets its transient errors (UNAVAILABLE,
                    DEADLINE_EXCEEDED) as often as stable's calls do
@@ -22,57 +26,44 @@ after its first few).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
+from trainserve.rollout.judging import FAIL, PASS, UNKNOWN, Check
+from trainserve.rollout.judging import against as _against
+from trainserve.rollout.judging import judge as _judge
+from trainserve.rollout.judging import one as _one
+from trainserve.rollout.judging import share as _share
 from trainserve.rollout.plan import CANARY, SHADOW, Step
 from trainserve.rollout.rollout_config import StepGate
-from trainserve.stats.proportions import wilson_upper
-from trainserve.stats.sequential import confidence_sequence, difference_sequence
+from trainserve.rollout.shadow_checks import anchored_budget, differences, flip_classes
 
-PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
+__all__ = ["ADVANCE", "FAIL", "HOLD", "PASS", "ROLLBACK", "UNKNOWN", "WATCH", "Check", "checks", "decide", "reaches"]
 ADVANCE, ROLLBACK, HOLD, WATCH = "advance", "rollback", "hold", "watch"
 # Shadow copies by outcome: the first three were sent and answered or failed; the rest never judged the candidate.
 ANSWERED = ("shadow_compared", "shadow_incomparable", "shadow_errors")
 UNSENT = ("shadow_dropped", "shadow_shed")
 OFFERED = (*ANSWERED, *UNSENT, "shadow_cut")
-# The candidate's share of a comparison's alpha: its bounds, on a canary share of the requests, are the wide ones;
-# stable's, on the rest, widen little at a fifth of alpha.
-CANARY_ALPHA = 0.8
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    result: str  # PASS, FAIL, UNKNOWN
-    said: str
-    # The numbers `said` words, for a check whose bounds were judged (None otherwise, and in older histories): the
-    # quantity's bounds, its budget, and how many of its units they rest on (the decision report plots them).
-    low: float | None = None
-    high: float | None = None
-    budget: float | None = None
-    seen: float | None = None
-    unit: str | None = None
-
-
-def check_names(step: Step, flips: bool) -> list[str]:
-    """The checks that apply to `step`, by name (`flips`: a classifier's shadow pairs are being compared); what
-    `checks` judges and the dry run prints."""
+def check_names(step: Step, flips: bool, offline: dict | None = None) -> list[str]:
+    """The checks that apply to `step`, by name (`flips`: the shadow's answers are being compared: a classifier's
+    flips, or a regression model's differences where `offline` anchors them); what `checks` judges and the dry run
+    prints."""
     names = {SHADOW: ["shadow_errors", "slow_copies"], CANARY: ["error_ratio", "slow_calls"]}.get(step.kind, [])
-    return [*names, "flip_rate"] if flips else names
+    compared = ["differences"] if (offline or {}).get("difference") else ["flip_classes", "flip_rate"]
+    return [*names, *compared] if flips else names
 
 
 def checks(step: Step, flips: bool, counts: dict[str, int], gate: StepGate, offline: dict) -> list[Check]:
     """The checks that apply to `step`, on the step's `counts` (measure's contract). Each passes, fails or knows
     nothing yet; `decide` weighs them by whether the step's time is up. `offline`: what the candidate's offline
     evidence said (the START record's `offline`)."""
-    return [_CHECKS[name](counts, gate, offline) for name in check_names(step, flips)]
+    return [_CHECKS[name](counts, gate, offline) for name in check_names(step, flips, offline)]
 
 
 def reaches(step: Step, flips: bool, counts: dict[str, int], gate: StepGate, offline: dict, decision: str) -> bool:
     """Whether `decide(checks(...), ended=True)` would be `decision` (ADVANCE or ROLLBACK), judging the checks one
     at a time and stopping at the first that settles it: what a simulation of many looks asks."""
-    for name in check_names(step, flips):
+    for name in check_names(step, flips, offline):
         result = _CHECKS[name](counts, gate, offline).result
         if decision == ADVANCE and result != PASS:
             return False
@@ -87,46 +78,6 @@ def decide(found: list[Check], ended: bool) -> str:
     if not ended:
         return WATCH
     return ADVANCE if all(c.result == PASS for c in found) else HOLD
-
-
-Bounds = Callable[[int], tuple[float, float]]  # a quantity's bounds with n units seen
-
-
-def _one(events: int, alpha: float) -> Bounds:
-    return lambda n: confidence_sequence(events, n, alpha)
-
-
-def _against(events: int, other: tuple[int, int], alpha: float) -> Bounds:
-    """The difference from `other` (events, n) of `events` among n."""
-    return lambda n: difference_sequence((events, n), other, alpha, CANARY_ALPHA)
-
-
-def _judge(name: str, what: str, seen: tuple[int, str], budget: float, bounds: Bounds, gate: StepGate) -> Check:
-    """The verdict of `bounds(n)` (the quantity's bounds with `n` units seen, the events as counted) against
-    `budget`. Below --gate-min-requests units, a failure only if the bounds, with the rest of that minimum added as
-    units without an event (the most favourable rest), would still fail."""
-    n, unit = seen
-    low, high = bounds(n)
-    said = f"{what}; anytime {1 - gate.alpha:g} bounds [{low:+.4f}, {high:+.4f}] vs max {budget:+.4f}"
-    numbers = {"low": low, "high": high, "budget": budget, "seen": n, "unit": unit}
-    if n < gate.min_requests:
-        if bounds(gate.min_requests)[0] > budget:
-            return Check(
-                name, FAIL, f"{said}: beyond it whatever the rest of --gate-min-requests {unit} show", **numbers
-            )
-        return Check(
-            name, UNKNOWN, f"{said}: {n} {unit}, fewer than --gate-min-requests {gate.min_requests}", **numbers
-        )
-    if low > budget:
-        return Check(name, FAIL, f"{said}: shown beyond it", **numbers)
-    if high <= budget:
-        return Check(name, PASS, f"{said}: shown within it", **numbers)
-    return Check(name, UNKNOWN, f"{said}: not shown within it nor beyond it yet", **numbers)
-
-
-def _share(events: float, n: int) -> str:
-    count = f"{events:.1f}" if events != int(events) else f"{int(events)}"  # slow calls are weighted
-    return f"{count}/{n} = {events / n:.4f}" if n else f"{count}/0"
 
 
 def _errors(counts: dict, gate: StepGate, offline: dict) -> Check:
@@ -182,17 +133,7 @@ def flip_budget(offline: dict, gate: StepGate) -> tuple[float, str] | None:
     """The online flip rate's budget and why: the larger of --gate-flip-budget-multiple times the offline
     disagreement and that disagreement's one-sided Wilson bound at --gate-alpha (a small offline sample cannot
     make the budget small), at least --gate-flip-budget-floor. None without an offline disagreement."""
-    found = offline.get("disagreement")
-    if not found or not found["examples"]:
-        return None
-    count, examples = found["count"], found["examples"]
-    rate, upper = count / examples, wilson_upper(count, examples, gate.alpha)
-    budget = max(gate.flip_budget_floor, gate.flip_budget_multiple * rate, upper)
-    said = (
-        f"budget {budget:.4f} = max(floor {gate.flip_budget_floor:g}, {gate.flip_budget_multiple:g} x {rate:.4f}, "
-        f"bound {upper:.4f}) from {found['source']}'s disagreement {count}/{examples}"
-    )
-    return budget, said
+    return anchored_budget(offline.get("disagreement"), gate)
 
 
 def _flips(counts: dict, gate: StepGate, offline: dict) -> Check:
@@ -236,4 +177,6 @@ _CHECKS = {
     "error_ratio": _errors,
     "slow_calls": _slow,
     "flip_rate": _flips,
+    "flip_classes": flip_classes,
+    "differences": differences,
 }

@@ -28,6 +28,13 @@ def _multiple(text: str) -> float:
     return value
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value}: expected a positive number")
+    return value
+
+
 def _alpha(text: str) -> float:
     value = float(text)
     if not 0 < value < 0.5:
@@ -67,6 +74,20 @@ class StepGate:
         "flips: the budget is the larger of this times the two versions' offline disagreement (replay's flip "
         "rate, else eval's discordant share) and that disagreement's upper bound, at least the floor",
         parse=_multiple,
+    )
+    flip_class_slack: float = option(
+        3.0,
+        "flips by stable's class: each class's flip rate may reach this times the overall flip budget (a retrain "
+        "moves some classes more than others) before its own anytime bound, at --gate-alpha split over the "
+        "classes, rolls the candidate back",
+        parse=_multiple,
+    )
+    shadow_tolerance: float = option(
+        1.0,
+        "regression: a shadow copy's answer differs when an element is further from stable's than this times "
+        "stable's mean absolute error on the eval report's split; the share that differs is judged against a "
+        "budget anchored, as the flip budget is, on the share replay showed beyond the same tolerance",
+        parse=_positive,
     )
     max_shadow_dropped: float = option(
         0.5,
