@@ -40,7 +40,10 @@ def route_of(path: Path, model: str) -> ModelRoute | None:
 
 def step_route(start: dict, shadow: float, canary: float) -> ModelRoute:
     """The rollout's route (its START record: candidate, sticky header and salt) with these shares."""
-    return ModelRoute(start["candidate"], shadow, canary, start.get("sticky_header"), start.get("sticky_salt"))
+    tolerance = ((start.get("offline") or {}).get("difference") or {}).get("tolerance")  # regression copies
+    return ModelRoute(
+        start["candidate"], shadow, canary, start.get("sticky_header"), start.get("sticky_salt"), tolerance
+    )
 
 
 def set_route(path: Path, model: str, route: ModelRoute) -> None:

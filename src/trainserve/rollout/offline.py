@@ -8,6 +8,7 @@ from pathlib import Path
 from trainserve.errors import TrainserveError
 from trainserve.evidence.document import ReadReport, read_replay_report, read_report
 from trainserve.evidence.flips import flip_rate
+from trainserve.replay.tally import log_edges
 from trainserve.rollout.checks import refusals
 from trainserve.rollout.config import PromoteConfig
 from trainserve.rollout.config_file import find_model, read_config
@@ -34,13 +35,17 @@ def evidence_of(config: RolloutConfig, model: str, labels: Rollout, version: int
     return read
 
 
-def offline_summary(read: ReadReport, replay: Path | None, stable: int) -> dict:
+def offline_summary(read: ReadReport, replay: Path | None, stable: int, tolerance: float = 1.0) -> dict:
     """What the offline evidence says that the live checks compare against, for the START record: `disagreement`,
     the share of examples on which the candidate and `stable` disagree, which anchors the online flip budget
     (trainserve.rollout.analysis). Replay's flip rate when a replay report is given (top classes compared on
     captured traffic: what the shadow counts); else eval's discordant pairs (right in one version only), which are
     every disagreement between two classes and, beyond two, leave out the examples both get wrong differently
-    (`both_wrong` says how many could be). Nothing when neither compared the candidate with `stable` on classes."""
+    (`both_wrong` says how many could be). Nothing when neither compared the candidate with `stable` on classes.
+    A regression model's `difference` instead (difference_anchor), where a replay and the eval's baseline allow."""
+    if read.report["task"]["kind"] == "regression":
+        found = difference_anchor(read.report, read_replay_report(replay).report, tolerance) if replay else None
+        return {"difference": found} if found and found["baseline"] == stable else {}
     found = _replay_disagreement(read_replay_report(replay).report) if replay is not None else None
     found = found or _eval_disagreement(read.report)
     if found is None or found["baseline"] != stable or found["candidate"] != read.report["version"]:
@@ -65,3 +70,26 @@ def _eval_disagreement(report: dict) -> dict | None:
     count = pairs["candidate_only"] + pairs["baseline_only"]
     examples = count + pairs["both_right"] + pairs["both_wrong"]
     return {"source": "eval", **versions, "count": count, "examples": examples, "both_wrong": pairs["both_wrong"]}
+
+
+def difference_anchor(report: dict, replay: dict, multiple: float) -> dict | None:
+    """A regression model's shadow tolerance and its anchor: `multiple` times stable's mean absolute error on the
+    eval report's split (a difference as large as stable's own typical error, in the target's units whatever they
+    are), and the share of replay's |candidate - stable| beyond it (its 2 % bins: a bin that holds the tolerance
+    counts as beyond, so the anchor errs towards a larger budget). None without both."""
+    stable_mae = ((report.get("comparison") or {}).get("baseline_metrics") or {}).get("mae")
+    bins = (replay.get("tally") or {}).get("abs_difference_bins")
+    if not stable_mae or bins is None or replay.get("regression_difference") is None:
+        return None
+    tolerance, edges = multiple * stable_mae, log_edges()
+    beyond = sum(int(n) for i, n in bins.items() if edges[int(i) + 1] > tolerance)
+    return {
+        "source": "replay",
+        "what": "share beyond the tolerance",
+        "candidate": replay["candidate"]["version"],
+        "baseline": replay["baseline"]["version"],
+        "tolerance": tolerance,
+        "stable_mae": stable_mae,
+        "count": beyond,
+        "examples": sum(int(n) for n in bins.values()),
+    }

@@ -55,8 +55,8 @@ def may_begin(
     with contextlib.suppress(PrometheusUnreachable):
         if prometheus is not None:
             refuse_unjudged_replicas(prometheus, config.proxy_job, model)
-    offline = offline_summary(read, config.replay, labels.stable)
-    flips = read.report["task"]["kind"] == "classification"
+    offline = offline_summary(read, config.replay, labels.stable, config.gate.shadow_tolerance)
+    flips = read.report["task"]["kind"] == "classification" or "difference" in offline  # answers compared
     resolved = resolve(config, prometheus, model, offline, flips, now)
     for line in resolved.lines():
         log.info("model %s: %s", model, line)
