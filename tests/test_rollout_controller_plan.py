@@ -141,10 +141,16 @@ PAIRS = {"shadow_pairs": 8000, "shadow_classified": 8000, "shadow_compared": 800
         ),
         pytest.param(CANARY_STEP, False, GOOD | {"candidate_slow": 400}, False, ROLLBACK, [PASS, FAIL], id="slow"),
         pytest.param(
-            SHADOW_STEP, True, counts(**PAIRS, shadow_flips=240), True, ADVANCE, [PASS, PASS, PASS], id="flips"
+            SHADOW_STEP, True, counts(**PAIRS, shadow_flips=240), True, ADVANCE, [PASS, PASS, PASS, PASS], id="flips"
         ),
         pytest.param(
-            SHADOW_STEP, True, counts(**PAIRS, shadow_flips=480), False, ROLLBACK, [PASS, PASS, FAIL], id="flips-6pct"
+            SHADOW_STEP,
+            True,
+            counts(**PAIRS, shadow_flips=480),
+            False,
+            ROLLBACK,
+            [PASS, PASS, PASS, FAIL],
+            id="flips-6pct",
         ),
         pytest.param(
             SHADOW_STEP,
@@ -152,7 +158,7 @@ PAIRS = {"shadow_pairs": 8000, "shadow_classified": 8000, "shadow_compared": 800
             counts(**PAIRS, shadow_flips=320),
             True,
             HOLD,
-            [PASS, PASS, UNKNOWN],
+            [PASS, PASS, PASS, UNKNOWN],
             id="flips-at-budget",
         ),
         pytest.param(
@@ -161,7 +167,7 @@ PAIRS = {"shadow_pairs": 8000, "shadow_classified": 8000, "shadow_compared": 800
             counts(shadow_pairs=8000, shadow_compared=8000, shadow_flips=0),
             True,
             HOLD,
-            [PASS, PASS, UNKNOWN],
+            [PASS, PASS, PASS, UNKNOWN],
             id="nothing-classified",
         ),
         pytest.param(
@@ -170,7 +176,7 @@ PAIRS = {"shadow_pairs": 8000, "shadow_classified": 8000, "shadow_compared": 800
             counts(**PAIRS, shadow_flips=320, shadow_dropped=1500, shadow_shed=8000),  # 4 %: unclear had all been sent
             False,
             WATCH,
-            [PASS, PASS, UNKNOWN],
+            [PASS, PASS, PASS, UNKNOWN],
             id="copies-dropped",
         ),
         pytest.param(
@@ -179,7 +185,7 @@ PAIRS = {"shadow_pairs": 8000, "shadow_classified": 8000, "shadow_compared": 800
             counts(**PAIRS, shadow_flips=2000, shadow_dropped=1500, shadow_shed=8000),  # 25 %: beyond whatever
             False,
             ROLLBACK,
-            [PASS, PASS, FAIL],
+            [PASS, PASS, PASS, FAIL],
             id="copies-dropped-flips-certain",
         ),
         pytest.param(
@@ -363,7 +369,7 @@ def test_the_dry_run_prints_the_plan_and_the_queries_and_changes_nothing(site, c
     assert main(args(config, report, "--dry-run")) == 0
     out = capsys.readouterr().out
     assert "evidence: " in out and "holds every check promote makes" in out
-    assert "step 1: shadow 100% 1s: shadow 100%, canary 0%; checks shadow_errors, slow_copies, flip_rate" in out
+    assert "step 1: shadow 100% 1s: shadow 100%, canary 0%; checks shadow_errors, slow_copies, flip_classes, flip_rate" in out
     assert "step 2: 5% 1s: shadow 100%, canary 5%; checks error_ratio, slow_calls, flip_rate" in out
     assert "step 3: 100%: promote (stable -> 2), routing cleared" in out
     assert 'canary_errors: sum by (instance) (:trainserve:proxy:request_count{job="proxy",model_name="m",' in out

@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainserve.replay.tally import ReplayTally
+from trainserve.replay.tally import LOG_BINS, ReplayTally, log_edges
 from trainserve.rollout.analysis import ADVANCE, FAIL, PASS, ROLLBACK, UNKNOWN, check_names, checks, decide
 from trainserve.rollout.measure import KEYS
-from trainserve.rollout.offline import difference_anchor
+from trainserve.rollout.offline import difference_anchor, upper_edge
 from trainserve.rollout.plan import SHADOW, Step
 from trainserve.rollout.rollout_config import StepGate
 from trainserve.rollout.shadow_checks import CLASS_FAMILY, flip_classes
@@ -122,4 +122,7 @@ def test_the_regression_anchor_is_stables_mae_times_the_multiple_and_replays_sha
     report = {"comparison": {"baseline_metrics": {"mae": 0.4}}}
     found = difference_anchor(report, replay, 2.0)
     assert (found["tolerance"], found["count"], found["examples"]) == (0.8, 2, 5)  # 1.0 and 3.0 beyond 0.8
-    assert difference_anchor({}, replay, 2.0) is None  # no baseline's MAE: nothing to scale the tolerance by
+    assert difference_anchor({}, replay, 2.0) is None
+    assert [upper_edge(i) for i in (0, 100, LOG_BINS - 1)] == pytest.approx(
+        log_edges()[[1, 101, LOG_BINS]], rel=1e-9
+    )  # no baseline's MAE: nothing to scale the tolerance by

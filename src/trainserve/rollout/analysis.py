@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from trainserve.rollout.judging import FAIL, PASS, UNKNOWN, Check
+from trainserve.rollout.judging import CANARY_ALPHA, FAIL, PASS, UNKNOWN, Check
 from trainserve.rollout.judging import against as _against
 from trainserve.rollout.judging import judge as _judge
 from trainserve.rollout.judging import one as _one
@@ -36,7 +36,20 @@ from trainserve.rollout.plan import CANARY, SHADOW, Step
 from trainserve.rollout.rollout_config import StepGate
 from trainserve.rollout.shadow_checks import anchored_budget, differences, flip_classes
 
-__all__ = ["ADVANCE", "FAIL", "HOLD", "PASS", "ROLLBACK", "UNKNOWN", "WATCH", "Check", "checks", "decide", "reaches"]
+__all__ = [
+    "ADVANCE",
+    "CANARY_ALPHA",
+    "FAIL",
+    "HOLD",
+    "PASS",
+    "ROLLBACK",
+    "UNKNOWN",
+    "WATCH",
+    "Check",
+    "checks",
+    "decide",
+    "reaches",
+]
 ADVANCE, ROLLBACK, HOLD, WATCH = "advance", "rollback", "hold", "watch"
 # Shadow copies by outcome: the first three were sent and answered or failed; the rest never judged the candidate.
 ANSWERED = ("shadow_compared", "shadow_incomparable", "shadow_errors")

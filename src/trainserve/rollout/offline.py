@@ -8,7 +8,6 @@ from pathlib import Path
 from trainserve.errors import TrainserveError
 from trainserve.evidence.document import ReadReport, read_replay_report, read_report
 from trainserve.evidence.flips import flip_rate
-from trainserve.replay.tally import log_edges
 from trainserve.rollout.checks import refusals
 from trainserve.rollout.config import PromoteConfig
 from trainserve.rollout.config_file import find_model, read_config
@@ -72,6 +71,16 @@ def _eval_disagreement(report: dict) -> dict | None:
     return {"source": "eval", **versions, "count": count, "examples": examples, "both_wrong": pairs["both_wrong"]}
 
 
+# Replay's |difference| bins (trainserve.replay.tally, which rollout does not import): bin i is
+# [LOW x RATIO^i, LOW x RATIO^(i+1)); a test keeps the two equal.
+REPLAY_LOW, REPLAY_RATIO = 1e-9, 1.02
+
+
+def upper_edge(index: int) -> float:
+    """The upper edge of replay's |difference| bin `index`."""
+    return REPLAY_LOW * REPLAY_RATIO ** (index + 1)
+
+
 def difference_anchor(report: dict, replay: dict, multiple: float) -> dict | None:
     """A regression model's shadow tolerance and its anchor: `multiple` times stable's mean absolute error on the
     eval report's split (a difference as large as stable's own typical error, in the target's units whatever they
@@ -81,8 +90,8 @@ def difference_anchor(report: dict, replay: dict, multiple: float) -> dict | Non
     bins = (replay.get("tally") or {}).get("abs_difference_bins")
     if not stable_mae or bins is None or replay.get("regression_difference") is None:
         return None
-    tolerance, edges = multiple * stable_mae, log_edges()
-    beyond = sum(int(n) for i, n in bins.items() if edges[int(i) + 1] > tolerance)
+    tolerance = multiple * stable_mae
+    beyond = sum(int(n) for i, n in bins.items() if upper_edge(int(i)) > tolerance)
     return {
         "source": "replay",
         "what": "share beyond the tolerance",
