@@ -369,7 +369,8 @@ def test_the_dry_run_prints_the_plan_and_the_queries_and_changes_nothing(site, c
     assert main(args(config, report, "--dry-run")) == 0
     out = capsys.readouterr().out
     assert "evidence: " in out and "holds every check promote makes" in out
-    assert "step 1: shadow 100% 1s: shadow 100%, canary 0%; checks shadow_errors, slow_copies, flip_classes, flip_rate" in out
+    shadow_checks = "checks shadow_errors, slow_copies, flip_classes, flip_rate"
+    assert f"step 1: shadow 100% 1s: shadow 100%, canary 0%; {shadow_checks}" in out
     assert "step 2: 5% 1s: shadow 100%, canary 5%; checks error_ratio, slow_calls, flip_classes, flip_rate" in out
     assert "step 3: 100%: promote (stable -> 2), routing cleared" in out
     assert 'canary_errors: sum by (instance) (:trainserve:proxy:request_count{job="proxy",model_name="m",' in out
