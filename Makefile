@@ -75,7 +75,15 @@ compare: venv ## The same training on the CPU and, where an NVIDIA runtime exist
 
 # TLS=1: every compose target below with compose.tls.yaml on top (gRPC over mutual TLS; `make certs` first).
 TLS ?=
-COMPOSE ?= docker compose$(if $(filter 1,$(TLS)), -f compose.yaml -f compose.tls.yaml)
+# `docker compose` where the engine has the Compose plugin, else the Compose v2 binary `make venv` installs
+# ($(BIN)/docker-compose: Debian's docker.io and many CI images have no plugin). Found on first use, said once on
+# stderr; COMPOSE=... (the command line or the environment) overrides it and is used as given.
+COMPOSE_FOUND = $(eval COMPOSE_FOUND := $$(shell $$(COMPOSE_FIND)))$(COMPOSE_FOUND)
+COMPOSE_FIND = if docker compose version >/dev/null 2>&1; then echo "docker compose"; \
+	echo "make: compose is docker compose" >&2; \
+	else echo "$(BIN)/docker-compose"; echo "make: compose is $(BIN)/docker-compose (no docker compose plugin$(if \
+	$(wildcard $(BIN)/docker-compose),,; make venv installs it))" >&2; fi
+COMPOSE ?= $(COMPOSE_FOUND)$(if $(filter 1,$(TLS)), -f compose.yaml -f compose.tls.yaml)
 REGISTRY ?=
 CERTS_DIR ?= certs
 
