@@ -117,7 +117,8 @@ promote: ## Gated rollout: candidate -> eval (non-inferior to stable by MAX_DROP
 	$(COMPOSE) --profile promote run --rm promote
 
 .PHONY: rollout
-rollout: ## Progressive rollout on live traffic through the proxy: candidate -> gated eval -> shadow, canary steps judged by Prometheus -> stable, or rolled back
+rollout: ## Progressive rollout on live traffic through the proxy (its own, from the `load` service): candidate -> gated eval -> shadow, canary steps judged by Prometheus -> stable, or rolled back
+	$(COMPOSE) --profile proxy --profile monitoring --profile load up -d proxy prometheus load
 	$(COMPOSE) --profile promote run --rm rollout-candidate
 	$(COMPOSE) --profile promote run --rm promote-eval
 	$(COMPOSE) --profile promote run --rm rollout
@@ -178,7 +179,8 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 	promtool check config monitoring/prometheus.yml monitoring/prometheus-compose.yml
 	for files in "-f compose.yaml" "-f compose.yaml -f compose.tls.yaml"; do \
 		$(BIN)/docker-compose $$files config --quiet; \
-		for profile in train eval promote proxy monitoring; do $(BIN)/docker-compose $$files --profile $$profile config --quiet; done; \
+		for profile in train eval promote proxy monitoring "proxy --profile load"; do \
+			$(BIN)/docker-compose $$files --profile $$profile config --quiet; done; \
 	done
 	for dir in k8s/base k8s/overlays/*; do \
 		kubectl kustomize $$dir > $(VENV)/rendered.yaml; \

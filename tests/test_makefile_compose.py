@@ -40,7 +40,7 @@ def test_without_the_plugin_every_target_uses_the_shipped_binary_and_says_so_onc
     made = dry_run(tmp_path, WITHOUT_PLUGIN, "serve", "promote", "rollout", f"VENV={venv}")
     lines = made.stdout.splitlines()
     assert lines[0] == f"{venv}/bin/docker-compose up -d serve-cpu", made.stdout
-    assert len(lines) == 7 and all(line.startswith(f"{venv}/bin/docker-compose --profile ") for line in lines[1:])
+    assert len(lines) == 8 and all(line.startswith(f"{venv}/bin/docker-compose --profile ") for line in lines[1:])
     said = [line for line in made.stderr.splitlines() if "compose is" in line]
     assert said == [f"make: compose is {venv}/bin/docker-compose (no docker compose plugin; make venv installs it)"]
 
