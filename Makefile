@@ -116,8 +116,12 @@ promote: ## Gated rollout: candidate -> eval (non-inferior to stable by MAX_DROP
 	$(COMPOSE) --profile promote run --rm promote-eval
 	$(COMPOSE) --profile promote run --rm promote
 
+.PHONY: traffic
+traffic: ## Steady traffic for a rollout to judge: the proxy, Prometheus, and the `load` service calling `stable` through the proxy
+	$(COMPOSE) --profile proxy --profile monitoring --profile load up -d proxy prometheus load
+
 .PHONY: rollout
-rollout: ## Progressive rollout on live traffic through the proxy (its own, from the `load` service): candidate -> gated eval -> shadow, canary steps judged by Prometheus -> stable, or rolled back
+rollout: ## Progressive rollout on live traffic through the proxy (`make traffic` first): candidate -> gated eval -> shadow, canary steps judged by Prometheus -> stable, or rolled back
 	$(COMPOSE) --profile proxy --profile monitoring --profile load up -d proxy prometheus load
 	$(COMPOSE) --profile promote run --rm rollout-candidate
 	$(COMPOSE) --profile promote run --rm promote-eval
