@@ -27,7 +27,7 @@ PAGE = REPO / "docs" / "progressive-delivery.md"
 SECTION = ("### A canary rollout on compose", "### A canary rollout on Kubernetes")
 PROMETHEUS = "trainserve-standin/prometheus:debian"
 WGET = "#!/bin/sh\n# the healthcheck's `wget -q -O /dev/null URL`\nexec python3 -c 'import sys, urllib.request; "
-WGET += 'urllib.request.urlopen(sys.argv[1], timeout=3)\' "$5"\n'
+WGET += 'urllib.request.urlopen(sys.argv[-1], timeout=3)\' "$@"\n'
 
 
 @pytest.fixture(scope="module")
