@@ -170,7 +170,7 @@ test: venv ## Run the whole test suite: unit, integration (real TensorFlow, gRPC
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 .PHONY: test-fast
-test-fast: venv ## Only the unit tier: in process, no subprocess TensorFlow, no Docker (about a minute)
+test-fast: venv ## Only the unit tier: in process and quick (a test over 4 s of CPU fails), no Docker: at most 90 s
 	$(BIN)/python -m pytest -m unit $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 .PHONY: lint

@@ -18,7 +18,10 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parents[1]
-pytest_plugins = ("serving_fixtures",)  # serve_in_process: serve-local on a thread of the test process
+pytest_plugins = (
+    "serving_fixtures",  # serve_in_process: serve-local on a thread of the test process
+    "tier_budget",  # a unit test slower than its tier's budget fails, naming itself
+)
 
 
 # `trainserve load` flags for a short closed-loop sweep (one client, three short windows): tests of what the sweep
@@ -360,12 +363,16 @@ def save_foreign_model(path: Path, pin_device: str | None = None) -> Path:
     `slow` signature whose run time grows with its `steps` input. `pin_device` pins `serve`'s math."""
     import tensorflow as tf
 
+    # autograph=False: the functions' Python is already graph code, and autograph's cache of converted methods
+    # of a class made per call once handed `serve` without its `self` (a setup error seen once in 1,481 tests).
     class Foreign(tf.Module):
         def __init__(self):
             super().__init__()
             self.scale = tf.Variable(2.0)
 
-        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None], tf.int64)])
+        @tf.function(
+            input_signature=[tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None], tf.int64)], autograph=False
+        )
         def serve(self, x, offset):
             if pin_device:  # a Python-level branch: decided when the function is traced
                 with tf.device(pin_device):
@@ -374,7 +381,7 @@ def save_foreign_model(path: Path, pin_device: str | None = None) -> Path:
                 scaled = x * self.scale
             return {"scaled": scaled, "shifted": offset + 1, "total": tf.reduce_sum(x, axis=1)}
 
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32)], autograph=False)
         def slow(self, steps):
             m = tf.random.stateless_uniform([384, 384], seed=[1, 2])
             out = tf.while_loop(lambda i, a: i < steps, lambda i, a: (i + 1, tf.tanh(a @ m)), [0, m])[1]
@@ -393,7 +400,7 @@ def save_gated_model(path: Path) -> Path:
     import tensorflow as tf
 
     class Gated(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string)])
+        @tf.function(input_signature=[tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string)], autograph=False)
         def serve(self, arrived, release):
             # The second write is made inside the first's dependencies: it opens `release` only after `arrived`.
             first = tf.io.write_file(arrived, "arrived")

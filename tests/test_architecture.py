@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "trainserve"
 STAGES = ("training", "serving", "evaluation", "live", "replay", "drift", "rollout")
 
@@ -35,6 +34,7 @@ def cross_stage_imports(stage: str, source: str) -> list[str]:
     )
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("stage", STAGES)
 def test_no_stage_imports_another(stage):
     offenders = {
@@ -45,6 +45,7 @@ def test_no_stage_imports_another(stage):
     assert not offenders, f"stage {stage!r} imports another stage (move shared code to trainserve/*.py): {offenders}"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "source",
     [
@@ -60,6 +61,7 @@ def test_checker_catches_an_evaluation_module_importing_training(source):
     assert cross_stage_imports("evaluation", source), source
 
 
+@pytest.mark.unit
 def test_checker_allows_shared_modules_and_the_own_stage():
     source = (
         "from trainserve.layout import DEFAULT_SIGNATURE\nfrom trainserve.client import Target\n"
@@ -78,6 +80,7 @@ def stage_imports(source: str) -> list[str]:
     return sorted(m for m in imported_modules(source) if m.split(".")[1:2] in ([s] for s in STAGES))
 
 
+@pytest.mark.unit
 def test_shared_modules_import_no_stage():
     shared = [p for p in PACKAGE.glob("*.py") if p.name not in ("cli.py", "__main__.py")]
     shared += [p for package in shared_packages() for p in sorted((PACKAGE / package).rglob("*.py"))]
@@ -85,10 +88,12 @@ def test_shared_modules_import_no_stage():
     assert not offenders, f"shared modules must not depend on a stage: {offenders}"
 
 
+@pytest.mark.unit
 def test_the_shared_packages_are_found():
     assert {"client", "protos"} <= set(shared_packages()), shared_packages()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "source",
     [
@@ -105,6 +110,7 @@ def test_checker_catches_a_shared_module_importing_a_stage(source):
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 350, 60
 
 
+@pytest.mark.integration
 def test_modules_and_functions_stay_small():
     """A module does one job and a function fits on a screen; past that, split by responsibility."""
     too_long = []
@@ -178,11 +184,13 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(cycles)
 
 
+@pytest.mark.unit
 def test_no_import_cycle_between_modules():
     cycles = import_cycles(import_graph(package_modules()))
     assert not cycles, f"modules that import each other, directly or in a loop (split out what they share): {cycles}"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "sources, cycle",
     [
@@ -216,6 +224,7 @@ def test_checker_catches_a_cycle(sources, cycle):
     assert import_cycles(import_graph(sources)) == [cycle]
 
 
+@pytest.mark.unit
 def test_checker_allows_a_chain_and_a_package_importing_its_parent():
     sources = {
         "trainserve": "",
@@ -234,12 +243,14 @@ def wheel_imports(source: str) -> list[str]:
     return sorted(m for m in imported_modules(source) if m == SERVING_WHEEL or m.startswith(SERVING_WHEEL + "."))
 
 
+@pytest.mark.unit
 def test_no_module_imports_the_serving_wheel():
     """tensorflow_serving.apis imports all of TensorFlow: trainserve.protos is the one source of its messages."""
     offenders = sorted(m for m, source in package_modules().items() if wheel_imports(source))
     assert not offenders, f"import trainserve.protos instead: {offenders}"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "source",
     [

@@ -31,8 +31,6 @@ from trainserve.rollout.labels import Rollout
 from trainserve.rollout.progress import START, event
 from trainserve.rollout.steps import promote, rollback, stage_candidate
 
-pytestmark = pytest.mark.unit
-
 
 class Seen:
     """A server that has applied every change; records what the labels and the model's route were at each ask."""
@@ -84,6 +82,7 @@ def staging(config: Path, *flags: str) -> CandidateConfig:
     return config_from_args(CandidateConfig, build_parser().parse_args(argv))
 
 
+@pytest.mark.unit
 def test_a_candidate_is_loaded_only_once_the_model_is_routed_with_no_share(site, monkeypatch):
     config, _ = site
     monkeypatch.setenv("TRAINSERVE_ROUTING_FILE", str(config.parent / "routing.json"))  # as compose sets it
@@ -97,6 +96,7 @@ def test_a_candidate_is_loaded_only_once_the_model_is_routed_with_no_share(site,
     assert route(config) == routed
 
 
+@pytest.mark.unit
 def test_promote_removes_the_route_only_once_the_label_moved(site):
     config, base = site
     routing = config.parent / "routing.json"
@@ -108,6 +108,7 @@ def test_promote_removes_the_route_only_once_the_label_moved(site):
     assert route(config) is None
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("staged", [True, False], ids=["candidate-kept", "no-candidate"])
 def test_rollback_removes_the_route_unless_a_candidate_stays_labelled(site, staged):
     config, base = site
@@ -124,6 +125,7 @@ def test_rollback_removes_the_route_unless_a_candidate_stays_labelled(site, stag
     assert route(config) == (ModelRoute(3) if staged else None)
 
 
+@pytest.mark.unit
 def test_a_route_with_a_share_is_refused_and_nothing_is_staged(site):
     config, _ = site
     routing = config.parent / "routing.json"
@@ -135,6 +137,7 @@ def test_a_route_with_a_share_is_refused_and_nothing_is_staged(site):
     assert (config.read_bytes(), routing.read_bytes()) == before and server.asks == []
 
 
+@pytest.mark.unit
 def test_a_bad_prometheus_url_is_refused_before_anything_moves(site):
     config, _ = site
     routing, before = config.parent / "routing.json", config.read_bytes()
@@ -144,6 +147,7 @@ def test_a_bad_prometheus_url_is_refused_before_anything_moves(site):
     assert config.read_bytes() == before and not routing.exists()
 
 
+@pytest.mark.unit
 def test_a_first_candidate_with_no_stable_is_not_routed(tmp_path):
     base, config = tmp_path / "models" / "m", tmp_path / "models.config"
     publish(base, 1)
@@ -153,6 +157,7 @@ def test_a_first_candidate_with_no_stable_is_not_routed(tmp_path):
     assert labels(config) == Rollout(candidate=1) and not routing.exists()  # `stable` would name nothing
 
 
+@pytest.mark.unit
 def test_a_retried_jobs_candidate_step_leaves_the_rollouts_route_alone(site):
     config, _ = site
     routing = config.parent / "routing.json"
@@ -163,6 +168,7 @@ def test_a_retried_jobs_candidate_step_leaves_the_rollouts_route_alone(site):
     assert routing.read_bytes() == before
 
 
+@pytest.mark.unit
 def test_the_rollout_takes_over_the_route_a_candidate_left(site, capsys):
     config, base = site
     routing = config.parent / "routing.json"
@@ -215,6 +221,7 @@ def serving(model_versions, tmp_path_factory):
     assert server.stop() == 0
 
 
+@pytest.mark.integration
 def test_version_less_callers_never_get_a_candidate_staged_by_hand(serving, monkeypatch):
     config, server = serving
     routing = config.parent / "routing.json"
@@ -242,6 +249,7 @@ def test_version_less_callers_never_get_a_candidate_staged_by_hand(serving, monk
     assert set(answered) == {1}, f"{answered.count(2)} of {len(answered)} version-less calls got the candidate"
 
 
+@pytest.mark.unit
 def test_a_replica_that_does_not_follow_the_route_stages_nothing(site, monkeypatch):
     config, _ = site
     routing = config.parent / "routing.json"
@@ -261,6 +269,7 @@ def _routing_file(container: dict) -> str | None:
     return (flags or env or [None])[0]
 
 
+@pytest.mark.unit
 def test_the_candidate_steps_of_a_deployment_with_prometheus_confirm_the_route_on_it():
     """Where a deployment has the rollout's Prometheus (k8s/overlays/proxy's progressive-delivery component, compose's
     `make rollout`), `candidate` is given it, so that the version loads only once every proxy replica reports the
@@ -295,6 +304,7 @@ def test_the_candidate_steps_of_a_deployment_with_prometheus_confirm_the_route_o
     assert "run --rm rollout-candidate" in rollout_target and "run --rm candidate" not in rollout_target
 
 
+@pytest.mark.unit
 def test_every_label_command_passes_the_file_the_proxy_follows():
     from test_k8s import all_containers, pod_specs, render
 

@@ -29,7 +29,7 @@ from trainserve.sources import load_dataset
 from trainserve.sources.synthetic import SyntheticSpec, synthetic_examples
 
 # serve-local on a thread of this process, real gRPC; the module trains once (conftest.py)
-pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("compare")]
+pytestmark = pytest.mark.xdist_group("compare")
 SYN = SyntheticSpec((8, 8, 1), 10, 2000)
 
 
@@ -84,6 +84,7 @@ def eval_cli(server, tmp_path, *args) -> tuple[int, dict | None]:
     return code, json.loads(report.read_text()) if report.is_file() else None
 
 
+@pytest.mark.integration
 def test_one_epoch_version_is_worse_than_the_trained_one(side_by_side, tmp_path, capsys):
     server, root, split = side_by_side
     flags = ("--compare-with", 1, "--max-drop", "none")  # no margin: only "not significantly worse"
@@ -114,6 +115,7 @@ def test_one_epoch_version_is_worse_than_the_trained_one(side_by_side, tmp_path,
     assert (tmp_path / "eval.html").is_file()
 
 
+@pytest.mark.integration
 def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, tmp_path, capsys, caplog):
     server, _, _ = side_by_side
     code, report = eval_cli(
@@ -146,6 +148,7 @@ def test_two_seeds_of_one_training_are_no_significant_difference(side_by_side, t
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith(said)], "one line says which"
 
 
+@pytest.mark.integration
 def test_the_margin_gate_fails_the_worse_version_and_passes_an_equal_one(side_by_side, tmp_path, capsys):
     """--max-drop replaces "not significantly worse": the one-epoch version is shown worse than a 1-point margin
     allows (or the data cannot tell), two seeds of one training on 2,000 examples are shown within it."""
@@ -206,6 +209,7 @@ class PredictsSoFar(logging.Handler):
         self.lines.append((record.getMessage(), predict_count(self.server)))
 
 
+@pytest.mark.unit
 def test_the_preflight_speaks_before_any_predict_and_require_power_sends_nothing(side_by_side, tmp_path, capsys):
     """A 0.5-point margin on digits' held-out split is below what its examples can decide: the line comes before
     the first Predict (the server's own count, read as the line is logged); --require-power refuses, sending none."""
@@ -233,6 +237,7 @@ def test_the_preflight_speaks_before_any_predict_and_require_power_sends_nothing
     assert error.startswith("trainserve eval: error: pre-flight:") and "--require-power refuses" in error
 
 
+@pytest.mark.integration
 def test_slices_of_an_npz_key_gate_the_run_and_equal_versions_pass(side_by_side, tmp_path, capsys):
     """--slice region (an npz key beside x_test) with --gate-slices: the one-epoch version's worse slices are named
     with their corrected p-values and fail the run; two seeds of one training pass per class (the default)."""
@@ -299,6 +304,7 @@ def test_slices_of_an_npz_key_gate_the_run_and_equal_versions_pass(side_by_side,
     )
 
 
+@pytest.mark.unit
 def test_a_label_names_the_baseline_and_change_thresholds_gate(side_by_side, tmp_path):
     server, _, split = side_by_side
     flags = ("--max-drop", "none", "--not-worse=false", "--require-vs-baseline", "accuracy>=-90%")  # change only
@@ -329,6 +335,7 @@ def first_rollout_args(config) -> tuple:
     )
 
 
+@pytest.mark.unit
 def test_first_rollout_passes_on_its_value_gates_when_the_config_says_so(side_by_side, tmp_path):
     server, root, _ = side_by_side
     code, report = eval_cli(server, tmp_path, *first_rollout_args(root / "models.config"))
@@ -338,6 +345,7 @@ def test_first_rollout_passes_on_its_value_gates_when_the_config_says_so(side_by
     assert report["evidence"]["baseline"]["version"] is None
 
 
+@pytest.mark.unit
 def test_a_stable_the_server_cannot_answer_for_fails_the_eval_with_its_error(side_by_side, tmp_path, capsys):
     """The config labels syn's stable (version 2), the server resolves no such label: not a first rollout."""
     server, root, _ = side_by_side
@@ -355,6 +363,7 @@ def test_a_stable_the_server_cannot_answer_for_fails_the_eval_with_its_error(sid
     assert "NOT_FOUND" in err or "INVALID_ARGUMENT" in err, err
 
 
+@pytest.mark.unit
 def test_no_baseline_needs_the_config_and_never_comes_from_a_failed_lookup(side_by_side, tmp_path, capsys):
     server, _, _ = side_by_side
     args = first_rollout_args("unused")
@@ -367,6 +376,7 @@ def test_no_baseline_needs_the_config_and_never_comes_from_a_failed_lookup(side_
     assert code == 2 and "resolves no version for label 'stable' of model 'syn'" in err, err
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

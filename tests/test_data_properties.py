@@ -21,8 +21,6 @@ from trainserve.data import Dataset
 from trainserve.errors import TrainserveError
 from trainserve.sources import load_dataset
 
-pytestmark = pytest.mark.unit
-
 NPZ_DTYPES = ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "bool"]
 SHAPES = [(), (1,), (3,), (2, 3)]
 WORDS = ["red", "green", "blue", "a b", "Ünï", "x,y"]  # a comma, a space, non-ASCII: CSV quoting and UTF-8
@@ -141,6 +139,7 @@ def _assert_same(got: np.ndarray, want: np.ndarray, what: str) -> None:
     np.testing.assert_array_equal(got, want, err_msg=what)  # NaN equals NaN here
 
 
+@pytest.mark.unit
 @settings(max_examples=60, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=data_files())
 def test_train_accepts_or_says_why_and_eval_reads_what_train_read(case):
@@ -176,6 +175,7 @@ def test_train_accepts_or_says_why_and_eval_reads_what_train_read(case):
             assert sorted(encode_labels(raw, ds.label_names, "m").labels) == sorted([*ds.y_train, *ds.y_test])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("label_first", [False, True], ids=["input-first", "label-first"])
 def test_a_csv_saved_by_excel_trains_and_evaluates_under_its_header_names(tmp_path, label_first):
     """Excel's "CSV UTF-8" starts with a byte-order mark, which is not part of the first column's name."""
@@ -225,6 +225,7 @@ class InProcessServer:
         self.thread.join(timeout=30)
 
 
+@pytest.mark.integration
 @settings(max_examples=5, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=data_files())
 def test_what_train_accepts_is_served_with_the_in_process_predictions(case):

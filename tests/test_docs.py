@@ -14,8 +14,6 @@ import pytest
 
 from conftest import REPO
 
-pytestmark = pytest.mark.unit
-
 # The section headings of the 1,009-line README this site replaced (commit a6b07fd): each must still be a
 # heading of some page. A shallow CI clone has no history to read them from, so they are listed here.
 OLD_README_SECTIONS = [
@@ -91,6 +89,7 @@ def page_headings(path: Path) -> Headings:
     return parser
 
 
+@pytest.mark.integration
 def test_every_old_readme_section_has_a_page(site):
     found = {heading for page in site.rglob("index.html") for heading in page_headings(page).headings}
     # Headings render their backticks as <code>: compare the text.
@@ -106,6 +105,7 @@ def walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("trainserve",
                 yield from walk(sub, (*path, name))
 
 
+@pytest.mark.unit
 def test_the_reference_lists_every_command_and_flag(site):
     from trainserve.cli import build_parser
 
@@ -138,6 +138,7 @@ REMOVED = (
 )
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("command", "flag"), REMOVED)
 def test_the_changelog_names_every_removed_flag(command, flag):
     from trainserve.cli import build_parser
@@ -153,10 +154,12 @@ def test_the_changelog_names_every_removed_flag(command, flag):
 SCHEMAS = sorted((REPO / "src" / "trainserve").rglob("*.schema.json"))
 
 
+@pytest.mark.unit
 def test_the_report_schemas_are_found():
     assert {path.name for path in SCHEMAS} >= {"eval_report.schema.json", "report.schema.json"}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("schema", SCHEMAS, ids=[path.parent.name for path in SCHEMAS])
 def test_the_reference_renders_the_report_schemas(site, schema):
     text = json.loads(schema.read_text())
@@ -169,6 +172,7 @@ def test_the_reference_renders_the_report_schemas(site, schema):
             assert f"<code>{name}.{field}</code>" in page, f"{schema}: {name}.{field} not rendered"
 
 
+@pytest.mark.unit
 def test_the_readme_is_a_short_front_door():
     readme = (REPO / "README.md").read_text()
     assert len(readme.splitlines()) <= 250
@@ -177,6 +181,7 @@ def test_the_readme_is_a_short_front_door():
     assert all((REPO / link).is_file() for link in links), [link for link in links if not (REPO / link).is_file()]
 
 
+@pytest.mark.unit
 def test_the_readme_test_command_is_what_ci_runs():
     ci = (REPO / ".ci" / "run").read_text()
     command = re.search(r"^(make test)\b", ci, re.MULTILINE)

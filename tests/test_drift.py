@@ -22,8 +22,6 @@ from trainserve.drift.report import validate_report
 from trainserve.task import Task
 from trainserve.training.data_profile import write_data_profile
 
-pytestmark = pytest.mark.unit
-
 COLOURS, SIZES = np.array(["red", "green", "blue"]), np.array(["S", "M", "L"])
 
 
@@ -72,6 +70,7 @@ def drift_cli(tmp_path, data_dir, *args) -> tuple[int, dict]:
     return code, json.loads(report.read_text()) if report.is_file() else None
 
 
+@pytest.mark.unit
 def test_traffic_from_the_training_distribution_does_not_drift(data_dir, tmp_path):
     root, _ = data_dir
     code, report = drift_cli(tmp_path, root, capture(tmp_path / "cap", table(3000, 7)))
@@ -83,6 +82,7 @@ def test_traffic_from_the_training_distribution_does_not_drift(data_dir, tmp_pat
     assert rows["colour"]["unseen_share"] == 0.0 and report["versions"][0]["examples"] == 3000
 
 
+@pytest.mark.unit
 def test_a_shifted_column_and_a_new_category_are_named_with_their_effect_sizes(data_dir, tmp_path, capsys):
     root, train = data_dir
     traffic = table(3000, 8, age_shift=10.0, new_colour=0.2)
@@ -121,6 +121,7 @@ def test_a_shifted_column_and_a_new_category_are_named_with_their_effect_sizes(d
     assert "DRIFT" in page and 'id="drift-v1"' in page and 'src="data:image/png;base64,' in page
 
 
+@pytest.mark.unit
 def test_a_version_without_a_profile_is_one_line(data_dir, tmp_path, capsys):
     root, _ = data_dir
     assert profile_path(root, "people", 1).is_file()
@@ -131,6 +132,7 @@ def test_a_version_without_a_profile_is_one_line(data_dir, tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "no data profile for model 'people' version 1" in err
 
 
+@pytest.mark.unit
 def test_training_profiles_its_data_and_held_out_images_do_not_drift(trained_digits, tmp_path):
     """`trainserve train --data-dir` writes the profile beside the version's record (the session's digits run);
     the held-out images, captured as requests, are the training distribution; a brightened copy is not."""
@@ -155,6 +157,7 @@ def main_drift(captures, data_dir, report) -> tuple[int, dict]:
     return code, json.loads(report.read_text())
 
 
+@pytest.mark.integration
 def test_image_files_are_profiled_by_size_channels_and_brightness(tmp_path):
     """An image folder's training profile (the files' bytes, as clients send them): the training files sent as
     traffic do not drift; the same files brightened (same sizes, same channels) drift on brightness alone."""
@@ -195,6 +198,7 @@ def main_drift_model(captures, data_dir, report, model) -> tuple[int, dict]:
     return code, json.loads(report.read_text())
 
 
+@pytest.mark.integration
 def test_shards_merge_into_the_one_client_report_with_nan_and_infinite_inputs_counted(data_dir, tmp_path):
     """Traffic whose `age` is NaN throughout, `income` infinite in places and a new colour: each side's NaN and
     infinite values are counted per feature (equal to numpy's count), no NaN reaches the JSON (drift-merge reads
@@ -241,6 +245,7 @@ def test_shards_merge_into_the_one_client_report_with_nan_and_infinite_inputs_co
     assert main(["drift-merge", *paths[:2], "--output", str(tmp_path / "m2.json")]) == 2
 
 
+@pytest.mark.unit
 def test_a_version_without_a_profile_is_left_out_and_named_while_the_others_are_compared(data_dir, tmp_path, capsys):
     """Version 1 has a profile, version 2 (serving the same capture) has none: version 1 is judged, version 2's
     requests are counted and named, in one line, not a stop of the run."""
@@ -265,6 +270,7 @@ def test_a_version_without_a_profile_is_left_out_and_named_while_the_others_are_
     assert "v2: 6 captured requests not compared" in (tmp_path / "drift.html").read_text()
 
 
+@pytest.mark.unit
 def test_limit_counts_exactly_that_many_requests(data_dir, tmp_path):
     root, _ = data_dir
     code, report = drift_cli(tmp_path, root, capture(tmp_path / "cap", table(250, 14), batch=5), "--limit", "6")
@@ -275,6 +281,7 @@ def test_limit_counts_exactly_that_many_requests(data_dir, tmp_path):
     assert "6 captured requests, 30 examples" in (tmp_path / "drift.html").read_text()
 
 
+@pytest.mark.integration
 def test_the_page_draws_every_plot_at_one_size_and_numeric_bins_by_their_values(data_dir, tmp_path, monkeypatch):
     """Four features: four PNGs of one pixel size in a grid of equal columns (a flex row stretched the fourth to
     the page's width); a number's bins are labelled by the training deciles' values, a category's by its names."""

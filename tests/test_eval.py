@@ -52,7 +52,7 @@ def test_metrics_equal_in_process_computation(served, model_versions, tmp_path):
     validate_report(report)
 
 
-@pytest.mark.unit
+@pytest.mark.integration
 def test_cli_writes_valid_report_and_plots_and_gates(served, model_versions, tmp_path, capsys):
     code = main(
         [
@@ -162,7 +162,7 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(serve_local, model_ve
     assert report["performance"]["retries"] >= 1, "the outage was crossed by retrying"
 
 
-@pytest.mark.unit
+@pytest.mark.integration
 def test_version_published_mid_run_does_not_mix_versions(serve_in_process, model_versions, tmp_path, monkeypatch):
     install_version(model_versions[0], tmp_path / "m", 1)
     config = tmp_path / "models.config"
@@ -239,7 +239,7 @@ def test_bad_requests_fail_before_any_predict(served, tmp_path, capsys, args, fr
     assert predict_count(served) == before, "no Predict was sent"
 
 
-@pytest.mark.unit
+@pytest.mark.integration
 def test_unreachable_server_and_impossible_deadline(served, tmp_path):
     from conftest import free_port
 

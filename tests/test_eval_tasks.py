@@ -281,7 +281,7 @@ def test_latency_percentiles_from_the_histogram_are_within_two_percent_above():
     assert all(e <= a <= e * 1.02 for e, a in zip(exact, approximate)), (exact, approximate)
 
 
-@pytest.mark.unit
+@pytest.mark.integration
 @pytest.mark.parametrize("task", ["regression", "binary-logits"])
 def test_shard_reports_merge_into_the_unsharded_report(foreign, tmp_path, capsys, task):
     server, d = foreign
@@ -311,7 +311,7 @@ def test_shard_reports_merge_into_the_unsharded_report(foreign, tmp_path, capsys
             assert merged["metrics"][name] == pytest.approx(full["metrics"][name], abs=2e-3), name
 
 
-@pytest.mark.unit
+@pytest.mark.integration
 def test_merge_refuses_an_incomplete_or_mixed_set(foreign, tmp_path, capsys):
     server, d = foreign
     path = _npz(tmp_path, "data", **{"x_test/x": d["x"], "x_test/offset": d["offset"], "y_test": d["total_y"]})

@@ -22,7 +22,7 @@ from trainserve.sources import load_dataset
 from trainserve.splits import PROVENANCE_KEY, is_training_source, provenance
 
 # serve-local on a thread of this process, real gRPC; two_trainings made once (conftest.py)
-pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("two-trainings")]
+pytestmark = pytest.mark.xdist_group("two-trainings")
 
 
 def eval_cli(server, root, report, *args) -> int:
@@ -62,6 +62,7 @@ def refused(config, report, capsys, *fragments) -> None:
     assert config.read_bytes() == before
 
 
+@pytest.mark.unit
 def test_its_own_verified_split_promotes_and_other_files_under_that_number_do_not(two_trainings, tmp_path, capsys):
     """Case 7: a report vouches for the files it evaluated, by SHA-256; a version republished under the same number
     is refused. The positive control: the same report promotes the files it evaluated."""
@@ -78,6 +79,7 @@ def test_its_own_verified_split_promotes_and_other_files_under_that_number_do_no
     assert "stable -> 2" in capsys.readouterr().out
 
 
+@pytest.mark.unit
 def test_a_baseline_that_trained_on_the_rows_is_a_biased_comparison_and_refused(two_trainings, tmp_path, capsys):
     """Case 8: version 1 trained on most of version 2's split (another salt): compared there, it is flattered.
     The rows counted are exactly those of version 2's split that version 1's split does not hold."""
@@ -95,6 +97,7 @@ def test_a_baseline_that_trained_on_the_rows_is_a_biased_comparison_and_refused(
     refused(config, report, capsys, "did not pass", "comparison is biased")
 
 
+@pytest.mark.unit
 def test_a_split_of_unknown_provenance_is_unverified_and_refused(two_trainings, tmp_path, capsys, caplog):
     """Case 3: --data digits without the version's record evaluates the seed-0 split (rows version 2 trained
     on): it says so, and promote refuses it."""
@@ -124,6 +127,7 @@ def test_a_split_of_unknown_provenance_is_unverified_and_refused(two_trainings, 
     assert "its evidence is unverified (no record of model" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_a_split_edited_after_training_is_refused_or_unverified(two_trainings, tmp_path, capsys):
     """Case 3: rows appended to version 2's held-out split after training."""
     server, root, _ = two_trainings
@@ -147,6 +151,7 @@ def test_a_split_edited_after_training_is_refused_or_unverified(two_trainings, t
     assert PROVENANCE_KEY in arrays
 
 
+@pytest.mark.unit
 def test_a_partial_eval_is_refused_and_limit_cannot_join_a_comparison(two_trainings, tmp_path, capsys):
     """Case 4."""
     server, root, _ = two_trainings
@@ -160,6 +165,7 @@ def test_a_partial_eval_is_refused_and_limit_cannot_join_a_comparison(two_traini
     refused(config, report, capsys, f"evaluated 5 of {evidence['split_examples']} examples (--limit 5)")
 
 
+@pytest.mark.integration
 def test_merging_keeps_what_shards_refused_and_refuses_shards_of_other_data(two_trainings, tmp_path, capsys):
     """Case 5: version 1 on version 2's split (rows version 1 trained on), in two shards."""
     server, root, _ = two_trainings
@@ -179,6 +185,7 @@ def test_merging_keeps_what_shards_refused_and_refuses_shards_of_other_data(two_
     assert "expected shards of one evaluation" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", ["csv", "folder"])
 def test_the_very_file_or_folder_a_version_trained_on_is_recognised(tmp_path, kind):
     """Case 3: a CSV's record holds its SHA-256, an image folder's its fingerprint: eval on either is overlap."""
@@ -216,6 +223,7 @@ def nan_server(tmp_path_factory):
     assert server.stop() == 0
 
 
+@pytest.mark.unit
 def test_outputs_that_are_not_numbers_fail_the_eval_naming_how_many(nan_server, tmp_path, capsys):
     """Case 6: NaN taken as logits once scored accuracy by argmax (class 0); now the eval fails, nothing written."""
     report = tmp_path / "r.json"

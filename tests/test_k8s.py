@@ -17,7 +17,9 @@ import yaml
 from conftest import REPO, pinned_tf_version, require
 from trainserve.serving.config import parse_batching, parse_monitoring
 
-pytestmark = pytest.mark.unit  # kubectl and the validators run as subprocesses; nothing imports TensorFlow
+# The unit tests here: kubectl and the validators run as subprocesses; nothing imports TensorFlow. One worker runs
+# the module: its renders and checkov's scan (half a minute) are made once, not once per xdist worker.
+pytestmark = pytest.mark.xdist_group("k8s")
 SERVE_CPU = REPO / "images" / "serve-cpu"
 KUSTOMIZATIONS = [
     "k8s/base",
@@ -89,6 +91,7 @@ def policy_scan(renders) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.integration
 def test_kubernetes_validate_strict(rendered):
     _, _, path = rendered
     proc = subprocess.run(
@@ -99,6 +102,7 @@ def test_kubernetes_validate_strict(rendered):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_policy_scan_has_no_failed_checks(rendered, policy_scan):
     _, _, path = rendered
     results = policy_scan["results"]
@@ -112,12 +116,14 @@ def test_policy_scan_has_no_failed_checks(rendered, policy_scan):
     assert failed == [], failed
 
 
+@pytest.mark.integration
 def test_images_carry_the_pinned_tensorflow_version(rendered):
     _, docs, _ = rendered
     images = {c["image"] for _, spec in pod_specs(docs) for c in all_containers(spec)}
     assert images and all(image.endswith(f":{pinned_tf_version()}") for image in images), images
 
 
+@pytest.mark.unit
 def test_probes_target_named_ports_or_scripts_that_exist(rendered):
     _, docs, _ = rendered
     for doc, spec in pod_specs(docs):
@@ -136,6 +142,7 @@ def test_probes_target_named_ports_or_scripts_that_exist(rendered):
                 assert port in names, f"{doc['metadata']['name']}: {probe} targets {port!r}, ports are {names}"
 
 
+@pytest.mark.unit
 def test_serving_probes_never_restart_a_pod_that_waits_for_its_first_model(rendered):
     """Serving is applied before training has published: readiness = serving, liveness = answering."""
     _, docs, _ = rendered
@@ -150,6 +157,7 @@ def test_serving_probes_never_restart_a_pod_that_waits_for_its_first_model(rende
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow", "a waiting pod never blocks a drain"
 
 
+@pytest.mark.unit
 def test_every_container_is_locked_down(rendered):
     _, docs, _ = rendered
     for doc, spec in pod_specs(docs):
@@ -176,6 +184,7 @@ def config_map(docs: list[dict], name: str) -> dict:
     return found
 
 
+@pytest.mark.unit
 def test_serving_is_consistent(rendered):
     name, docs, _ = rendered
     by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
@@ -204,6 +213,7 @@ def test_serving_is_consistent(rendered):
     assert access == {"models": expected, "data": expected, **captures}
 
 
+@pytest.mark.unit
 def test_every_pod_may_resolve_names(rendered):
     """Egress is denied by default: a pod that allow-dns does not select cannot resolve a Service name (a
     worker its peers, eval the server)."""
@@ -215,6 +225,7 @@ def test_every_pod_may_resolve_names(rendered):
         assert selector.items() <= labels.items(), f"{doc['kind']} {doc['metadata']['name']}: pod labels {labels}"
 
 
+@pytest.mark.unit
 def test_multi_worker_component_wires_dns_and_tf_config():
     docs = render("k8s/overlays/multi-worker")
     jobs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Job"}
@@ -231,6 +242,7 @@ def test_multi_worker_component_wires_dns_and_tf_config():
     assert all(d["metadata"].get("namespace") == "trainserve" for d in docs if d["kind"] != "Namespace")
 
 
+@pytest.mark.unit
 def test_multi_worker_job_restarts_the_whole_group_from_a_shared_checkpoint():
     """A lost worker: its index is replaced, the survivors exit with WorkerLost's code and are replaced too,
     neither that echo nor a preemption spends the Job's budget, and every worker reaches the checkpoint."""
@@ -288,6 +300,7 @@ def assert_one_model(docs: list[dict], model: str) -> None:
     assert {f"--model={model}", "--data=held-out", "--data-dir=/data"} <= set(workloads["eval"]["args"])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("overlay", KUSTOMIZATIONS[1:])
 def test_the_model_name_is_set_once_per_overlay(overlay):
     text = subprocess.run(["kubectl", "kustomize", str(REPO / overlay)], capture_output=True, text=True).stdout
@@ -297,6 +310,7 @@ def test_the_model_name_is_set_once_per_overlay(overlay):
     assert_one_model(docs, "digits")
 
 
+@pytest.mark.unit
 def test_the_model_name_is_declared_once_in_the_sources():
     """One kustomization declares MODEL_NAME; the overlays inherit it (a user's overlay merges its own)."""
     declaring = [
@@ -307,6 +321,7 @@ def test_the_model_name_is_declared_once_in_the_sources():
     assert declaring == ["k8s/base/kustomization.yaml"]
 
 
+@pytest.mark.unit
 def test_every_component_has_a_readme_saying_how_to_use_it():
     for component in sorted(p for p in (REPO / "k8s" / "components").iterdir() if p.is_dir()):
         readme = component / "README.md"
@@ -314,6 +329,7 @@ def test_every_component_has_a_readme_saying_how_to_use_it():
         assert f"components/{component.name}" in readme.read_text(), f"{readme}: say how an overlay includes it"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("overlay", KUSTOMIZATIONS[1:])
 def test_another_model_name_reaches_training_serving_and_eval(overlay, tmp_path):
     """A user's overlay on top of ours sets MODEL_NAME once: no `digits` is left anywhere."""
@@ -352,6 +368,7 @@ def flag(container: dict, name: str) -> str:
     return value
 
 
+@pytest.mark.unit
 def test_promote_job_gates_a_rollout_with_least_privilege(rendered):
     """candidate -> eval of the candidate -> promote, run on demand from a suspended CronJob; the config it
     rewrites is the one serving polls, on the models volume; no Kubernetes API access, gRPC to serving only."""
@@ -433,6 +450,7 @@ def secret_mounts(spec: dict, container: dict) -> dict[str, dict]:
     return {secrets[m["name"]]: m for m in container.get("volumeMounts", []) if m["name"] in secrets}
 
 
+@pytest.mark.unit
 def test_tls_mounts_the_server_secret_read_only_and_gives_every_client_a_certificate():
     docs = render("k8s/overlays/tls")
     env = config_map(docs, "trainserve-client-tls")["data"]
@@ -458,6 +476,7 @@ def test_tls_mounts_the_server_secret_read_only_and_gives_every_client_a_certifi
     assert clients == {"eval", "candidate", "promote", "rollback"}
 
 
+@pytest.mark.unit
 def test_tls_serving_probes_need_no_client_certificate():
     """client_verify refuses every gRPC connection without a certificate, and a probe presents none: the probes
     ask healthcheck.sh, over the REST port, which TLS leaves plaintext (as TF Serving does)."""
@@ -468,6 +487,7 @@ def test_tls_serving_probes_need_no_client_certificate():
     assert "/dev/tcp/127.0.0.1/${REST_PORT:-8501}" in healthcheck and "GRPC_PORT" not in healthcheck
 
 
+@pytest.mark.unit
 def test_cert_manager_issues_the_secrets_the_tls_component_mounts(tmp_path):
     (tmp_path / "kustomization.yaml").write_text(
         yaml.safe_dump(

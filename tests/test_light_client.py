@@ -16,7 +16,6 @@ from conftest import assert_one_line_error, install_version, record_version, tar
 from serving_fixtures import InProcessServer
 
 # The server runs on a thread of this process; the clients are fresh processes that import no TensorFlow.
-pytestmark = pytest.mark.unit
 HEAVY = ("tensorflow", "tensorflow_serving", "keras", "sklearn", "tensorboard")
 # Runs `trainserve ARGS` in this interpreter, then prints the heavy packages it imported. With
 # CORE_INSTALL set, those packages cannot be imported at all, as in `pip install trainserve`.
@@ -59,6 +58,7 @@ def served(model_versions, tmp_path_factory):
     assert server.stop() == 0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("core_install", [False, True], ids=["dev-install", "core-install"])
 def test_eval_imports_no_tensorflow(served, tmp_path, core_install):
     server, data = served
@@ -70,12 +70,14 @@ def test_eval_imports_no_tensorflow(served, tmp_path, core_install):
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()), "plots drawn without TensorFlow"
 
 
+@pytest.mark.unit
 def test_compare_local_without_tensorflow_says_what_to_install(served, tiny_savedmodel):
     server, data = served
     proc = run_eval(*target_flags(server), "--data", data, "--compare-local", tiny_savedmodel, core_install=True)
     assert_one_line_error(proc, "needs TensorFlow", "pip install 'trainserve[serve]'")
 
 
+@pytest.mark.unit
 def test_bundled_digits_without_scikit_learn_says_what_to_install(served):
     server, _ = served
     proc = run_eval(*target_flags(server), "--data", "digits", core_install=True)
@@ -98,6 +100,7 @@ print(json.dumps([version, answer.version, sorted(heavy)]))
 """
 
 
+@pytest.mark.unit
 def test_the_shared_client_imports_no_tensorflow(model_versions, tmp_path):
     base, config = tmp_path / "m", tmp_path / "models.config"
     install_version(model_versions[0], base, 1)
@@ -124,6 +127,7 @@ def light_ok(*args) -> str:
     return proc.stdout
 
 
+@pytest.mark.integration
 def test_a_whole_rollout_runs_on_the_core_install(model_versions, tmp_path):
     """candidate -> eval of the candidate -> promote, twice, then rollback: what the eval image runs."""
     base, config = tmp_path / "models" / "m", tmp_path / "rollout" / "models.config"

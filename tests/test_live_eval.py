@@ -23,7 +23,6 @@ from trainserve.live.report import validate_report
 from trainserve.shards import Shard
 from trainserve.stats.proportions import newcombe_interval, wilson_interval
 
-pytestmark = pytest.mark.unit
 CLASSES = 3
 T0 = 1_790_000_000  # a whole day in UTC seconds (T0 % 86400 == 0 is not needed: windows are floors)
 
@@ -115,6 +114,7 @@ def traffic(tmp_path):
     return predicted, truth
 
 
+@pytest.mark.unit
 def test_per_version_accuracy_equals_the_count_from_labels_and_recorded_answers(tmp_path, traffic, capsys):
     predicted, truth = traffic
     code, report, err = live_eval(tmp_path, "--labels", str(tmp_path / "labels.csv"), capsys=capsys)
@@ -159,6 +159,7 @@ def test_per_version_accuracy_equals_the_count_from_labels_and_recorded_answers(
     assert "Traceback" not in err
 
 
+@pytest.mark.unit
 def test_windows_and_slices_add_up_to_the_version(tmp_path, traffic, capsys):
     _, truth = traffic
     code, report, _ = live_eval(
@@ -186,6 +187,7 @@ def test_windows_and_slices_add_up_to_the_version(tmp_path, traffic, capsys):
     assert sum(c["captured"] for c in region.values()) == section["captured"]
 
 
+@pytest.mark.integration
 def test_shards_merge_into_the_report_one_client_writes(tmp_path, traffic, capsys):
     labels = str(tmp_path / "labels.csv")
     flags = ["--labels", labels, "--window", "1h", "--slice", "channel", "--max-drop", "0.2"]
@@ -226,6 +228,7 @@ def test_shards_merge_into_the_report_one_client_writes(tmp_path, traffic, capsy
     assert "expected every shard I/N of one live-eval run" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_max_drop_is_paired_on_shadowed_requests_and_unpaired_otherwise(tmp_path, capsys):
     labels = [(f"req-{i:04d}", row, 0, "web") for i in range(200) for row in range(2)]
     write_labels(tmp_path / "labels.csv", labels)
@@ -250,6 +253,7 @@ def test_max_drop_is_paired_on_shadowed_requests_and_unpaired_otherwise(tmp_path
     )
 
 
+@pytest.mark.unit
 def test_min_accuracy_fails_with_exit_1_only_when_shown_below(tmp_path, capsys):
     # Labels that agree with no answer of version 2 at all: accuracy 0, shown below anything.
     predicted = write_traffic(tmp_path / "cap", requests=100)
@@ -274,12 +278,14 @@ def test_min_accuracy_fails_with_exit_1_only_when_shown_below(tmp_path, capsys):
         assert (code, report["gates"][0]["verdict"]) == (expected, "inconclusive")
 
 
+@pytest.mark.unit
 def test_newcombe_interval_matches_newcombes_published_examples():
     # Newcombe (1998), Statistics in Medicine 17:873, Table II, method 10.
     assert newcombe_interval(56, 70, 48, 80) == pytest.approx((0.0524, 0.3339), abs=5e-5)
     assert newcombe_interval(9, 10, 3, 10) == pytest.approx((0.1705, 0.8090), abs=5e-5)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "content, said",
     [
@@ -297,6 +303,7 @@ def test_a_labels_file_it_cannot_read_is_one_line(tmp_path, capsys, content, sai
     assert code == 2 and report is None and len(errors) == 1 and said in errors[0], err
 
 
+@pytest.mark.integration
 def test_the_estimates_stated_error_covers_the_realised_accuracy_as_often_as_it_says():
     """A model calibrated as its held-out split says: over seeded draws of held-out split and traffic, the
     realised accuracy of a 500-answer window falls within the estimate's 95 % error about 95 % of the time."""
@@ -321,6 +328,7 @@ def test_the_estimates_stated_error_covers_the_realised_accuracy_as_often_as_it_
     assert 0.92 <= covered / draws <= 0.99, covered / draws
 
 
+@pytest.mark.unit
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(
@@ -373,6 +381,7 @@ def test_the_labels_table_keeps_each_example_once_as_a_dictionary_would(tmp_path
         assert found == [label]
 
 
+@pytest.mark.unit
 def test_one_score_per_example_is_class_ones_probability(tmp_path, capsys):
     """A binary model answering one sigmoid score: class 1 when it is above one half, as eval reads it."""
     rng = np.random.default_rng(4)
@@ -389,6 +398,7 @@ def test_one_score_per_example_is_class_ones_probability(tmp_path, capsys):
     assert report["versions"][0]["overall"]["correct"] == int(np.sum((scores[:, 0] > 0.5) == truth))
 
 
+@pytest.mark.unit
 def test_since_leaves_out_the_answers_given_before_it_and_counts_them(tmp_path, traffic, capsys):
     import datetime
 
@@ -404,6 +414,7 @@ def test_since_leaves_out_the_answers_given_before_it_and_counts_them(tmp_path, 
         assert section["records"] == 30 + 7
 
 
+@pytest.mark.unit
 def test_max_drop_takes_eval_s_metric_form_for_accuracy_and_refuses_an_error_metric(tmp_path, traffic, capsys):
     labels = str(tmp_path / "labels.csv")
     _, bare, _ = live_eval(tmp_path, "--labels", labels, "--max-drop", "0.2", capsys=capsys)

@@ -19,7 +19,6 @@ from captures import capture_name, prediction_log, write_capture
 from conftest import record_version
 from trainserve.cli import main
 
-pytestmark = pytest.mark.unit
 DAY = 86_400
 T0 = 1_790_000_000 // DAY * DAY
 HEAVY = ("tensorflow", "tensorflow_serving", "keras", "sklearn")
@@ -34,6 +33,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.integration
 def test_the_estimate_tracks_realised_accuracy_and_drops_on_shifted_traffic(trained_digits, tmp_path, capsys):
     from trainserve.savedmodel import LoadedModel
     from trainserve.splits import provenance

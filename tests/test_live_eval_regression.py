@@ -19,7 +19,6 @@ from trainserve.cli import main
 from trainserve.live.gates import MIN_PAIRED
 from trainserve.live.report import validate_report
 
-pytestmark = pytest.mark.unit
 REQUESTS, ROWS = 60, 2
 
 
@@ -91,6 +90,7 @@ def errors_of(predicted: dict, labelled: dict, version: int) -> np.ndarray:
     return np.array([predicted[(version, *key)] - value for key, value in labelled.items()])
 
 
+@pytest.mark.unit
 def test_per_version_mse_and_mae_equal_numpy_on_the_recorded_answers(tmp_path, regression, capsys):
     predicted, labelled = regression
     flags = ("--labels", str(tmp_path / "labels.csv"), "--window", "1d", "--slice", "channel")
@@ -128,6 +128,7 @@ def test_per_version_mse_and_mae_equal_numpy_on_the_recorded_answers(tmp_path, r
         assert section["calibration"] is None and "regression" in section["estimate_note"]
 
 
+@pytest.mark.unit
 def test_max_drop_mse_is_paired_on_shadowed_requests_against_the_mean_difference(tmp_path, regression, capsys):
     predicted, labelled = regression
     paired = errors_of(predicted, labelled, 2) ** 2 - errors_of(predicted, labelled, 1) ** 2
@@ -143,6 +144,7 @@ def test_max_drop_mse_is_paired_on_shadowed_requests_against_the_mean_difference
         assert code == expected, gate["said"]
 
 
+@pytest.mark.unit
 def test_max_drop_mae_is_unpaired_where_versions_split_the_traffic_with_a_skew_corrected_welch_interval(
     tmp_path, capsys
 ):
@@ -164,6 +166,7 @@ def test_max_drop_mae_is_unpaired_where_versions_split_the_traffic_with_a_skew_c
     assert report["pairs"][0]["examples"] < MIN_PAIRED
 
 
+@pytest.mark.integration
 def test_shards_merge_into_the_regression_report_one_client_writes(tmp_path, regression, capsys):
     flags = ["--labels", str(tmp_path / "labels.csv"), "--window", "1h", "--max-drop", "mse=0.5"]
     code, whole, _ = live_eval(tmp_path, *flags, capsys=capsys)
@@ -184,6 +187,7 @@ def test_shards_merge_into_the_regression_report_one_client_writes(tmp_path, reg
     assert merged["gates"][0]["interval"] == pytest.approx(whole["gates"][0]["interval"], rel=1e-9)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("flags", "said"),
     [
@@ -200,6 +204,7 @@ def test_flags_that_mean_nothing_for_regression_are_refused_in_one_line(tmp_path
     assert code == 2 and report is None and len(errors) == 1 and said in errors[0], err
 
 
+@pytest.mark.unit
 def test_a_regression_model_of_two_targets_is_refused_in_one_line(tmp_path, capsys):
     write_regression_traffic(tmp_path)
     record = {"task": {"kind": "regression", "classes": 0, "targets": 2}, "test_split": {}}

@@ -12,12 +12,11 @@ import pytest
 
 from conftest import REPO, pinned_tf_version
 
-pytestmark = pytest.mark.unit
-
 BIN = Path(sys.executable).parent
 IMAGES_FROM_LOCK = {"eval": "requirements/eval.txt", "train-gpu": "requirements/train-gpu.txt"}
 
 
+@pytest.mark.integration
 def test_lock_and_exports_are_what_make_lock_produces(tmp_path):
     """Edit pyproject.toml without `make lock`, or hand-edit requirements/, and this fails."""
     for name in ("Makefile", "pyproject.toml", "uv.lock", "README.md"):
@@ -29,6 +28,7 @@ def test_lock_and_exports_are_what_make_lock_produces(tmp_path):
         assert (tmp_path / path).read_text() == (REPO / path).read_text(), f"{path} is stale: run `make lock`"
 
 
+@pytest.mark.unit
 def test_one_tensorflow_and_protos_of_the_same_version():
     with pytest.raises(importlib.metadata.PackageNotFoundError):
         importlib.metadata.distribution("tensorflow")  # the full wheel beside tensorflow-cpu: two TensorFlows
@@ -36,6 +36,7 @@ def test_one_tensorflow_and_protos_of_the_same_version():
     assert importlib.metadata.version("tensorflow-serving-api") == pinned_tf_version()
 
 
+@pytest.mark.unit
 def test_installed_versions_are_the_locked_ones():
     import tomllib
 
@@ -55,6 +56,7 @@ def exported_packages(path: str) -> set[str]:
     return {line.split("==")[0] for line in (REPO / path).read_text().splitlines() if "==" in line}
 
 
+@pytest.mark.unit
 def test_the_core_install_and_the_eval_image_hold_no_tensorflow():
     """`pip install trainserve` is the eval client: TensorFlow and the training stack only come with extras."""
     import tomllib
@@ -68,6 +70,7 @@ def test_the_core_install_and_the_eval_image_hold_no_tensorflow():
     assert "tensorflow-serving-api" in exported_packages("requirements/serve.txt")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("image", sorted(IMAGES_FROM_LOCK))
 def test_images_install_the_locked_export_with_hashes(image):
     dockerfile = (REPO / "images" / image / "Dockerfile").read_text()

@@ -98,7 +98,7 @@ def test_float32_rebuild_of_a_mixed_precision_model_keeps_weights():
     np.testing.assert_allclose(mixed.predict(x, verbose=0), clone.predict(x, verbose=0), atol=1e-2)
 
 
-@pytest.mark.unit
+@pytest.mark.integration
 @pytest.mark.parametrize("seed", range(4), ids=lambda seed: f"seed{seed}")
 def test_the_default_model_learns_the_bundled_digits_in_five_epochs(seed):
     """`trainserve train`'s defaults (CNN, learning rate, batch, validation split) on the digits it ships:

@@ -11,7 +11,7 @@ import yaml
 
 from conftest import REPO, require
 
-pytestmark = pytest.mark.unit  # promtool runs as a subprocess; nothing imports TensorFlow
+# The unit tests here: promtool runs as a subprocess; nothing imports TensorFlow.
 MONITORING = REPO / "monitoring"
 RULES = MONITORING / "rules.yml"
 CASES = MONITORING / "tests" / "alerts_test.yml"
@@ -26,17 +26,20 @@ def alerts(rules: dict) -> list[str]:
     return [rule["alert"] for group in rules["groups"] for rule in group["rules"] if "alert" in rule]
 
 
+@pytest.mark.unit
 def test_rules_and_scrape_configs_pass_promtool_check():
     for args in [("check", "rules", RULES), *(("check", "config", c) for c in sorted(MONITORING.glob("prom*.yml")))]:
         proc = promtool(*map(str, args))
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_promtool_unit_cases_pass():
     proc = promtool("test", "rules", str(CASES))
     assert proc.returncode == 0 and "SUCCESS" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.unit
 def test_every_alert_has_a_case_that_fires_and_one_that_stays_silent():
     cases = [case for test in yaml.safe_load(CASES.read_text())["tests"] for case in test["alert_rule_test"]]
     names = alerts(yaml.safe_load(RULES.read_text()))
@@ -48,6 +51,7 @@ def test_every_alert_has_a_case_that_fires_and_one_that_stays_silent():
     assert fires | silent <= set(names), "cases for alerts the rules do not have"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "weaken",
     [

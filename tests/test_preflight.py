@@ -34,6 +34,7 @@ from trainserve.evaluation.preflight import (
 from trainserve.evaluation.report import describe_gate
 from trainserve.evidence import decision
 from trainserve.stats.gate_power import pass_probability
+from trainserve.stats.power import examples_to_decide
 from trainserve.stats.proportions import paired_proportion_interval
 
 pytestmark = pytest.mark.unit
@@ -199,3 +200,37 @@ def test_each_comparison_gate_says_whether_a_bound_or_absence_of_evidence_passed
     )
     first = {"comparison": {"baseline": {"version": None}}, "gates": [{"metric": "accuracy"}]}
     assert decision.missing_bound(first) is None, "a first rollout compares with nothing"
+
+
+def test_a_discordance_above_the_assumed_one_that_leaves_the_margin_undecided_is_a_warning_saying_what_decides(
+    caplog,
+):
+    """Retrains that disagree on 0.10 of 355 rows (0.03 assumed): equal versions pass the default margin in under
+    half the evals, so the report, the summary and the log say so, with the rows that margin needs at 0.10 and
+    the assumption known before the comparison; the margin applied stays the one planned."""
+    margin = default_margin(355, 0.03)
+    planned = preflight((margin,), 355, 0.03, require_power=False, default=True)
+    discordant = {"both_right": 300, "candidate_only": 18, "baseline_only": 18, "both_wrong": 19}
+    with caplog.at_level(logging.WARNING):
+        section = observed_power(planned, {"test": {"discordant": discordant}})
+    observed, warning = section["observed"], section["warning"]
+    assert observed["margin"] == margin.drop and observed["power_at_margin"] < 0.5
+    needed = examples_to_decide(margin.drop, 36 / 355)
+    assert needed > 355
+    assert f"the versions disagree on {36 / 355:.3g} of 355 rows, more than the 0.03 assumed" in warning
+    assert f"in only {observed['power_at_margin']:.0%} of evals" in warning
+    assert f"about {needed:,} rows would decide {margin.drop:g} at this discordance" in warning
+    assert "--assume-discordance: stable's own with `previous`" in warning and "not on a margin loosened" in warning
+    assert f"; {warning}; default margin" in preflight_line(section) and warning in caplog.text
+
+
+@pytest.mark.parametrize("discordant", [{"candidate_only": 10, "baseline_only": 11}, {"candidate_only": 3}])
+def test_no_warning_where_the_observed_discordance_keeps_the_power_or_is_below_the_assumed_one(discordant):
+    """A discordance at or below the assumed one (here 0.03 on 2,000 rows, and 3 of 355) decides as planned."""
+    n = 2000 if len(discordant) == 2 else 355
+    margin = default_margin(n, 0.03)
+    planned = preflight((margin,), n, 0.03, require_power=False, default=True)
+    counts = {"baseline_only": 0, **discordant}
+    counts["both_right"] = n - sum(counts.values())
+    section = observed_power(planned, {"test": {"discordant": counts}})
+    assert "warning" not in section and "warning" not in preflight_line(section)

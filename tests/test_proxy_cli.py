@@ -16,7 +16,7 @@ from conftest import assert_one_line_error, free_port, install_version, run_cli
 from serving_fixtures import InProcessServer, predict_request
 from trainserve.tfrecord import iter_records
 
-pytestmark = pytest.mark.unit  # subprocesses that import no TensorFlow; the server runs in this process
+# The unit tests here: subprocesses that import no TensorFlow; the server runs in this process.
 HEAVY = ("tensorflow", "tensorflow_serving", "keras")
 IMPORTS = f"""
 import json, sys
@@ -25,12 +25,14 @@ print(json.dumps(sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r}
 """
 
 
+@pytest.mark.unit
 def test_the_proxy_imports_no_tensorflow():
     proc = subprocess.run([sys.executable, "-c", IMPORTS], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "flags, fragment",
     [
@@ -63,6 +65,7 @@ def test_bad_flags_are_one_line_before_any_port_opens(tmp_path, flags, fragment)
     assert not (tmp_path / "caps").exists(), "nothing written"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["proxy", "capture"], ids=["proxy", "former-name"])
 def test_sigterm_ends_the_proxy_with_its_records_written(tmp_path, model_versions, name):
     install_version(model_versions[0], tmp_path / "m", 1)
@@ -95,6 +98,7 @@ def test_sigterm_ends_the_proxy_with_its_records_written(tmp_path, model_version
     assert ("`trainserve capture` is now `trainserve proxy`" in log) == (name == "capture")
 
 
+@pytest.mark.unit
 def test_the_sidecar_probes_the_proxys_own_pages_and_its_stop_fits_the_pods_grace():
     from test_k8s import render
 

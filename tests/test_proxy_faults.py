@@ -28,7 +28,7 @@ from trainserve.tfrecord import iter_records
 from trainserve.traffic import writer as writer_module
 from trainserve.traffic.origin import REPLAY, origin_metadata
 
-pytestmark = pytest.mark.unit  # servers in this process; the one subprocess (the proxy) imports no TensorFlow
+# The unit tests here: servers in this process; the one subprocess (the proxy) imports no TensorFlow.
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 
 
@@ -105,6 +105,7 @@ class RefusingListener:
         self.thread.join(10)
 
 
+@pytest.mark.integration
 def test_an_upstream_outage_is_logged_once_readiness_follows_it_and_the_restarted_server_is_used_at_once(
     tmp_path, model_versions, caplog
 ):
@@ -209,6 +210,7 @@ def gated_grpc_call(channel: grpc.Channel, gate: Gate, seen: dict) -> threading.
     return caller
 
 
+@pytest.mark.unit
 def test_sigterm_lets_a_rest_call_in_flight_finish_and_says_what_it_wrote(m_and_g, tmp_path):
     port, rest_port = free_port(), free_port()
     command = [sys.executable, "-m", "trainserve", "proxy", "--upstream", m_and_g.target, "--port", str(port)]
@@ -244,6 +246,7 @@ def test_sigterm_lets_a_rest_call_in_flight_finish_and_says_what_it_wrote(m_and_
     assert "records offered 3, written 3, dropped none, lost none, pending 0" in rest, rest
 
 
+@pytest.mark.unit
 def test_calls_in_flight_past_the_grace_are_cut_and_queued_records_lost_counted(m_and_g, tmp_path, monkeypatch):
     proxy = running_proxy(m_and_g, tmp_path / "captures" / "p")
     held, stuck = threading.Event(), threading.Event()
@@ -281,6 +284,7 @@ def test_calls_in_flight_past_the_grace_are_cut_and_queued_records_lost_counted(
     assert records.lost["shutdown"] == 5  # the one being written and the four queued behind it
 
 
+@pytest.mark.unit
 def test_trainserves_own_calls_are_forwarded_counted_and_never_recorded(m_and_g, tmp_path):
     proxy = running_proxy(m_and_g, tmp_path / "captures" / "p")
     try:
@@ -304,6 +308,7 @@ def on_disk(directory: Path) -> int:
     return count
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "model, status, reason",
     [("m", 200, "ready"), ("", 200, "ready"), ("nope", 503, "TF Serving's gRPC at {target}: NOT_FOUND")],

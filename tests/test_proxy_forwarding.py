@@ -31,8 +31,6 @@ from trainserve.tensors import to_tensor_proto
 from trainserve.tfrecord import iter_records
 from trainserve.tls import ClientTls
 
-pytestmark = pytest.mark.unit
-
 
 def serve_m_and_g(root: Path, model_versions, serve_in_process, *flags: str):
     """serve-local with the tiny CNN as m and the gated model as g (a request held until the test opens its gate)."""
@@ -151,6 +149,7 @@ def plain(tmp_path, model_versions, serve_in_process):
     proxy.stop()
 
 
+@pytest.mark.unit
 def test_the_serving_apis_own_stubs_get_the_same_answers_and_codes_through_the_proxy(plain, tmp_path):
     upstream, proxy = plain
     direct, through = Client(upstream.target), Client(f"127.0.0.1:{proxy.port}")
@@ -199,6 +198,7 @@ def chunked_post(address: str, path: str, body: dict) -> tuple[int, dict]:
         connection.close()
 
 
+@pytest.mark.unit
 def test_rest_is_passed_through_and_the_proxy_counts_what_it_wrote(plain):
     upstream, proxy = plain
     via = f"http://127.0.0.1:{proxy.rest_port}"
@@ -225,6 +225,7 @@ def test_rest_is_passed_through_and_the_proxy_counts_what_it_wrote(plain):
     )
 
 
+@pytest.mark.integration
 def test_mutual_tls_on_both_sides(tmp_path, model_versions, serve_in_process, pki, caplog):
     upstream = serve_m_and_g(
         tmp_path, model_versions, serve_in_process, f"--ssl_config_file={ssl_config(tmp_path / 'ssl', pki, True)}"
@@ -264,6 +265,7 @@ def get(url: str) -> tuple[int, str]:
         return err.code, err.read().decode()
 
 
+@pytest.mark.unit
 @settings(max_examples=100, deadline=None)
 @given(body=st.binary(max_size=3000), cuts=st.lists(st.integers(1, 700), max_size=12), data=st.data())
 def test_a_chunked_body_is_read_whole_however_it_is_cut(body, cuts, data):
@@ -284,6 +286,7 @@ def test_a_chunked_body_is_read_whole_however_it_is_cut(body, cuts, data):
     assert stream.read() == b"NEXT REQUEST"  # nothing of the next request on the connection was consumed
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("wire", [b"zz\r\nab\r\n0\r\n\r\n", b"2\r\nabX\r\n0\r\n\r\n"], ids=["size", "no-crlf"])
 def test_a_malformed_chunked_body_is_refused(wire):
     with pytest.raises(BadBody):

@@ -16,7 +16,7 @@ from serving_fixtures import serve_every_version
 from trainserve.cli import main
 from trainserve.replay.report import validate_report
 
-pytestmark = pytest.mark.unit  # serve-local on a thread of this process, real gRPC
+# The unit tests here: serve-local on a thread of this process, real gRPC.
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,7 @@ def expected_flips(sent) -> tuple[int, int]:
     return int(np.sum(x.argmax(axis=1) == 2)), len(x)
 
 
+@pytest.mark.integration
 def test_a_candidate_that_moves_one_class_is_named_and_fails_the_gate(served, tmp_path, capsys):
     server, capture, sent = served
     code, report = replay_cli(server, tmp_path, capture, "--label", "candidate", "--max-flip-rate", "0.02")
@@ -87,6 +88,7 @@ def test_a_candidate_that_moves_one_class_is_named_and_fails_the_gate(served, tm
     assert 'id="flip-matrix"' in page and "FAILED" in page and 'src="data:image/png;base64,' in page
 
 
+@pytest.mark.integration
 def test_an_identical_candidate_flips_nothing_and_passes(served, tmp_path):
     server, capture, sent = served
     code, report = replay_cli(server, tmp_path, capture, "--label", "same", "--max-flip-rate", "0.02")
@@ -97,6 +99,7 @@ def test_an_identical_candidate_flips_nothing_and_passes(served, tmp_path):
     assert report["flips"]["upper_bound"] == pytest.approx(bound, rel=1e-9) and 0 < bound < 0.02
 
 
+@pytest.mark.integration
 def test_shards_merge_into_the_one_client_report(served, tmp_path):
     server, capture, sent = served
     _, whole = replay_cli(server, tmp_path / "whole", capture, "--label", "candidate")
@@ -119,6 +122,7 @@ def test_shards_merge_into_the_one_client_report(served, tmp_path):
     assert main(["replay-merge", *map(str, paths[:2]), "--output", str(tmp_path / "m2.json")]) == 2
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "case, fragments",
     [
@@ -146,6 +150,7 @@ def test_bad_input_is_one_line(served, tmp_path, capsys, case, fragments):
     assert all(f in err for f in fragments), err
 
 
+@pytest.mark.integration
 def test_regression_outputs_report_their_differences(served, tmp_path):
     """The probabilities read as regression targets: the moved mass is +p2 on class 3 and -p2 on class 2."""
     server, capture, sent = served
@@ -168,6 +173,7 @@ def test_regression_outputs_report_their_differences(served, tmp_path):
     assert exact * (1 - 1e-6) <= d["abs_p99"] <= min(exact * 1.02 + 1e-6, max(-d["min"], d["max"]))
 
 
+@pytest.mark.integration
 def test_requests_the_versions_refuse_are_counted_as_errors_not_compared(served, tmp_path):
     """A client's malformed request (an input the signature lacks, a wrong shape) was refused in production too:
     both sides' INVALID_ARGUMENT counted, the pair left out of the flips, and no error of either version's own."""

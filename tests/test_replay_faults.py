@@ -24,7 +24,7 @@ from trainserve.replay import run as replay_run
 from trainserve.replay.report import validate_report
 from trainserve.tfrecord import iter_records
 
-pytestmark = pytest.mark.unit  # serve-local on a thread of this process, real gRPC
+# The unit tests here: serve-local on a thread of this process, real gRPC.
 
 SCORERS = {1: {}, 2: {"moves_class_2": True}, 4: {"refuses_above": 1.0}}  # stable, a mover, a partly broken graph
 
@@ -87,6 +87,7 @@ def after_answers(monkeypatch, version: int, count: int, then) -> None:
     monkeypatch.setattr(replay_run, "predict", predict)
 
 
+@pytest.mark.integration
 def test_a_replay_against_the_capturing_server_it_reads_replays_the_real_requests_once(
     scorer_base, tmp_path, serve_in_process
 ):
@@ -133,6 +134,7 @@ def _ended(server) -> set[int]:
     return {v for v, state in server.versions("scorer").items() if state == "END"}
 
 
+@pytest.mark.integration
 def test_a_candidate_unloaded_mid_replay_fails_the_gate_and_promote_refuses_it(
     scorer_base, tmp_path, serve_in_process, monkeypatch
 ):
@@ -165,6 +167,7 @@ def test_a_candidate_unloaded_mid_replay_fails_the_gate_and_promote_refuses_it(
     assert any("says passed=True but its counts say False" in f for f in replay_failures(report))
 
 
+@pytest.mark.integration
 def test_a_candidate_whose_graph_fails_some_requests_fails_the_gate(scorer_base, tmp_path, serve_in_process):
     """Item 2: version 4 refuses every request with an x[:, 0] above 1 (INVALID_ARGUMENT) and stable answers
     them; that share, counted independently here, is the candidate's own, and fails --max-error-rate."""
@@ -183,6 +186,7 @@ def test_a_candidate_whose_graph_fails_some_requests_fails_the_gate(scorer_base,
     assert replay_failures(report)[0].startswith(f"error share candidate {refused} of {len(sent)}")
 
 
+@pytest.mark.unit
 def test_a_server_that_goes_away_mid_replay_ends_it_in_one_line(
     scorer_base, tmp_path, serve_in_process, monkeypatch, capsys
 ):
@@ -205,6 +209,7 @@ def test_a_server_that_goes_away_mid_replay_ends_it_in_one_line(
     assert len(err.splitlines()) == 1 and dead in err and "Traceback" not in err, err
 
 
+@pytest.mark.integration
 def test_signature_replays_the_requests_of_that_signature_and_counts_the_others(
     scorer_base, tmp_path, serve_in_process
 ):
@@ -254,6 +259,7 @@ def listener():
     started.server.stop(grace=None)
 
 
+@pytest.mark.unit
 def test_trainserves_own_calls_say_where_they_come_from(listener, tmp_path, capsys):
     """Every call of a replay carries `x-trainserve-origin: replay` (so a capturing server can leave it out); eval's
     and load's clients say `eval` and `load`; a client that names no origin sends none."""

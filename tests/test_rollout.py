@@ -20,7 +20,7 @@ from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout, apply_rollout
 from trainserve.rollout.steps import promote, rollback, stage_candidate
 
-pytestmark = pytest.mark.unit  # the CLI subprocesses here are rollout's, which import no TensorFlow
+# The unit tests here: the CLI subprocesses here are rollout's, which import no TensorFlow.
 serving_image_box = serve_cpu_scripts.box  # a fixture: the serving image's paths under tmp_path
 
 
@@ -66,6 +66,7 @@ def report(site, version, passed=True, model="m", name="eval.json") -> Path:
     return write(compared_with(body, stable) if stable is not None else body, site / name)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("start", "step", "want"),
     [
@@ -82,6 +83,7 @@ def test_label_moves(start, step, want):
     assert step(start) == want
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("start", "step", "fragment"),
     [
@@ -95,6 +97,7 @@ def test_label_moves_refused(start, step, fragment):
         step(start)
 
 
+@pytest.mark.unit
 def test_policy_is_exactly_the_labelled_versions():
     model = model_server_config_pb2.ModelConfig(name="m", base_path="/m")
     model.model_version_policy.latest.num_versions = 3
@@ -109,6 +112,7 @@ def test_policy_is_exactly_the_labelled_versions():
     assert list(model.model_version_policy.specific.versions) == [5, 7] and "candidate" not in model.version_labels
 
 
+@pytest.mark.unit
 def test_candidate_loads_first_then_labels(site):
     server = stage(site)
     config = site / "rollout" / "models.config"
@@ -129,6 +133,7 @@ class FailingLoad(FakeServer):
         raise TrainserveError(f"unused:1: model {model} version {version} failed to load: corrupt")
 
 
+@pytest.mark.unit
 def test_candidate_that_fails_to_load_leaves_the_config_as_it_was(site):
     config = site / "rollout" / "models.config"
     stage(site, version=1)
@@ -142,6 +147,7 @@ def test_candidate_that_fails_to_load_leaves_the_config_as_it_was(site):
     assert config.read_bytes() == before and history_path(config).read_bytes() == history
 
 
+@pytest.mark.unit
 def test_promote_rollback_and_history(site):
     config = site / "rollout" / "models.config"
     stage(site, version=1)
@@ -159,6 +165,7 @@ def test_promote_rollback_and_history(site):
     assert all(e["time"] and "@" in e["by"] for e in history)
 
 
+@pytest.mark.unit
 def test_an_override_promotes_a_failed_report_and_says_so(site, caplog):
     config = site / "rollout" / "models.config"
     stage(site, version=2)
@@ -196,6 +203,7 @@ REFUSALS = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("make_args", "fragment"), REFUSALS)
 def test_promote_refusals_rewrite_nothing(site, capsys, make_args, fragment):
     config = site / "rollout" / "models.config"
@@ -210,6 +218,7 @@ def test_promote_refusals_rewrite_nothing(site, capsys, make_args, fragment):
     assert config.read_bytes() == before and history_path(config).read_bytes() == history
 
 
+@pytest.mark.unit
 def test_rollback_and_candidate_refusals(site, capsys):
     config = site / "rollout" / "models.config"
     stage(site, version=1)
@@ -226,6 +235,7 @@ def test_rollback_and_candidate_refusals(site, capsys):
     assert config.read_bytes() == before
 
 
+@pytest.mark.unit
 def test_nothing_new_to_stage(site):
     config = site / "rollout" / "models.config"
     stage(site)
@@ -234,6 +244,7 @@ def test_nothing_new_to_stage(site):
         stage(site)
 
 
+@pytest.mark.integration
 def test_cli_help_and_one_line_errors(tmp_path):
     for command in ("candidate", "promote", "rollback"):
         proc = run_cli(command, "--help")
@@ -241,6 +252,7 @@ def test_cli_help_and_one_line_errors(tmp_path):
     assert_one_line_error(run_cli("promote", "--config", tmp_path / "x"), "expected --report")
 
 
+@pytest.mark.unit
 def test_serving_refuses_labels_on_versions_not_available():
     """TF Serving's rule (ServerCore::UpdateModelVersionLabelMap), which serve-local follows."""
     from trainserve.serving.manager import ModelManager, State, VersionState
@@ -264,6 +276,7 @@ def test_serving_refuses_labels_on_versions_not_available():
     assert lenient.models["m"].labels == {"stable": 2, "candidate": 5}
 
 
+@pytest.mark.unit
 def test_serving_image_starts_the_rollout_config_or_waits_for_it(serving_image_box, tmp_path):
     """images/serve-cpu/entrypoint.sh with ROLLOUT_CONFIG_FILE: started from MODEL_NAME where writable (compose),
     never replaced once there, waited for where read-only (Kubernetes); labels allowed at restart."""

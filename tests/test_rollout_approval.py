@@ -16,8 +16,6 @@ from trainserve.cli import main
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.notify_sender import parse_receivers
 
-pytestmark = pytest.mark.unit
-
 
 class Killed(Exception):
     """The controller's process gone (a node drained) while it waited."""
@@ -54,6 +52,7 @@ class Watch:
             approve(self.config)
 
 
+@pytest.mark.integration
 def test_the_controller_holds_the_route_safe_before_the_step_until_a_person_approves(site, receiver):  # noqa: F811
     config, report = site
     prometheus, watch = Flowing(config), Watch(config, approve_after=90)  # 90 s: three times --max-hold
@@ -71,6 +70,7 @@ def test_the_controller_holds_the_route_safe_before_the_step_until_a_person_appr
     assert receiver.bodies[3]["approved_by"] == approved["by"] and receiver.bodies[3]["reason"] == approved["reason"]
 
 
+@pytest.mark.unit
 def test_an_approval_given_before_the_controller_reaches_the_step_counts(site):  # noqa: F811
     config, report = site
     prometheus = Flowing(config)
@@ -85,6 +85,7 @@ def test_an_approval_given_before_the_controller_reaches_the_step_counts(site): 
     assert "awaiting-approval" not in events(config)
 
 
+@pytest.mark.integration
 def test_a_controller_killed_while_waiting_waits_again_with_the_route_safe(site):  # noqa: F811
     config, report = site
     prometheus = Flowing(config)
@@ -100,6 +101,7 @@ def test_a_controller_killed_while_waiting_waits_again_with_the_route_safe(site)
     assert after[1] == "resumed" and after[-2:] == ["promote", "promoted"]  # the rerun is on the record
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("more", "fragment"),
     [

@@ -30,11 +30,10 @@ from trainserve.rollout.plan import CANARY, PROMOTE, SHADOW, Step, parse_plan
 from trainserve.rollout.rollout_config import RolloutConfig, StepGate
 from trainserve.rollout.steps import promote, stage_candidate
 
-pytestmark = pytest.mark.unit
-
 GATE = StepGate(min_requests=100)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "steps"),
     [
@@ -53,6 +52,7 @@ def test_a_plan_parses_into_its_steps(text, steps):
     assert parse_plan(plan.text()) == plan  # the history's words read back as the same plan
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
@@ -87,6 +87,7 @@ GOOD = counts(**ALIKE, canary_requests=8000, canary_errors=80, candidate_latency
 PAIRS = {"shadow_pairs": 8000, "shadow_classified": 8000, "shadow_compared": 8000}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("step", "flips", "seen", "ended", "decision", "results"),
     [
@@ -285,6 +286,7 @@ def last_error(capsys) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
+@pytest.mark.unit
 def test_an_unreachable_prometheus_holds_the_rollout_and_never_advances_it(site, capsys):
     config, report = site
     code = main(args(config, report, "--prometheus", closed_port_url(), "--interval", "0.05", "--max-hold", "0.2"))
@@ -298,6 +300,7 @@ def test_an_unreachable_prometheus_holds_the_rollout_and_never_advances_it(site,
     assert Rollout.of(read_config(config).model_config_list.config[0]) == Rollout(stable=1, candidate=2)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("edit", "fragment"),
     [
@@ -320,6 +323,7 @@ def test_evidence_promote_would_refuse_starts_nothing(site, capsys, edit, fragme
     assert snapshot(config) == before
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("more", "fragment"),
     [
@@ -341,6 +345,7 @@ def test_bad_input_is_one_line_and_moves_nothing(site, capsys, more, fragment):
     assert snapshot(config) == before
 
 
+@pytest.mark.unit
 def test_a_second_controller_of_the_model_is_refused_at_once_and_moves_nothing(site, capsys):
     config, report = site
     before = snapshot(config)
@@ -351,6 +356,7 @@ def test_a_second_controller_of_the_model_is_refused_at_once_and_moves_nothing(s
     assert snapshot(config) == before
 
 
+@pytest.mark.unit
 def test_the_dry_run_prints_the_plan_and_the_queries_and_changes_nothing(site, capsys):
     config, report = site
     before = snapshot(config)
@@ -364,6 +370,7 @@ def test_the_dry_run_prints_the_plan_and_the_queries_and_changes_nothing(site, c
     assert snapshot(config) == before
 
 
+@pytest.mark.integration
 def test_the_dry_run_of_plan_auto_says_what_it_would_take_or_why_it_would_not_start(site, capsys):
     """Sized at --expected-rate as the controller sizes it at the start; at 1 request/s no plan decides within
     --max-duration, and the dry run says so with what would."""
@@ -392,6 +399,7 @@ def test_the_dry_run_of_plan_auto_says_what_it_would_take_or_why_it_would_not_st
     assert snapshot(config) == before
 
 
+@pytest.mark.unit
 def test_abort_and_a_resume_that_is_not_this_rollouts(site, capsys):
     config, report = site
     url = closed_port_url()
@@ -407,6 +415,7 @@ def test_abort_and_a_resume_that_is_not_this_rollouts(site, capsys):
     assert events == ["start", "paused", "rollback", "rolled-back"]
 
 
+@pytest.mark.unit
 def test_the_one_file_of_thresholds_sets_the_commands_flags_for_compose_and_kubernetes(monkeypatch):
     env_file = REPO / "k8s" / "components" / "progressive-delivery" / "rollout.env"
     pairs = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if line and line[0] != "#")
@@ -438,6 +447,7 @@ def plans(draw) -> str:
     return ", ".join(words)
 
 
+@pytest.mark.unit
 @settings(max_examples=100, deadline=None)
 @given(plans())
 def test_every_valid_plan_reads_back_from_its_canonical_words(text):
@@ -449,6 +459,7 @@ def test_every_valid_plan_reads_back_from_its_canonical_words(text):
         assert plan.shadow_during(i) == max([0] + [s.percent for s in plan.steps[: i + 1] if s.kind == SHADOW][-1:])
 
 
+@pytest.mark.unit
 def test_the_rollout_help_says_what_its_checks_compare(capsys):
     """`rollout --help` describes the checks that run (analysis.py), not the p99 comparison they replaced."""
     with pytest.raises(SystemExit):

@@ -30,8 +30,6 @@ from trainserve.rollout.measure import (
 )
 from trainserve.rollout.targets import Targets
 
-pytestmark = pytest.mark.unit
-
 BOUNDS = tuple(10 * 1.8**i for i in range(33))  # the proxy's microsecond buckets
 
 # One replica between two looks: ("inc", n) calls counted, ("reset",) a restart (its counters back to 0).
@@ -42,6 +40,7 @@ replica = st.tuples(
 )
 
 
+@pytest.mark.integration
 @settings(max_examples=300, deadline=None)
 @given(st.lists(replica, min_size=1, max_size=4))
 def test_a_steps_count_is_the_calls_seen_between_looks_and_never_more(replicas):
@@ -76,6 +75,7 @@ def test_a_steps_count_is_the_calls_seen_between_looks_and_never_more(replicas):
         assert counted <= expected if hidden_resets else counted == expected, (counted, expected)
 
 
+@pytest.mark.unit
 def test_a_replica_that_misses_a_look_adds_only_its_increase_when_back():
     seen, counted = tallied({}, 0, {"a": 100.0, "b": 20000.0})  # b: a long history before the step
     seen, counted = tallied(seen, counted, {"a": 110.0})  # b missed: nothing of it added, nothing re-based
@@ -104,6 +104,7 @@ def histogram_quantile(q: float, buckets: list[tuple[str, float]]) -> float:
     return start + (bounds[b] - start) * (rank - below) / (counts[b] - below)
 
 
+@pytest.mark.unit
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(1, 3e7, allow_nan=False), min_size=1, max_size=300))
 def test_the_threshold_is_in_the_bucket_of_the_p99(micros):
@@ -115,6 +116,7 @@ def test_the_threshold_is_in_the_bucket_of_the_p99(micros):
     assert threshold(cumulative(observed))["le"] == f"{bound:g}"
 
 
+@pytest.mark.unit
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(11, 3e7, allow_nan=False), min_size=1, max_size=300))
 def test_the_threshold_is_the_dashboards_p99_and_stables_own_slow_calls_are_1_percent(micros):
@@ -129,6 +131,7 @@ def test_the_threshold_is_the_dashboards_p99_and_stables_own_slow_calls_are_1_pe
         assert slow_calls(*above, found["weight"]) == pytest.approx(0.01 * len(micros), abs=1e-9)
 
 
+@pytest.mark.unit
 def test_a_candidate_twice_as_slow_counts_its_calls_above_stables_p99_wherever_it_falls():
     """Stable's p99 just above a bound puts the next bound 1.76x above it, where a candidate twice as slow had
     only 2 % of its calls, a point over stable's: too few for a 5 % step to show. Weighed, its slow share is its
@@ -146,11 +149,13 @@ def test_a_candidate_twice_as_slow_counts_its_calls_above_stables_p99_wherever_i
     assert share > 0.15
 
 
+@pytest.mark.unit
 def test_no_threshold_before_stable_has_calls():
     assert threshold([]) is None
     assert threshold([("10", 0.0), ("+Inf", 0.0)]) is None
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("targets", "said"),
     [
@@ -170,12 +175,14 @@ def test_a_look_is_unjudged_while_a_target_is_down_or_silent_and_says_which(targ
     assert found == said if said is None else found.startswith(said), found
 
 
+@pytest.mark.unit
 def test_the_errors_counted_are_the_route_records_and_the_canary_alerts():
     rule = RECORDS["trainserve:proxy_route_errors:ratio_rate5m"]
     assert f'status!~"{ERRORS_EXCEPT}"' in rule, rule
     assert "trainserve:proxy_route_errors:ratio_rate5m" in ALERTS["TrainserveCanaryErrorRatio"]["expr"]
 
 
+@pytest.mark.unit
 def test_the_queries_read_both_versions_from_the_same_counters_per_replica():
     found = queries("m", 7, 3, "proxy", le="6428.06", lower="3571.14")
     every = ' or sum by (instance) (up{job="proxy"} == 1) * 0'
@@ -215,6 +222,7 @@ def looked(answers: Answers, state: dict | None = None):
     return meter, meter.look(state) if state is not None else meter.origin()
 
 
+@pytest.mark.unit
 def test_a_look_weighs_each_versions_calls_in_the_p99_bucket_by_its_share_above_the_p99():
     # stable's last 5 minutes: 96 calls under 1984.2 us, 4 in (1984.2, 3571.56]: its p99 3/4 into that bucket
     buckets = [("1102.34", 50.0), ("1984.2", 96.0), ("3571.56", 100.0), ("+Inf", 100.0)]
@@ -227,6 +235,7 @@ def test_a_look_weighs_each_versions_calls_in_the_p99_bucket_by_its_share_above_
     assert look.values[THRESHOLD] == pytest.approx((1984.2 + 0.75 * (3571.56 - 1984.2)) / 1e6)
 
 
+@pytest.mark.unit
 def test_a_step_an_older_controller_kept_counts_on_from_its_calls_above_the_bound():
     # its state: the bound alone, the calls above it named <version>_slow, with the replica's values last seen
     kept = {"candidate_slow": 5, "candidate_latency_count": 50}

@@ -27,7 +27,7 @@ from trainserve.rollout.notify import fingerprint
 from trainserve.rollout.notify_sender import Refused, Sender, parse_receivers
 from trainserve.rollout.rollout_config import RolloutConfig
 
-pytestmark = pytest.mark.unit  # in process; the receiver is a thread on a loopback port
+# The unit tests here: in process; the receiver is a thread on a loopback port.
 
 PLAN = "shadow 10s, 5% 10s, 100%"
 
@@ -140,6 +140,7 @@ def decisions(config: Path) -> list[tuple]:
     return [(e["event"], e.get("step"), e.get("decision")) for e in rollout_events(config) if e["event"] != "notified"]
 
 
+@pytest.mark.integration
 def test_each_decision_of_a_promoted_rollout_is_posted_once_with_the_look_behind_it(site, receiver):  # noqa: F811
     config, report = site
     prometheus = Flowing(config)
@@ -165,6 +166,7 @@ def test_each_decision_of_a_promoted_rollout_is_posted_once_with_the_look_behind
     assert (notified["event"], notified["delivered"], notified["failed"]) == ("notified", 4, 0)
 
 
+@pytest.mark.integration
 def test_a_receiver_that_refuses_connections_changes_no_decision_and_costs_no_look(site, tmp_path):  # noqa: F811
     config, report = site
     prometheus = Flowing(config)
@@ -184,6 +186,7 @@ def test_a_receiver_that_refuses_connections_changes_no_decision_and_costs_no_lo
     assert (time.sleeps, time.now) == (quiet_time.sleeps, quiet_time.now)
 
 
+@pytest.mark.unit
 def test_a_step_held_past_half_the_hold_is_posted_once_then_its_pause(site, receiver):  # noqa: F811
     config, report = site
     prometheus = Flowing(config, rate=0)
@@ -197,6 +200,7 @@ def test_a_step_held_past_half_the_hold_is_posted_once_then_its_pause(site, rece
     assert paused["said"] == held["said"] and paused["look"]["decision"] == "hold"
 
 
+@pytest.mark.unit
 def test_a_rollback_is_posted_to_an_alertmanager_receiver_as_alertmanagers_webhook_body(site, receiver):  # noqa: F811
     config, report = site
     prometheus = Flowing(config, flip_share=0.3)
@@ -222,12 +226,14 @@ def test_a_rollback_is_posted_to_an_alertmanager_receiver_as_alertmanagers_webho
     assert ended["annotations"]["event"] == "rolled-back" and "flip_rate: " in ended["annotations"]["description"]
 
 
+@pytest.mark.unit
 def test_alertmanagers_fingerprint_of_a_label_set():
     # prometheus/common model's own cases for LabelSet.Fingerprint(), which Alertmanager sends
     assert fingerprint({}) == "cbf29ce484222325"
     assert fingerprint({"name": "garland, briggs", "fear": "love is not enough"}) == f"{5799056148416392346:016x}"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -242,6 +248,7 @@ def test_receivers_parse_with_their_format(text, expected):
     assert [(r.url, r.format) for r in parse_receivers(text)] == expected
 
 
+@pytest.mark.unit
 def test_the_receivers_and_their_format_come_from_the_environment_too(monkeypatch):
     monkeypatch.setenv("TRAINSERVE_NOTIFY", "https://a/h,alertmanager+http://b/x")
     monkeypatch.setenv("TRAINSERVE_NOTIFY_FORMAT", "alertmanager")
@@ -250,6 +257,7 @@ def test_the_receivers_and_their_format_come_from_the_environment_too(monkeypatc
     assert config.notify_format == "alertmanager"
 
 
+@pytest.mark.unit
 def test_the_sender_retries_no_answer_never_a_4xx_and_leaves_a_stuck_receiver_behind_at_exit():
     flaky, refusing, stuck = parse_receivers("http://flaky/h,http://refusing/h,http://stuck/h")
     failures, reached, released, posts = [OSError("HTTP 503")], threading.Event(), threading.Event(), []

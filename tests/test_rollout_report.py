@@ -22,9 +22,8 @@ from trainserve.rollout.progress import PAUSED, PROMOTE, ROLLBACK, ROLLED_BACK
 from trainserve.rollout.report.read import per_replica, read_account
 from trainserve.rollout.report.words import verdict
 
-pytestmark = pytest.mark.unit
 
-
+@pytest.mark.unit
 def test_each_check_keeps_its_numbers_beside_its_words():
     counts = {key: 0 for key in KEYS} | CANARY_FAILS
     found = analysis.checks(parse_plan(PLAN).steps[1], True, counts, GATE, OFFLINE)
@@ -40,6 +39,7 @@ def test_each_check_keeps_its_numbers_beside_its_words():
     assert found[0].low > found[0].budget and found[0].result == analysis.FAIL  # 20 % errors against 0.08 %
 
 
+@pytest.mark.unit
 def test_a_check_that_judged_no_bounds_has_no_numbers():
     counts = {key: 0 for key in KEYS}
     (_, _, flips) = analysis.checks(parse_plan(PLAN).steps[0], True, counts, GATE, OFFLINE)
@@ -67,6 +67,7 @@ def paused_resumed_rolled_back(history: History) -> None:
     history.add(ROLLED_BACK, said=failed)
 
 
+@pytest.mark.unit
 def test_the_account_of_a_paused_resumed_and_rolled_back_rollout(tmp_path):
     history = History(tmp_path / "models.config.history.jsonl")
     paused_resumed_rolled_back(history)
@@ -97,6 +98,7 @@ def test_the_account_of_a_paused_resumed_and_rolled_back_rollout(tmp_path):
     )
 
 
+@pytest.mark.unit
 def test_a_paused_rollout_says_which_checks_held_it_in_numbers(tmp_path):
     history = History(tmp_path / "h.jsonl")
     paused_resumed_rolled_back(history)
@@ -109,6 +111,7 @@ def test_a_paused_rollout_says_which_checks_held_it_in_numbers(tmp_path):
     assert "shadow_errors undecided: bounds [" in said and "after 0 copies answered" in said
 
 
+@pytest.mark.unit
 def test_each_replicas_count_is_tallied_as_the_step_counts_them():
     """A restart (b) counts from 0; a replica first seen late (c) starts there; the total is the step's count."""
     seen = [{"a": 100, "b": 50}, {"a": 150, "b": 10}, {"a": 170, "b": 30, "c": 5}, {"a": 171, "c": 9}]
@@ -120,6 +123,7 @@ def test_each_replicas_count_is_tallied_as_the_step_counts_them():
     assert counted == 71 + 30 + 4
 
 
+@pytest.mark.unit
 def test_a_history_from_before_the_numbers_is_told_in_its_words(tmp_path):
     from trainserve.rollout.report.write import write_page
 
@@ -139,6 +143,7 @@ def test_a_history_from_before_the_numbers_is_told_in_its_words(tmp_path):
     assert "<img" not in html and 'id="words-3-error_ratio"' in html and "error_ratio failed: error share" in html
 
 
+@pytest.mark.unit
 def test_the_last_rollout_of_the_model_is_read(tmp_path):
     history = History(tmp_path / "h.jsonl")
     paused_resumed_rolled_back(history)
@@ -154,6 +159,7 @@ def test_the_last_rollout_of_the_model_is_read(tmp_path):
     assert read_account(history.path, "n").stints[0].index == 0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("records", "model", "fragment"),
     [
@@ -175,6 +181,7 @@ def test_a_history_without_that_rollout_is_one_line_naming_what_was_expected(
     assert err.startswith("trainserve rollout: error: ") and fragment in err and "\n" not in err, err
 
 
+@pytest.mark.integration
 def test_the_report_verb_renders_from_the_config_or_its_history_and_rollout_still_parses(tmp_path, capsys):
     config = tmp_path / "models.config"
     config.write_text("")
@@ -189,6 +196,7 @@ def test_the_report_verb_renders_from_the_config_or_its_history_and_rollout_stil
     assert (args.func.__name__, args.plan, args.model) == ("run_rollout", parse_plan(PLAN), "m")
 
 
+@pytest.mark.unit
 def test_a_report_that_cannot_be_written_changes_no_decision(site, monkeypatch, caplog):  # noqa: F811
     config, report = site
     begun(config, report, CANARY_STEP, (PROMOTE, {"step": 2}))
@@ -204,6 +212,7 @@ def test_a_report_that_cannot_be_written_changes_no_decision(site, monkeypatch, 
     assert not list(config.parent.glob("*.html"))
 
 
+@pytest.mark.unit
 def test_a_rollout_that_ends_writes_its_report_beside_the_history(site):  # noqa: F811
     config, report = site
     begun(config, report, CANARY_STEP, (PROMOTE, {"step": 2}))

@@ -33,8 +33,6 @@ from trainserve.rollout.sizing.traffic import (
 )
 from trainserve.stats.sequential import difference_sequence
 
-pytestmark = pytest.mark.unit
-
 OFFLINE = {"disagreement": {"source": "eval", "count": 200, "examples": 10_000, "candidate": 2, "baseline": 1}}
 DEFAULTS = RolloutConfig()
 LIMITS = Limits(DEFAULTS.target_duration, DEFAULTS.max_duration, DEFAULTS.max_exposure)
@@ -50,6 +48,7 @@ def sized_at(rate: float):
     return size_plan(situation(rate), LIMITS)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("rate", [10, 100, 1000])
 def test_auto_fits_the_limits_and_states_what_each_step_takes(rate):
     plan, expected = sized_at(rate)
@@ -64,6 +63,7 @@ def test_auto_fits_the_limits_and_states_what_each_step_takes(rate):
     assert parse_plan(plan.text()) == plan  # what the START record keeps reads back the same
 
 
+@pytest.mark.integration
 def test_more_traffic_gets_a_smaller_share_and_a_quicker_plan():
     first_share = {}
     for rate in (10, 100):
@@ -73,6 +73,7 @@ def test_more_traffic_gets_a_smaller_share_and_a_quicker_plan():
     assert first_share[100] < first_share[10]
 
 
+@pytest.mark.integration  # sizes a plan: seconds of simulation, unless another test of the worker sized it first
 def test_a_canary_steps_duration_is_what_the_checks_need_by_an_independent_count():
     """The median canary requests of the sized step lie near the count at which an identical candidate's expected
     counts put the difference bounds within budget (computed here from the bounds alone, no simulation)."""
@@ -92,6 +93,7 @@ def needed_to_pass(rate: float, budget: float, share: float) -> int:
     return next(n for n in (int(100 * 1.05**k) for k in range(200)) if within(n))
 
 
+@pytest.mark.integration
 def test_too_little_traffic_is_refused_before_anything_moves_saying_what_would_decide():
     with pytest.raises(PlanRefused) as refused:
         size_plan(situation(1, errors=0.01), LIMITS)
@@ -109,15 +111,18 @@ def duration_of(words: str) -> float:
     return int(h) * 3600 + int(m.rstrip("m")) * 60
 
 
+@pytest.mark.unit
 def test_a_first_look_beyond_the_exposure_cap_is_refused():
     with pytest.raises(PlanRefused, match="more than --max-exposure 100"):
         size_plan(situation(1000), Limits(LIMITS.target, LIMITS.most, 100))
 
 
+@pytest.mark.integration
 def test_sizing_is_seeded_the_dry_run_and_the_start_agree():
     assert size_plan(situation(100), LIMITS)[0] == sized_at(100)[0]  # sized anew, the same plan
 
 
+@pytest.mark.unit
 def test_an_explicit_plans_expectations_show_it_would_pause():
     """The former default plan at 10 requests/s: its 5 % step cannot show the slow-call budget in 10 minutes plus
     the default 30-minute hold in most runs, and the dry run says so."""
@@ -127,6 +132,7 @@ def test_an_explicit_plans_expectations_show_it_would_pause():
     assert math.isinf(totals(expected)[1])
 
 
+@pytest.mark.unit
 def test_pass_times_on_a_coarse_grid_when_the_looks_are_many():
     times = pass_times(Step(CANARY, 25.0, 1.0), 100.0, 25.0, situation(10, interval=0.25), 4 * 3600)
     finite = times[np.isfinite(times)]
@@ -134,6 +140,7 @@ def test_pass_times_on_a_coarse_grid_when_the_looks_are_many():
     assert len(finite) > 0.95 * len(times) and np.allclose(grid, np.round(grid))
 
 
+@pytest.mark.unit
 def test_plan_steps_carry_their_hold():
     plan = parse_plan("shadow 90s hold 3m, 25% 25m hold 30m, 100%")
     assert [(s.seconds, s.hold) for s in plan.steps] == [(90, 180), (1500, 1800), (0, None)]
@@ -143,6 +150,7 @@ def test_plan_steps_carry_their_hold():
         parse_plan("5% 10m hold, 100%")
 
 
+@pytest.mark.unit
 def test_hours_reads_as_a_person_writes_it():
     assert [hours(s) for s in (45, 90, 1500, 3600, 6060)] == ["45s", "2m", "25m", "1h 0m", "1h 41m"]
 
@@ -150,6 +158,7 @@ def test_hours_reads_as_a_person_writes_it():
 # -- the rate it is sized for ----------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_the_hours_of_a_plan_wrap_around_midnight():
     assert hours_of(13 * 3600 + 1200, 4 * 3600) == "(hour() >= 13 and hour() <= 17)"
     assert hours_of(22 * 3600, 4 * 3600) == "(hour() >= 22 or hour() <= 2)"
@@ -168,6 +177,7 @@ class Answers:
         return self.errors if "status!~" in expr else self.last
 
 
+@pytest.mark.unit
 def test_read_traffic_takes_the_slowest_hour_else_the_last_and_refuses_on_none():
     read = lambda answers, history="7d": read_traffic(answers, "m", "proxy", history, 0.0, 3600.0)  # noqa: E731
     assert read(Answers(2.0, 9.0, 0.01)) == Traffic(
@@ -181,6 +191,7 @@ def test_read_traffic_takes_the_slowest_hour_else_the_last_and_refuses_on_none()
         read(Answers(None, None))
 
 
+@pytest.mark.unit
 def test_a_steady_rate_read_twice_sizes_one_plan():
     """A dry run and the start a minute later read the rate a little apart: both size for the same two figures (and
     so the same plan: the sizing is seeded by the traffic)."""
@@ -208,6 +219,7 @@ def case(expr: str, at: float, value: float | None) -> dict:
     return {"expr": expr, "eval_time": f"{int(at)}s", "exp_samples": samples}
 
 
+@pytest.mark.unit
 def test_prometheus_answers_a_models_rate_from_its_first_minutes(tmp_path):
     """A model first called 400 s ago at 10 requests/s (an error a second over the last 200 s), scraped every
     second: the last hour's rate is over the 400 s Prometheus saw (rate() over [1h] alone reads 1.2); and no slowest
@@ -228,6 +240,7 @@ def test_prometheus_answers_a_models_rate_from_its_first_minutes(tmp_path):
     promtool_answers(tmp_path, "1s", series, cases)
 
 
+@pytest.mark.unit
 def test_prometheus_answers_the_slowest_hour_at_the_plans_hours(tmp_path):
     """Seven days of a model at 10 requests/s from 00:00 to 12:00 UTC and 2 requests/s after: a plan begun at
     13:00 is sized for 2, one begun at 02:00 for 10, and the last hour's rate is what it was."""

@@ -24,8 +24,6 @@ from trainserve.proxy.config import ProxyConfig
 from trainserve.proxy.routing import SCHEMA, default_sticky_salt, write_routing
 from trainserve.tensors import from_tensor_proto
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.fixture(scope="module")
 def two_versions(model_versions, tmp_path_factory):
@@ -42,6 +40,7 @@ def proxy_for(two_versions, tmp_path):
         proxy.stop(5)
 
 
+@pytest.mark.integration
 def test_a_canary_share_is_the_seeded_draws_and_within_the_binomial_bound(proxy_for):
     n, percent = 300, 20
     proxy = proxy_for(route(canary=percent))
@@ -56,6 +55,7 @@ def test_a_canary_share_is_the_seeded_draws_and_within_the_binomial_bound(proxy_
     assert requests(counts, version="1", route="stable", status="OK") == n - k
 
 
+@pytest.mark.unit
 def test_requests_naming_a_version_or_another_label_pass_untouched(proxy_for, two_versions):
     proxy = proxy_for(route(canary=100))
     assert set(answered_by(proxy, 5)) == {2}
@@ -69,6 +69,7 @@ def test_requests_naming_a_version_or_another_label_pass_untouched(proxy_for, tw
     assert requests(counts, route="direct", status=err.value.code().name) == 1
 
 
+@pytest.mark.unit
 def test_trainserves_own_calls_are_not_routed(proxy_for):
     from trainserve.traffic.origin import EVAL, origin_metadata
 
@@ -85,6 +86,7 @@ def test_trainserves_own_calls_are_not_routed(proxy_for):
     assert requests(page(proxy), route="direct", version="1") == 4
 
 
+@pytest.mark.unit
 def test_a_canary_answer_is_the_candidates_answer(proxy_for, two_versions):
     proxy = proxy_for(route(canary=100))
     predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{proxy.port}"}))
@@ -98,6 +100,7 @@ def independent_point(salt: str, value: str) -> float:
     return int(hashlib.sha256(f"{salt}\0{value}".encode()).hexdigest()[:16], 16) / 2**64
 
 
+@pytest.mark.unit
 def test_sticky_callers_never_switch_and_stay_in_as_the_share_grows(proxy_for):
     proxy = proxy_for(route(canary=30, sticky="X-User-Id"))  # header names compare case-insensitively
     callers = [f"user-{i}" for i in range(30)]
@@ -117,6 +120,7 @@ def test_sticky_callers_never_switch_and_stay_in_as_the_share_grows(proxy_for):
     assert salted == {c for c in callers if independent_point("rollout-9", c) * 100 < 30}
 
 
+@pytest.mark.unit
 def test_shadow_pairs_and_flips_equal_a_count_from_direct_calls(proxy_for, two_versions):
     rng = np.random.default_rng(3)
     batches = [rng.integers(0, 256, (8, 8, 8, 1), dtype=np.uint8) for _ in range(6)]
@@ -158,6 +162,7 @@ def test_shadow_pairs_and_flips_equal_a_count_from_direct_calls(proxy_for, two_v
     assert counts[':trainserve:proxy:shadow_flips{model_name="m",version="3"}'] == 0
 
 
+@pytest.mark.unit
 def test_routing_edits_apply_on_the_next_poll_and_a_bad_edit_is_refused_in_one_line(proxy_for, caplog):
     proxy = proxy_for(route(canary=0))
     assert set(answered_by(proxy, 3)) == {1}
@@ -195,6 +200,7 @@ def test_routing_edits_apply_on_the_next_poll_and_a_bad_edit_is_refused_in_one_l
     assert counts[':trainserve:proxy:routing_reloads{outcome="refused"}'] == 4
 
 
+@pytest.mark.unit
 def test_the_watch_thread_follows_the_file(proxy_for, two_versions):
     proxy = proxy_for(route(canary=0))
     proxy.router.watch(0.05)
@@ -203,6 +209,7 @@ def test_the_watch_thread_follows_the_file(proxy_for, two_versions):
     assert set(answered_by(proxy, 2)) == {2}
 
 
+@pytest.mark.unit
 def test_a_canary_to_a_version_not_served_fails_and_is_counted_against_it(proxy_for):
     proxy = proxy_for(route(candidate=9, canary=100))
     predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{proxy.port}"}))
@@ -213,6 +220,7 @@ def test_a_canary_to_a_version_not_served_fails_and_is_counted_against_it(proxy_
     assert requests(counts, version="1") == 0
 
 
+@pytest.mark.unit
 def test_latency_histogram_has_serve_locals_buckets_and_counts_each_call(proxy_for):
     proxy = proxy_for(route(canary=0))
     answered_by(proxy, 4)
@@ -223,6 +231,7 @@ def test_latency_histogram_has_serve_locals_buckets_and_counts_each_call(proxy_f
     assert bounds[:3] == ["10", "18", "32.4"] and len(bounds) == 34
 
 
+@pytest.mark.unit
 def test_rest_requests_are_routed_and_counted_as_grpc_ones_are(proxy_for, two_versions):
     proxy = proxy_for(route(canary=100, sticky="x-user-id"))
     via = f"http://127.0.0.1:{proxy.rest_port}"
@@ -244,6 +253,7 @@ def test_rest_requests_are_routed_and_counted_as_grpc_ones_are(proxy_for, two_ve
     )
 
 
+@pytest.mark.unit
 def test_a_bad_shadow_flag_is_one_line():
     from trainserve.errors import TrainserveError
 
@@ -251,6 +261,7 @@ def test_a_bad_shadow_flag_is_one_line():
         ProxyConfig(filename_prefix="caps/p", shadow_workers=0).check()
 
 
+@pytest.mark.unit
 def test_names_from_clients_cannot_grow_the_page(proxy_for):
     proxy = proxy_for(route(canary=0))
     predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{proxy.port}"}))

@@ -25,8 +25,6 @@ from trainserve.proxy.server import Proxy
 from trainserve.proxy.wire import request_spec
 from trainserve.traffic.records import length_delimited
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.fixture(scope="module")
 def three_versions(model_versions, tmp_path_factory):
@@ -43,6 +41,7 @@ def proxy_for(three_versions, tmp_path):
         proxy.stop(5)
 
 
+@pytest.mark.integration
 def test_version_less_grpc_requests_of_a_routed_model_are_stable_requests(proxy_for, three_versions):
     proxy = proxy_for(Routing({"other": ModelRoute(9)}))
     assert answered_by(proxy, 2, label=None) == [3, 3], "a model not routed: TF Serving's highest version"
@@ -60,6 +59,7 @@ def test_version_less_grpc_requests_of_a_routed_model_are_stable_requests(proxy_
     assert requests(counts, route="canary", version="2", status="OK") == 3
 
 
+@pytest.mark.unit
 def test_version_less_rest_requests_of_a_routed_model_are_stable_requests(proxy_for, three_versions):
     proxy = proxy_for(route(canary=0))
     via = f"http://127.0.0.1:{proxy.rest_port}"
@@ -75,6 +75,7 @@ def test_version_less_rest_requests_of_a_routed_model_are_stable_requests(proxy_
     assert requests(counts, route="canary", version="2", api="predict", status="OK") == 1
 
 
+@pytest.mark.unit
 def test_rest_only_clients_are_counted_by_the_version_their_label_names(proxy_for):
     n, percent = 60, 25
     proxy = proxy_for(route(canary=percent))
@@ -90,6 +91,7 @@ def test_rest_only_clients_are_counted_by_the_version_their_label_names(proxy_fo
     assert not proxy.metrics.label_versions, "learned without a gRPC answer"
 
 
+@pytest.mark.unit
 def test_a_routed_models_rest_calls_never_wait_for_the_label_lookup(proxy_for, three_versions):
     proxy = proxy_for(route(canary=0))
     labels, asked, refreshed = proxy.rest.labels, [], threading.Event()
@@ -111,6 +113,7 @@ def test_a_routed_models_rest_calls_never_wait_for_the_label_lookup(proxy_for, t
     assert requests(page(proxy), route="stable", version="1", status="OK") == 2
 
 
+@pytest.mark.unit
 def test_label_versions_in_use_are_asked_again_off_the_requests_path():
     answers, asked, now = {("m", "stable"): "1", ("r", "stable"): "7"}, [], [0.0]
     labels = LabelVersions(
@@ -145,6 +148,7 @@ def test_label_versions_in_use_are_asked_again_off_the_requests_path():
     assert inline("m") == ("4", [("m", "stable")]), "an answer older than max_age is never counted with"
 
 
+@pytest.mark.unit
 def test_a_proxy_started_on_a_bad_routing_file_routes_nothing_then_follows_the_fixed_file(proxy_for, tmp_path, caplog):
     path = tmp_path / "routing.json"
     path.write_text(json.dumps({"schema": SCHEMA, "models": {"m": {"candidate": 2, "canary_percent": -1}}}))
@@ -162,6 +166,7 @@ def test_a_proxy_started_on_a_bad_routing_file_routes_nothing_then_follows_the_f
     assert page(proxy)[":trainserve:proxy:routing_refused"] == 0
 
 
+@pytest.mark.unit
 def test_a_candidate_beyond_int64_is_refused_and_the_shadow_keeps_comparing(proxy_for, three_versions, caplog):
     proxy = proxy_for(route(shadow=100))
     path = proxy.config.routing_file
@@ -204,6 +209,7 @@ class RecordingUpstream:
         return answer
 
 
+@pytest.mark.unit
 def test_version_less_classify_and_regress_are_sent_as_stable(tmp_path):
     upstream = RecordingUpstream()
     write_routing(tmp_path / "routing.json", route(canary=0))

@@ -9,8 +9,6 @@ import pytest
 from conftest import assert_one_line_error, run_cli
 from trainserve.cli import main
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.fixture(scope="module")
 def cpu_run(trained_digits):
@@ -37,6 +35,7 @@ def _as_gpu_run(cpu_run, path, fingerprint=None):
     return path, summary
 
 
+@pytest.mark.unit
 def test_table_shows_both_runs_and_their_metrics(cpu_run, tmp_path, capsys):
     gpu, summary = _as_gpu_run(cpu_run, tmp_path / "gpu")
     code, out, err = runs(capsys, cpu_run, gpu)
@@ -49,6 +48,7 @@ def test_table_shows_both_runs_and_their_metrics(cpu_run, tmp_path, capsys):
     assert "different data" not in err
 
 
+@pytest.mark.unit
 def test_different_data_is_warned(cpu_run, tmp_path, capsys):
     gpu, _ = _as_gpu_run(cpu_run, tmp_path / "gpu", fingerprint="f" * 64)
     code, _, err = runs(capsys, cpu_run, gpu)
@@ -56,6 +56,7 @@ def test_different_data_is_warned(cpu_run, tmp_path, capsys):
     assert "different data" in err and "ffffffffffff" in err
 
 
+@pytest.mark.integration
 def test_not_a_run_is_a_one_line_error(tmp_path):
     assert_one_line_error(run_cli("runs", tmp_path), "run_summary.json not found")
     (tmp_path / "run_summary.json").write_text("{}")

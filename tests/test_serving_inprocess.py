@@ -23,9 +23,8 @@ from trainserve.savedmodel import serve_meta_graph
 from trainserve.tensors import from_tensor_proto
 from trainserve.training.publish import publish_or_discard, staging_dir
 
-pytestmark = pytest.mark.unit
 
-
+@pytest.mark.unit
 def test_predict_matches_in_process_and_answers_in_val_fields(serve_in_process, model_versions, tmp_path):
     install_version(model_versions[0], tmp_path / "m", 1)
     server = serve_in_process("--model_name=m", f"--model_base_path={tmp_path / 'm'}")
@@ -44,6 +43,7 @@ def test_predict_matches_in_process_and_answers_in_val_fields(serve_in_process, 
     assert "version 1: AVAILABLE" in server.log() and "3 warmup request(s)" in server.log()
 
 
+@pytest.mark.integration
 def test_new_version_swaps_in_without_failures_and_broken_one_keeps_old(serve_in_process, model_versions, tmp_path):
     base = tmp_path / "m"
     install_version(model_versions[0], base, 1)
@@ -112,6 +112,7 @@ model_config_list {{
 """
 
 
+@pytest.mark.unit
 def test_config_file_policies_and_labels(serve_in_process, model_versions, tmp_path):
     for version, template in enumerate(model_versions, start=1):
         install_version(template, tmp_path / "pinned", version)
@@ -143,6 +144,7 @@ def test_config_file_policies_and_labels(serve_in_process, model_versions, tmp_p
     server.wait_for(lambda: server.versions("pinned").get(3) == "AVAILABLE", "config reload to version 3")
 
 
+@pytest.mark.unit
 def test_rest_status_metadata_and_both_predict_formats(serve_in_process, model_versions, tmp_path):
     install_version(model_versions[0], tmp_path / "m", 4)
     server = serve_in_process("--model_name=m", f"--model_base_path={tmp_path / 'm'}")
@@ -183,6 +185,7 @@ def test_rest_status_metadata_and_both_predict_formats(serve_in_process, model_v
     assert code == 400 and "expected uint8 [None, 8, 8, 1]" in err["error"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "request_kwargs, code, message",
     [
@@ -205,6 +208,7 @@ def test_errors_carry_tf_serving_status_codes(running_m, request_kwargs, code, m
     assert error.code() == code and message in error.details()
 
 
+@pytest.mark.unit
 def test_classify_is_unimplemented_with_a_clear_message(running_m):
     predict, _ = stubs(running_m)
     error = rpc_error(predict.Classify, classification_pb2.ClassificationRequest(model_spec={"name": "m"}))
@@ -221,6 +225,7 @@ def running_m(model_versions, tmp_path_factory):
     assert server.stop() == 0
 
 
+@pytest.mark.unit
 def test_foreign_savedmodel_with_two_inputs_is_served(serve_in_process, tmp_path):
     save_foreign_model(tmp_path / "f" / "1")
     server = serve_in_process("--model_name=f", f"--model_base_path={tmp_path / 'f'}")
@@ -240,6 +245,7 @@ def test_foreign_savedmodel_with_two_inputs_is_served(serve_in_process, tmp_path
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "'offset' is int32: expected int64" in error.details()
 
 
+@pytest.mark.unit
 def test_missing_base_path_is_polled_until_a_version_appears(serve_in_process, model_versions, tmp_path):
     base = tmp_path / "later"
     server = serve_in_process("--model_name=m", f"--model_base_path={base}")
@@ -253,6 +259,7 @@ def test_missing_base_path_is_polled_until_a_version_appears(serve_in_process, m
     server.wait_available("m", 1)
 
 
+@pytest.mark.unit
 def test_batching_rejects_requests_over_max_batch_size(serve_in_process, model_versions, tmp_path):
     install_version(model_versions[0], tmp_path / "m", 1)
     params = tmp_path / "batching.config"
@@ -284,6 +291,7 @@ def health_check(server, service: str = "") -> bytes:
     return check(request, timeout=10)
 
 
+@pytest.mark.integration
 def test_grpc_health_is_model_aware(serve_in_process, model_versions, tmp_path):
     install_version(model_versions[0], tmp_path / "m", 1)
     server = serve_in_process(
@@ -303,12 +311,14 @@ def test_grpc_health_is_model_aware(serve_in_process, model_versions, tmp_path):
     assert health_check(server) == b"\x08\x01"
 
 
+@pytest.mark.unit
 def test_grpc_health_is_off_by_default(running_m):
     with pytest.raises(grpc.RpcError) as err:
         health_check(running_m)
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED, "as in TF Serving, only with the flag"
 
 
+@pytest.mark.unit
 def test_grpc_health_watch_streams_changes_and_ends_when_the_server_drains(serve_in_process, model_versions, tmp_path):
     install_version(model_versions[0], tmp_path / "m", 1)
     server = serve_in_process(
@@ -326,6 +336,7 @@ def test_grpc_health_watch_streams_changes_and_ends_when_the_server_drains(serve
     assert server.exit_code == 0 and "stopped cleanly" in server.log()
 
 
+@pytest.mark.unit
 def test_failing_warmup_record_fails_the_load(serve_in_process, model_versions, tmp_path):
     from trainserve.layout import write_warmup_requests
 
@@ -336,6 +347,7 @@ def test_failing_warmup_record_fails_the_load(serve_in_process, model_versions, 
     assert server.ended() is None, "a failed load is reported, not fatal"
 
 
+@pytest.mark.unit
 def test_rest_string_outputs_keep_their_shape():
     """A [N, K] DT_STRING output (class names per row) is N rows of K strings in JSON, not N x K flat."""
     from trainserve.serving.rest_api import json_value

@@ -16,7 +16,6 @@ from trainserve.protos import predict_pb2
 from trainserve.proxy.shadow_compare import Comparison, Incomparable, compare
 from trainserve.tensors import to_tensor_proto
 
-pytestmark = pytest.mark.unit
 NUMERIC = (np.float32, np.float64, np.float16, np.int32, np.int64, np.uint8, np.bool_)
 
 
@@ -105,6 +104,7 @@ def values(dtype, shape):
     return arrays(dtype, shape)
 
 
+@pytest.mark.integration
 @settings(max_examples=100, deadline=None)
 @given(pair=output_pairs(), as_values=st.booleans())
 def test_compare_equals_a_count_made_example_by_example(pair, as_values):
@@ -119,6 +119,7 @@ def test_compare_equals_a_count_made_example_by_example(pair, as_values):
     assert got.abs_diff == pytest.approx(want.abs_diff, rel=1e-9, abs=1e-9)
 
 
+@pytest.mark.unit
 def test_class_ids_and_sigmoids_count_flips_and_an_added_output_is_ignored():
     stable = {"classes": np.array([0, 1, 2, 1], np.int64), "logistic": np.array([[0.2], [0.7], [0.5], [0.9]])}
     candidate = {"classes": np.array([0, 2, 2, 1], np.int64), "logistic": np.array([[0.2], [0.7], [0.6], [0.4]])}
@@ -128,6 +129,7 @@ def test_class_ids_and_sigmoids_count_flips_and_an_added_output_is_ignored():
     assert compare(answer(regression), answer({"score": np.array([1.5, 1.0], np.float32)})) == Comparison(2, 0, 0, 1.5)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "candidate",
     [
@@ -141,6 +143,7 @@ def test_answers_with_nothing_comparable_in_common_are_incomparable(candidate):
         compare(answer({"p": np.ones((2, 2), np.float32)}), answer(candidate))
 
 
+@pytest.mark.unit
 def test_a_regression_models_one_target_is_compared_as_a_regression_not_a_sigmoid():
     """A float [N, 1] not named as a binary classifier's head (a regression model's one target), and the regression
     head `predictions` of any shape: |candidate - stable| summed, nothing classified, no flip."""

@@ -272,3 +272,27 @@ def test_max_drop_per_slice_judges_each_slice_on_its_own_interval_an_intersectio
     )
     assert decision.derive_gate(gate, {"comparison": c}) is True
     assert pass_probability(300, 0.03, 0.04, drop=0.03) <= 0.025
+
+
+def test_a_regression_slice_whose_tail_cannot_support_its_bound_is_inconclusive_and_re_derived_so():
+    """--max-drop-per-slice mse=...: two slices inside the margin on their intervals, one with errors whose scale
+    varies by orders of magnitude (log-normal, sigma 2): that one is held back by the tail check (the slice's
+    `tail`), the other passes, and promote re-derives both."""
+    from trainserve.evaluation.slicing import parse_slice_margin, slice_margin_gate
+
+    rng = np.random.default_rng(6)
+    scale = np.where(np.arange(400) < 200, 1.0, rng.lognormal(0, 2, 400))
+    errors = 0.01 * scale * rng.normal(0, 1, 400)
+    keys = np.where(np.arange(400) < 200, "g=light", "g=heavy")
+    task = Task("regression", targets=1)
+    values = (_regression_values((errors + 0.001) ** 2), _regression_values(errors**2))
+    c = summarize(
+        "1", (2, 1), _tallies(task), values, 0.05, 0, slices=[("g", keys)], slice_margin=parse_slice_margin("mse=1")
+    )
+    rows = {r["name"]: r for r in c["slices"]["rows"]}
+    assert all(r["margin_interval"][1] < 1 for r in rows.values()), "both bounds inside the margin"
+    assert rows["g=light"]["verdict"] == "non-inferior" and rows["g=light"]["tail"]["enough"]
+    assert rows["g=heavy"]["verdict"] == "inconclusive" and not rows["g=heavy"]["tail"]["enough"]
+    gate = slice_margin_gate(c["slices"], 1)
+    assert gate["slices"] == ["g=heavy"] and not gate["passed"]
+    assert decision.derive_gate(gate, {"comparison": c, "gates": [gate]}) is False

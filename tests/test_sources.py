@@ -31,7 +31,7 @@ def _train_without_architecture(tmp_path, data: str, **options):
     return json.loads((result.version_dir / "assets.extra" / "trainserve.json").read_text())
 
 
-@pytest.mark.unit
+@pytest.mark.integration
 def test_a_csv_trains_with_no_architecture_on_the_mlp(tmp_path, caplog):
     rng = np.random.default_rng(0)
     rows = ["size,colour,label"] + [f"{x:.3f},{'red' if x > 0 else 'blue'},{int(x > 0)}" for x in rng.normal(size=80)]
@@ -42,7 +42,7 @@ def test_a_csv_trains_with_no_architecture_on_the_mlp(tmp_path, caplog):
     assert "architecture mlp, chosen for the data" in caplog.text
 
 
-@pytest.mark.unit
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "x_dtype, y, expected",
     [

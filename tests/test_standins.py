@@ -14,8 +14,6 @@ import pytest
 
 from conftest import REPO
 
-pytestmark = pytest.mark.unit
-
 SITE_FILES = REPO / "scripts" / "standins" / "site_files.py"
 
 
@@ -23,6 +21,7 @@ def site_files(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, SITE_FILES, *args], capture_output=True, text=True, cwd=REPO)
 
 
+@pytest.mark.integration
 def test_tensorflow_and_what_it_requires_are_listed_at_the_pinned_versions():
     proc = site_files("requirements/serve.txt", "--closure-of", "tensorflow-cpu")
     assert proc.returncode == 0, proc.stderr
@@ -36,6 +35,7 @@ def test_tensorflow_and_what_it_requires_are_listed_at_the_pinned_versions():
     assert all((site / f).exists() for f in files)
 
 
+@pytest.mark.unit
 def test_the_rest_of_serve_local_is_listed_without_tensorflow():
     proc = site_files("requirements/serve.txt", "--without-closure-of", "tensorflow-cpu")
     assert proc.returncode == 0, proc.stderr
@@ -44,6 +44,7 @@ def test_the_rest_of_serve_local_is_listed_without_tensorflow():
     assert "tensorflow" not in tops and "numpy" not in tops
 
 
+@pytest.mark.unit
 def test_a_package_installed_at_another_version_than_pinned_is_refused(tmp_path):
     lines = (REPO / "requirements" / "serve.txt").read_text().replace("numpy==", "numpy==0.0.", 1)
     (tmp_path / "serve.txt").write_text(lines)

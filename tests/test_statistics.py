@@ -14,9 +14,8 @@ from trainserve.evaluation.noninferiority import judge
 from trainserve.stats import distributions, means, multiplicity, power, proportions
 from trainserve.stats.significance import mcnemar_exact
 
-pytestmark = pytest.mark.unit
 
-
+@pytest.mark.unit
 @pytest.mark.parametrize(("k", "n"), [(0, 1), (0, 10), (3, 10), (10, 10), (50, 300), (299, 300), (9000, 10000)])
 def test_wilson_and_clopper_pearson_are_scipys(k, n):
     result = stats.binomtest(k, n)
@@ -26,6 +25,7 @@ def test_wilson_and_clopper_pearson_are_scipys(k, n):
     assert proportions.wilson_interval(0, 0) == (0.0, 1.0)
 
 
+@pytest.mark.unit
 def test_t_quantile_and_incomplete_beta_are_scipys():
     rng = np.random.default_rng(0)
     for a, b, x in zip(rng.uniform(0.3, 300, 300), rng.uniform(0.3, 300, 300), rng.random(300)):
@@ -51,6 +51,7 @@ def _score_statistic(b: int, c: int, n: int, delta: float) -> float:
     return (b - c - n * delta) / math.sqrt(n * (2 * q + delta * (1 - delta)))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("b", "c", "n"), [(7, 15, 100), (1, 10, 100), (30, 50, 1000), (4, 11, 360), (12, 3, 60)])
 def test_tango_interval_inverts_the_score_test_with_an_independently_fitted_nuisance(b, c, n):
     z = stats.norm.ppf(0.975)
@@ -63,6 +64,7 @@ def test_tango_interval_inverts_the_score_test_with_an_independently_fitted_nuis
     assert proportions.tango_statistic(b, c, n, 0.0) ** 2 == pytest.approx(chi2)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("alpha", [0.01, 0.05, 0.1])
 def test_the_paired_interval_excludes_zero_exactly_when_mcnemars_exact_test_rejects(alpha):
     for b in range(0, 40):
@@ -72,6 +74,7 @@ def test_the_paired_interval_excludes_zero_exactly_when_mcnemars_exact_test_reje
             assert (not low <= 0 <= high) == (p < alpha), (b, c, low, high, p)
 
 
+@pytest.mark.unit
 def test_no_discordant_pair_is_no_certainty_and_five_examples_prove_nothing():
     low, high = proportions.paired_proportion_interval(0, 0, 300)
     assert low < -0.01 and high > 0.01  # 300 examples agreeing everywhere still leave about a point open
@@ -79,6 +82,7 @@ def test_no_discordant_pair_is_no_certainty_and_five_examples_prove_nothing():
     assert low < 0 < high and judge(low, high, 0.01) == "inconclusive"
 
 
+@pytest.mark.integration
 def test_paired_interval_covers_the_true_difference_95_percent_of_the_time():
     rng = np.random.default_rng(7)
     n, p_b, p_c, runs = 300, 0.03, 0.06, 1500
@@ -89,6 +93,7 @@ def test_paired_interval_covers_the_true_difference_95_percent_of_the_time():
     assert covered / runs >= 0.94  # nominal 0.95; a halved alpha (0.975) or a bootstrap would show here too
 
 
+@pytest.mark.integration
 def test_non_inferiority_passes_a_candidate_on_the_margin_at_most_alpha_over_two_of_the_time():
     """True drop exactly the margin (2 points): passing it is the error the level bounds (one side of 95 %)."""
     rng = np.random.default_rng(11)
@@ -109,6 +114,7 @@ def test_non_inferiority_passes_a_candidate_on_the_margin_at_most_alpha_over_two
     )
 
 
+@pytest.mark.unit
 def test_minimum_detectable_difference_is_detected_80_percent_of_the_time():
     rng = np.random.default_rng(5)
     n, share = 500, 0.12
@@ -127,6 +133,7 @@ def test_minimum_detectable_difference_is_detected_80_percent_of_the_time():
     assert power.discordant_share(0, 300) == pytest.approx(proportions.wilson_interval(0, 300)[1])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("gain", "margin", "sd"), [(-0.004, 0.01, 0.3), (-0.016, 0.01, 0.3), (0.002, 0.01, 0.2)])
 def test_would_decide_names_the_direction_and_has_80_percent_power(gain, margin, sd):
     # The old number put the interval's end on the margin if the observed change held: a coin flip (50 %).
@@ -145,6 +152,7 @@ def test_would_decide_names_the_direction_and_has_80_percent_power(gain, margin,
     assert power.would_decide(-margin, margin, sd) is None
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("margin", "share"), [(0.01, 0.02), (0.02, 0.05), (0.05, 0.10)])
 def test_planning_a_paired_accuracy_margin(margin, share):
     n = power.examples_to_decide(margin, share)
@@ -155,6 +163,7 @@ def test_planning_a_paired_accuracy_margin(margin, share):
     assert power.examples_to_decide(0.01, 0.02, gain=-0.01) is None
 
 
+@pytest.mark.unit
 def test_a_planned_paired_accuracy_gate_passes_equal_models_80_percent_of_the_time():
     margin, share = 0.05, 0.10
     n = power.examples_to_decide(margin, share)  # 315
@@ -165,6 +174,7 @@ def test_a_planned_paired_accuracy_gate_passes_equal_models_80_percent_of_the_ti
     assert 0.74 <= passed <= 0.88  # 0.80 by the normal approximation; the exact widening costs a little
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("n", "sd"), [(5, 1.0), (12, 0.4), (200, 2.0)])
 def test_planning_a_mean_margin_matches_the_noncentral_t_power(n, sd):
     margin = power.smallest_decidable_mean_margin(n, sd)
@@ -185,6 +195,7 @@ def _holm_by_definition(p: list[float], alpha: float) -> list[bool]:
     return rejected
 
 
+@pytest.mark.unit
 def test_holm_and_benjamini_hochberg_are_their_definitions_and_scipys():
     rng = np.random.default_rng(3)
     for _ in range(200):
@@ -196,6 +207,7 @@ def test_holm_and_benjamini_hochberg_are_their_definitions_and_scipys():
     assert multiplicity.holm([]) == [] and multiplicity.adjust([0.5], "bh") == [0.5]
 
 
+@pytest.mark.unit
 def test_holm_keeps_the_family_wise_error_at_alpha_and_uncorrected_tests_do_not():
     rng = np.random.default_rng(9)
     p = rng.random((4000, 10))  # ten slices, no true difference anywhere
@@ -205,6 +217,7 @@ def test_holm_keeps_the_family_wise_error_at_alpha_and_uncorrected_tests_do_not(
     assert bh_any <= 0.05 + 0.01  # with every null true, the false discovery rate is the family-wise one
 
 
+@pytest.mark.integration
 def test_adjusted_intervals_keep_the_family_wise_and_false_coverage_rates():
     """Ten slices, each a normal mean with known spread: Bonferroni's level (beside Holm) misses any true value at
     most alpha of the time; the false-coverage-rate level beside Benjamini-Hochberg keeps the share of selected
@@ -231,6 +244,7 @@ def test_adjusted_intervals_keep_the_family_wise_and_false_coverage_rates():
     assert multiplicity.adjusted_level([0.2], 0.05, "holm") == pytest.approx(0.95)
 
 
+@pytest.mark.unit
 def test_the_detectable_difference_of_a_mean_has_80_percent_power_by_students_t():
     """At n = 5 the normal's quantiles understate it by a third: the t-test's power there would be about 55 %."""
     for n, sd in ((5, 1.0), (12, 0.3), (400, 2.0)):
@@ -239,6 +253,7 @@ def test_the_detectable_difference_of_a_mean_has_80_percent_power_by_students_t(
         assert achieved == pytest.approx(0.80, abs=0.02), n
 
 
+@pytest.mark.unit
 def test_bootstrap_t_is_students_t_for_normal_values():
     d = np.random.default_rng(7).normal(0.2, 1.5, 400)
     low, high = means.bootstrap_t_interval(d, 0.95, seed=1)
@@ -250,6 +265,7 @@ def test_bootstrap_t_is_students_t_for_normal_values():
     assert means.bootstrap_t_interval(d, seed=3) == means.bootstrap_t_interval(d, seed=3)  # seeded
 
 
+@pytest.mark.integration
 def test_bootstrap_t_keeps_a_regression_candidate_at_the_margin_near_its_one_sided_level():
     """Squared errors with heavy tails: the candidate's errors are the baseline's plus a Laplace error, so its MSE
     is worse by exactly E[L^2] = 2, the margin. Passing it (the interval's upper end below 2) is the error a
@@ -265,6 +281,7 @@ def test_bootstrap_t_keeps_a_regression_candidate_at_the_margin_near_its_one_sid
     assert 0.01 < np.mean(bootstrap_t < margin) < 0.045
 
 
+@pytest.mark.integration
 def test_the_mean_interval_eval_gates_on_keeps_the_better_of_student_and_bootstrap_t():
     """Two versions with independent heavy-tailed errors (Student's t, 6 degrees of freedom), the candidate's 1.2x
     wider, so its MSE is worse by exactly the margin: the bootstrap-t alone (eval's interval before) passes it
@@ -291,6 +308,7 @@ def test_the_mean_interval_eval_gates_on_keeps_the_better_of_student_and_bootstr
     assert means.t_test_p_value(d) == pytest.approx(stats.ttest_1samp(d, 0).pvalue, rel=1e-6)
 
 
+@pytest.mark.unit
 def test_the_statistics_import_no_stage_and_no_tensorflow():
     """trainserve.stats is the one home of the statistics: evaluation, evidence, replay and drift import it, and it
     imports nothing of theirs (nor TensorFlow, nor scipy: the eval image has neither)."""

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO
 
-pytestmark = pytest.mark.unit  # a pytest subprocess that imports nothing of ours
+# The unit tests here: a pytest subprocess that imports nothing of ours.
 
 GROUPED = """
 import pytest
@@ -60,6 +60,7 @@ def run_suite(directory: Path) -> list[tuple[str, str]]:
     return re.findall(r"^\[(gw\d+)\] .*PASSED (test_\w+)\.py", proc.stdout, re.MULTILINE)
 
 
+@pytest.mark.integration
 def test_the_docker_group_runs_on_one_worker_and_goes_out_first(tmp_path):
     """conftest.py sorts the Docker tests first; xdist must keep them on one worker and hand their group out
     first, although three groups hold more tests (as the monitoring, two-trainings and compare modules do), so

@@ -11,11 +11,10 @@ from hypothesis import strategies as st
 
 from trainserve.tfrecord import DamagedRecord, frame, iter_records
 
-pytestmark = pytest.mark.unit
-
 PAYLOADS = st.lists(st.binary(max_size=300), max_size=8)
 
 
+@pytest.mark.integration
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(PAYLOADS)
 def test_tensorflow_reads_what_we_write_and_we_read_what_it_writes(tmp_path_factory, payloads):
@@ -42,6 +41,7 @@ def _read_until_damage(data: bytes) -> tuple[list[bytes], DamagedRecord | None]:
     return kept, None
 
 
+@pytest.mark.unit
 @settings(max_examples=80, deadline=None, derandomize=True)
 @given(PAYLOADS.filter(bool), st.data())
 def test_a_truncated_tail_keeps_every_whole_record_before_it(payloads, data):
@@ -59,6 +59,7 @@ def test_a_truncated_tail_keeps_every_whole_record_before_it(payloads, data):
         assert damage.offset == sum(map(len, frames[:complete])) and "truncated" in damage.reason
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "where, reason",
     [(3, "length checksum"), (9, "length checksum"), (14, "data checksum"), (-1, "data checksum")],

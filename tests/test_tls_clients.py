@@ -17,7 +17,7 @@ from conftest import QUICK_SWEEP, install_version
 from serving_fixtures import InProcessServer
 from trainserve.cli import main
 
-pytestmark = pytest.mark.unit  # serve-local on a thread of this process; the clients are this process's own
+# The unit tests here: serve-local on a thread of this process; the clients are this process's own.
 IMAGES = np.random.default_rng(5).integers(0, 256, (40, 8, 8, 1), dtype=np.uint8)
 
 
@@ -44,6 +44,7 @@ def data(tmp_path):
     return tmp_path / "test.npz"
 
 
+@pytest.mark.unit
 def test_eval_over_mutual_tls_reports_accuracy(servers, pki, data, tmp_path, capsys):
     report = tmp_path / "eval.json"
     code = main(
@@ -65,6 +66,7 @@ def test_eval_over_mutual_tls_reports_accuracy(servers, pki, data, tmp_path, cap
     assert 0 <= written["metrics"]["accuracy"] <= 1 and "accuracy" in capsys.readouterr().out
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "server, flags, fragment",
     [
@@ -106,6 +108,7 @@ def test_a_refused_eval_says_which_refusal_in_one_line_without_waiting(
         assert "expired on" in err[0]
 
 
+@pytest.mark.unit
 def test_load_over_mutual_tls_from_the_variables(servers, pki, tmp_path, monkeypatch):
     """TRAINSERVE_TLS_*, as compose.tls.yaml and k8s/components/tls set them."""
     flags = tls_flags(pki)
@@ -118,6 +121,7 @@ def test_load_over_mutual_tls_from_the_variables(servers, pki, tmp_path, monkeyp
     assert code == 0 and point["batch_size"] == 2 and point["requests"] > 0
 
 
+@pytest.mark.integration
 def test_candidate_over_mutual_tls_waits_on_the_server_and_labels_the_version(model_versions, pki, tmp_path, capsys):
     base, config = tmp_path / "m", tmp_path / "models.config"
     for version in (1, 2):

@@ -34,7 +34,7 @@ def _weights_file(path, seed: int = 7):
     return net.get_weights()
 
 
-@pytest.mark.unit
+@pytest.mark.integration
 def test_the_backbone_holds_the_weights_file_it_was_given(tmp_path):
     import keras
 
@@ -51,7 +51,7 @@ def test_the_backbone_holds_the_weights_file_it_was_given(tmp_path):
     assert len(loaded) == len(saved) and all(np.array_equal(a, b) for a, b in zip(loaded, saved))
 
 
-@pytest.mark.unit
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "weights, fragment",
     [

@@ -1,7 +1,9 @@
-"""The tutorial pages work as written: each page's `bash`, `console` and `python` blocks run in order in one
-shell, in an empty directory laid out as the checkout a reader works in (examples/, .venv/), with free ports in
-place of 8500 and 8501, and what a `console` block shows is what the commands print (decimals aside). A block
-that is not run says why in the page's source (tests/tutorial_pages.py reads the markers)."""
+"""The tutorial and how-to pages work as a reader follows them: in the order of the site's navigation, in one
+scratch checkout (a copy of this one, with `.venv` and `demo/` as the README's `make venv` and `make demo` leave
+them), each page in a new shell at the checkout's root whose PATH has no virtual environment on it, as a
+newcomer's has. A page's `bash`, `console` and `python` blocks run in order in that shell, with free ports in place
+of 8500 and 8501, and what a `console` block shows is what the commands print (decimals aside). A block that is not
+run says why in the page's source (tests/tutorial_pages.py reads the markers)."""
 
 from __future__ import annotations
 
@@ -16,21 +18,24 @@ from tutorial_pages import (
     console_steps,
     make_targets,
     missing_lines,
+    nav_pages,
+    newcomer_path,
     outputs,
     read_blocks,
     run_script,
     runs_something,
+    scratch_checkout,
     script,
 )
 
 from conftest import REPO, free_port, require
 
-PAGES = sorted((REPO / "docs" / "tutorial").glob("*.md"))
+PAGES = nav_pages(REPO / "mkdocs.yml")
 RUNNABLE = [page for page in PAGES if runs_something(page)]
 
 
 def ids(pages: list[Path]) -> list[str]:
-    return [page.stem for page in pages]
+    return [str(page.relative_to(REPO / "docs").with_suffix("")) for page in pages]
 
 
 @pytest.mark.unit
@@ -61,15 +66,33 @@ def test_a_shown_line_is_printed_with_only_its_decimals_free(printed, missing):
 
 
 @pytest.mark.unit
-def test_the_pages_are_found():
-    assert {page.stem for page in RUNNABLE} >= {"csv", "images", "rollout"}
+def test_the_pages_are_found_in_the_order_of_the_sites_navigation():
+    assert ids(RUNNABLE)[:4] == ["tutorial/csv", "tutorial/images", "tutorial/rollout", "how-to/tls"]
+    assert {page.stem for page in RUNNABLE} >= {"load-testing", "own-model"}
+
+
+@pytest.mark.unit
+def test_a_newcomers_path_holds_no_virtual_environment(tmp_path):
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (tmp_path / "venv" / "pyvenv.cfg").touch()
+    path = os.pathsep.join([str(venv_bin), "/usr/local/bin", str(tmp_path), "/usr/bin"])
+    assert newcomer_path(path) == os.pathsep.join(["/usr/local/bin", str(tmp_path), "/usr/bin"])
+
+
+@pytest.mark.unit
+def test_the_site_and_the_readme_list_the_same_how_to_guides():
+    readme_row = next(line for line in (REPO / "README.md").read_text().splitlines() if "**How-to guides**" in line)
+    index_item = (REPO / "docs" / "index.md").read_text().split("- **How-to guides**:")[1].split("\n- ")[0]
+    readme = [link.removeprefix("docs/") for link in re.findall(r"\]\(([^)]+\.md)\)", readme_row)]
+    assert re.findall(r"\]\(([^)]+\.md)\)", index_item) == readme
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("page", PAGES, ids=ids(PAGES))
 def test_a_block_not_run_says_why_and_every_make_target_exists(page):
     blocks = read_blocks(page)
-    assert blocks, f"{page.name}: no bash, console or python block"
+    assert blocks or "tutorial" not in page.parts, f"{page.name}: a tutorial with no bash, console or python block"
     fences = re.findall(r"^\s*```(bash|console|python)$", page.read_text(), re.M)
     assert len(fences) == len(blocks), f"{page.name}: a command block the test cannot read (indented?)"
     for block in blocks:
@@ -81,32 +104,68 @@ def test_a_block_not_run_says_why_and_every_make_target_exists(page):
     assert make_targets(blocks) <= targets, f"{page.name}: make targets not in the Makefile"
 
 
+class Reader:
+    """One reader's checkout and how each page run there ended (None: as written)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.ended: dict[Path, tuple | None] = {}
+
+    def follow(self, page: Path) -> tuple | None:
+        """Runs the pages before `page` that have not run (a selection with -k still reads them first), then
+        `page`; (block, message) of its first failure, else None. Skips it when an earlier page failed."""
+        for earlier in RUNNABLE[: RUNNABLE.index(page)]:
+            if earlier not in self.ended:
+                self.ended[earlier] = run_page(earlier, self.root)
+            if self.ended[earlier]:
+                pytest.skip(f"{earlier.name}, before it in the site's order, failed: this page goes on from it")
+        self.ended[page] = run_page(page, self.root)
+        return self.ended[page]
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory, trained_digits) -> Reader:
+    """The checkout after the README's `make demo`: `.venv` (the test's own environment) and `demo/` (the
+    session's trained digits, in the demo's layout), the pages' work/ still empty."""
+    root = scratch_checkout(REPO, tmp_path_factory.mktemp("checkout"), Path(sys.executable).parent.parent)
+    for part in ("models", "data", "logs"):
+        shutil.copytree(trained_digits / part, root / "demo" / part)
+    return Reader(root)
+
+
+# One worker runs the pages, in the navigation's order (parametrize keeps it; `--dist loadgroup` sends a group
+# to one worker in collection order): each page reads on from the ones before it.
 @pytest.mark.integration
+@pytest.mark.xdist_group("tutorials")
 @pytest.mark.parametrize("page", RUNNABLE, ids=ids(RUNNABLE))
-def test_the_page_runs_as_written(page, tmp_path):
+def test_the_page_runs_as_written_after_the_pages_before_it(page, reader):
     blocks = read_blocks(page)
-    grpc, rest = free_port(), free_port()
-    text, steps = script(blocks, {8500: grpc, 8501: rest})
-    if re.search(r"\bcurl ", text):
-        require("curl", shutil.which("curl") is not None, "the page's commands call it (.ci/run installs it)")
-    (tmp_path / "examples").symlink_to(REPO / "examples")  # the reader works in the checkout
-    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "TRAINSERVE_PORT": str(grpc),  # a page's serve-local and clients on their default port
-        "TRAINSERVE_SERVER": f"localhost:{grpc}",
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-    }
-    code, printed = run_script(text, tmp_path, env, timeout=400)
-    by_step = outputs(printed)
+    failure = reader.follow(page)
     pending = [block for block in blocks if block.mark == "pending"]
-    failure = first_failure(page, blocks, steps, code, by_step, printed)
     if failure and pending and failure[0].mark == "pending":
         pytest.xfail(f"{page.name}:{failure[0].line} pending ({failure[0].why}): {failure[1]}")
     if failure:
         pytest.fail(failure[1], pytrace=False)
     assert not pending, f"{page.name}:{pending[0].line} passes now: remove its pending marker"
+
+
+def run_page(page: Path, root: Path) -> tuple | None:
+    """The page's blocks as one script in a new shell at the checkout's root, with a newcomer's PATH; the first
+    failure, as first_failure gives it."""
+    blocks = read_blocks(page)
+    grpc, rest = free_port(), free_port()
+    text, steps = script(blocks, {8500: grpc, 8501: rest})
+    if re.search(r"\bcurl ", text):
+        require("curl", shutil.which("curl") is not None, "the page's commands call it (.ci/run installs it)")
+    env = {name: value for name, value in os.environ.items() if name != "VIRTUAL_ENV"}
+    env |= {
+        "PATH": newcomer_path(os.environ["PATH"]),
+        "TRAINSERVE_PORT": str(grpc),  # a page's serve-local and clients on their default port
+        "TRAINSERVE_SERVER": f"localhost:{grpc}",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    code, printed = run_script(text, root, env, timeout=300)
+    return first_failure(page, blocks, steps, code, outputs(printed), printed)
 
 
 def first_failure(page, blocks, steps, code, by_step, printed):

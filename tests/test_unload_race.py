@@ -27,8 +27,6 @@ from trainserve.serving.manager import ModelManager, ServedModel, State
 from trainserve.serving.servables import Servables
 from trainserve.tensors import from_tensor_proto
 
-pytestmark = pytest.mark.unit
-
 CLIENTS = 16
 CYCLES = 6
 VERSIONS = (1, 2, 3)  # each cycle loads the next (1 -> 2 -> 3 -> 1 ...) and unloads the one before
@@ -161,6 +159,7 @@ def versions_on_disk_fixture(model_versions, tmp_path):
     return base, answers
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "batching", [None, Batching(max_batch_size=64, max_enqueued_batches=1000)], ids=["alone", "batched"]
 )
@@ -221,6 +220,7 @@ def drive_cycles(manager: ModelManager, base, hold: Hold, clients: Clients) -> N
         current = following
 
 
+@pytest.mark.unit
 def test_a_rest_request_held_across_the_unload_of_its_version_finishes_on_it(versions_on_disk, hold):
     """REST resolves first (to read the signature's dtypes) and predicts after: the version it resolved must
     still answer, although it unloaded in between."""

@@ -12,8 +12,6 @@ from trainserve.layout import read_warmup_inputs
 from trainserve.training.config import TrainConfig
 from trainserve.training.run import train
 
-pytestmark = pytest.mark.unit
-
 
 def capture(directory, requests: list[tuple[str, np.ndarray]]):
     write_capture(
@@ -23,6 +21,7 @@ def capture(directory, requests: list[tuple[str, np.ndarray]]):
     return directory
 
 
+@pytest.mark.integration
 def test_captured_requests_become_the_warmup_and_the_version_loads(tmp_path, serve_in_process):
     rng = np.random.default_rng(0)
     fitting = [rng.integers(0, 17, (n, 8, 8, 1), dtype=np.uint8) for n in (1, 3, 7)]
@@ -48,6 +47,7 @@ def test_captured_requests_become_the_warmup_and_the_version_loads(tmp_path, ser
     assert "warmup" in server.log().lower()
 
 
+@pytest.mark.unit
 def test_a_capture_nothing_of_which_fits_is_one_line_before_training(tmp_path):
     captured = capture(tmp_path / "cap", [("wd", np.zeros((2, 9, 9, 1), np.uint8))])
     config = one_epoch(tmp_path, captured)

@@ -31,8 +31,6 @@ from trainserve.serving.rest_api import json_string, json_value
 from trainserve.tensors import to_tensor_proto
 from wire_model import save_wire_model
 
-pytestmark = pytest.mark.unit
-
 CLIENT_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
 CLIENT_HTTP = {400, 404}
 WIRE_SETTINGS = settings(
@@ -208,6 +206,7 @@ def sent_arrays(request) -> dict[str, np.ndarray]:
     }
 
 
+@pytest.mark.integration
 @WIRE_SETTINGS
 @given(case=predict_cases())
 def test_every_tensor_proto_gets_the_models_answer_or_a_client_error(wire, case):
@@ -350,6 +349,7 @@ def rest_cases(draw) -> tuple[bytes, dict | None]:
     return draw(mutated(body)), None
 
 
+@pytest.mark.integration
 @WIRE_SETTINGS
 @given(case=rest_cases())
 def test_every_rest_body_gets_the_models_answer_or_a_client_error(wire, case):
@@ -365,6 +365,7 @@ def test_every_rest_body_gets_the_models_answer_or_a_client_error(wire, case):
     wire.check_still_serving()
 
 
+@pytest.mark.unit
 def test_fixed_width_bytes_outputs_are_written_as_json_strings():
     """A scalar string output reaches the REST answer as numpy bytes_ (dtype S), not objects: text or base64 all
     the same (it was a 500, 'bytes is not JSON serializable')."""

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 from dataclasses import dataclass, field
@@ -188,3 +189,43 @@ def make_targets(blocks: list[Block]) -> set[str]:
     commands = "\n".join(step.command for block in blocks for step in block.steps)
     invocations = re.findall(r"\bmake ((?:[a-z][\w-]*[ \t]?)+)", commands)
     return {target for targets in invocations for target in targets.split()}
+
+
+def nav_pages(mkdocs: Path, sections: tuple[str, ...] = ("Tutorial", "How-to guides")) -> list[Path]:
+    """The pages of the site's navigation sections, in the order a reader meets them."""
+    import yaml
+
+    nav = yaml.safe_load(mkdocs.read_text())["nav"]
+    entries = [page for entry in nav for name, pages in entry.items() if name in sections for page in pages]
+    return [mkdocs.parent / "docs" / path for entry in entries for path in entry.values()]
+
+
+def newcomer_path(path: str) -> str:
+    """PATH without any virtual environment's bin/ (the test's own among them): what a shell has after the
+    README's `make` commands, which activate nothing."""
+    return os.pathsep.join(
+        entry for entry in path.split(os.pathsep) if entry and not (Path(entry).parent / "pyvenv.cfg").is_file()
+    )
+
+
+def scratch_checkout(repo: Path, root: Path, venv: Path) -> Path:
+    """A copy of the checkout's files (tracked, and new ones git does not ignore), with `.venv` as `make venv`
+    leaves it: the environment's directories linked from `venv`, its marker newer than pyproject.toml, so
+    that a page's `make` target finds it up to date and never installs into `venv`."""
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for name in filter(None, listed.split("\0")):
+        source, target = repo / name, root / name
+        if source.is_file() or source.is_symlink():  # a deleted file is still listed until committed
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target, follow_symlinks=False)
+    (root / ".venv").mkdir()
+    for entry in venv.iterdir():
+        if entry.name != ".installed":
+            (root / ".venv" / entry.name).symlink_to(entry)
+    (root / ".venv" / ".installed").touch()
+    return root

@@ -19,6 +19,7 @@ from functools import partial
 
 import grpc
 
+from trainserve.client.load_watch import LoadWatch
 from trainserve.client.refusal import describe_refusal
 from trainserve.client.target import RETRYABLE, RequestFailed, Target, pin_version, rpc_status
 from trainserve.errors import TrainserveError
@@ -41,12 +42,20 @@ class Seen:
     said: str
 
 
-def poll(look: Callable[[], Seen], done: Callable[[Seen], bool], wait_s: float) -> Seen:
+def poll(
+    look: Callable[[], Seen],
+    done: Callable[[Seen], bool],
+    wait_s: float,
+    watch: Callable[[int | None, str], None] | None = None,
+) -> Seen:
     """Look every POLL_S seconds until `done` or `wait_s` seconds have passed; the last look. An answer that
-    settles the question early (a failed load, an unknown model) is raised by `look` itself."""
+    settles the question early (a failed load, an unknown model) is raised by `look` itself. `watch` is told
+    each look (a LoadWatch: what a person sees of the wait)."""
     deadline = time.monotonic() + wait_s
     while True:
         seen = look()
+        if watch is not None:
+            watch(seen.version, seen.said)
         if done(seen) or time.monotonic() >= deadline:
             return seen
         time.sleep(POLL_S)
@@ -86,7 +95,12 @@ class ModelStatus:
     def wait_available(self, model: str, version: int, wait_s: float) -> None:
         """Until `version` is AVAILABLE (a rollout step's load); a failed load fails at once, naming its error."""
         what, expected = f"model {model} version {version}", "expected the server to poll the config and load it"
-        self._available(partial(self._look_version, model, version), what, wait_s, expected)
+        watch, loaded = LoadWatch(what, self.server, wait_s), False
+        try:
+            self._available(partial(self._look_version, model, version), what, wait_s, expected, watch)
+            loaded = True
+        finally:
+            watch.close(loaded)
 
     def wait_label(self, model: str, label: str, version: int, wait_s: float) -> None:
         """Until the server resolves `label` to `version` (a rollout step's label move)."""
@@ -125,8 +139,10 @@ class ModelStatus:
         serving = [s for s in states if s.version == version and s.state != State.END]
         return Seen(version if serving else None, f"state {State.Name(serving[0].state)}" if serving else "END")
 
-    def _available(self, look: Callable[[], Seen], what: str, wait_s: float, expected: str) -> int:
-        seen = poll(look, lambda s: s.version is not None, wait_s)
+    def _available(
+        self, look: Callable[[], Seen], what: str, wait_s: float, expected: str, watch: LoadWatch | None = None
+    ) -> int:
+        seen = poll(look, lambda s: s.version is not None, wait_s, watch)
         if seen.version is None:
             raise TrainserveError(
                 f"{what} not AVAILABLE on {self.server} within --wait {wait_s:g} s ({seen.said}): {expected}"

@@ -34,16 +34,21 @@ def run_eval(args: argparse.Namespace) -> int:
     from trainserve.evaluation.html_report import write_html
     from trainserve.evaluation.report import summary_table, write_plots, write_report
     from trainserve.evaluation.run import EvalConfig, evaluate
+    from trainserve.terminal import browser_line
 
     config = config_from_args(EvalConfig, args)
     result = evaluate(config)
     print(summary_table(result.report))
+    page = None
     if config.report:
         print(f"report: {write_report(result.report, config.report)}")
-        print(f"report: {write_html(result, config.report.with_suffix('.html'))}")
+        page = write_html(result, config.report.with_suffix(".html"))
+        print(f"report: {page}")
     if config.plots:
         for path in write_plots(result, config.plots):
             print(f"plot: {path}")
+    if page is not None:
+        print(browser_line(page))
     check = result.report["data_check"]
     if check and check["overlaps_training"]:
         print(f"trainserve eval: gates refused: the data is {check['note']}", file=sys.stderr)

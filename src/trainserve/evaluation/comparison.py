@@ -37,6 +37,7 @@ from trainserve.stats.means import RESAMPLES, bootstrap_interval, mean, mean_dif
 from trainserve.stats.power import POWER, discordant_share, mdd_mean, mdd_paired_proportions
 from trainserve.stats.proportions import paired_proportion_interval
 from trainserve.stats.significance import FLIPS, mcnemar_exact, sign_flip_test
+from trainserve.stats.tails import side_from_values, tail_check
 
 MCNEMAR = "McNemar's exact test"
 SIGN_FLIP = "paired sign-flip test on squared errors (null: each example's difference is symmetric about 0)"
@@ -141,6 +142,7 @@ def paired_metric(name: str, a: np.ndarray, b: np.ndarray, alpha: float, seed: i
     """One metric of both versions on the same examples: values, difference, its interval at 1 - alpha, the
     per-example standard deviation of the difference and the smallest difference detectable with 80 % power."""
     statistic = root_mean if name == "rmse" else mean
+    tail = None  # a mean's: whether the differences' tail lets the interval be trusted (trainserve.stats.tails)
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     n, level = len(a), 1 - alpha
     candidate, baseline = float(statistic(a)), float(statistic(b))
@@ -161,6 +163,7 @@ def paired_metric(name: str, a: np.ndarray, b: np.ndarray, alpha: float, seed: i
         low, high = mean_difference_interval(a - b, level, seed=seed)
         sd = float(np.std(a - b, ddof=1)) if n > 1 else 0.0
         mdd, method = mdd_mean(n, sd, alpha), "mean"
+        tail = tail_check([side_from_values(a - b)])
     finite = math.isfinite(low) and math.isfinite(high)
     return {
         "candidate": candidate,
@@ -173,7 +176,7 @@ def paired_metric(name: str, a: np.ndarray, b: np.ndarray, alpha: float, seed: i
         "examples": n,
         "level": level,
         "higher_is_better": name in HIGHER_IS_BETTER,
-    }
+    } | ({"tail": tail} if tail else {})
 
 
 def _mcnemar(values: tuple[dict, dict], tally: Tally) -> dict:

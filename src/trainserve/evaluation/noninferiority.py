@@ -19,7 +19,7 @@ point estimate as TFMA's change thresholds and --require-vs-baseline are).
 from __future__ import annotations
 
 from trainserve.evaluation.gates import PAIRED_METRICS
-from trainserve.evidence.decision import gain_interval, non_inferiority
+from trainserve.evidence.decision import gain_interval, metric_verdict, non_inferiority
 from trainserve.margins import Margin
 from trainserve.stats.power import would_decide
 
@@ -49,8 +49,9 @@ def margin_gate(margin: Margin, comparison: dict) -> dict:
     m, version = comparison["metrics"][margin.metric], comparison["baseline"]["version"]
     low, high = m["interval"]
     absolute = margin.absolute(m["baseline"])
-    gain_low, gain_high = gain_interval(m)
-    verdict = judge(gain_low, gain_high, absolute)
+    gain_low = gain_interval(m)[0]
+    verdict = metric_verdict(m, absolute)
+    refused = verdict != judge(*gain_interval(m), absolute)  # inside the margin, but the tail is too heavy
     gain = m["difference"] if m["higher_is_better"] else -m["difference"]
     decide = None
     if verdict == "inconclusive":  # one-sided alpha: half of what the two-sided interval leaves out
@@ -77,7 +78,8 @@ def margin_gate(margin: Margin, comparison: dict) -> dict:
         "default_margin": margin.default,
         "said": f"{margin.metric} is {verdict} to version {version} with a margin of {margin.drop:g}{unit} "
         f"(change {m['difference']:+.4f}, interval [{_num(low)}, {_num(high)}], allowed drop {absolute:.4g})"
-        + (f"; {_would_decide(decide)}" if decide else ""),
+        + (f"; not passed on the bound: {m['tail']['said']}" if refused else "")
+        + (f"; {_would_decide(decide)}" if decide and not refused else ""),
     }
 
 

@@ -13,6 +13,9 @@ Before any request the discordance is unknown: it is assumed (--assume-discordan
 retrains of the demo's CNN with other seeds show on digits' held-out examples after 10 epochs, more than after
 20); after the run the observed one is reported beside it, with the margin it decides and the power the applied
 margin had at it (a discordance twice the assumed one passes equal versions in about half the evals, not 80 %).
+Where that power falls below 80 % at a discordance above the assumed one, the report and the log say so as a
+warning with what would decide: the rows the margin needs at that discordance, or a discordance known before the
+comparison (stable's own with `previous`). The margin applied is never changed after the fact.
 
 The default margin (`--max-drop` unset, or `auto`) is the smallest the examples decide at the assumed
 discordance: as strict as the data can support, decided before any request. It is never looser than CEILING
@@ -128,7 +131,32 @@ def observed_power(planned: dict, comparison: dict) -> dict:
         n = sum(discordant.values())
         share = (discordant["candidate_only"] + discordant["baseline_only"]) / n if n else 0.0
         said["observed"] = _planning(n, share, "observed", planned["margin"])
+        warning = undecided_warning(planned, said["observed"])
+        if warning:
+            said["warning"] = warning
+            log.warning("%s", warning)
     return said
+
+
+def undecided_warning(assumed: dict, observed: dict) -> str | None:
+    """Where the plan had its 80 % power at the assumed discordance but the versions disagreed more and left the
+    margin below it (a margin already below it was the pre-flight's warning): the words that say the eval could
+    not decide, and what would: more rows at the margin kept, or a discordance known before the comparison (never
+    a margin loosened after seeing this one)."""
+    if assumed["power_at_margin"] < POWER or observed["discordance"] <= assumed["discordance"]:
+        return None
+    if observed["power_at_margin"] >= POWER:
+        return None
+    margin, share = observed["margin"], observed["discordance"]
+    needed = examples_to_decide(margin, share)
+    return (
+        f"warning: the versions disagree on {share:.3g} of {observed['examples']:,} rows, more than the "
+        f"{assumed['discordance']:.3g} assumed: equal versions pass the margin {margin:g} in only "
+        f"{observed['power_at_margin']:.0%} of evals at it, so 'inconclusive' or a failure says little; about "
+        f"{needed:,} rows would decide {margin:g} at this discordance, or plan the next comparison on a discordance "
+        "known before it (--assume-discordance: stable's own with `previous`), not on a margin loosened after "
+        "seeing this one"
+    )
 
 
 def preflight_line(section: dict) -> str:
@@ -145,6 +173,8 @@ def preflight_line(section: dict) -> str:
             f"would pass the margin {observed['margin']:.4g} in {observed['power_at_margin']:.0%} of evals "
             f"({assumed['power_at_margin']:.0%} assumed)"
         )
+    if section.get("warning"):
+        said += f"; {section['warning']}"
     if assumed.get("default_margin"):
         said += f"; {default_line(assumed['default_margin'])}"
     return said

@@ -32,7 +32,7 @@ import numpy as np
 
 from trainserve.errors import TrainserveError
 from trainserve.evaluation.data import ArrayData, EvalData, NpzData
-from trainserve.evidence.decision import gain_interval, non_inferiority
+from trainserve.evidence.decision import metric_verdict
 from trainserve.layout import SPLIT_INPUTS
 from trainserve.margins import Margin, parse_margins
 from trainserve.stats.means import mean_difference_interval, mean_difference_p_value
@@ -40,6 +40,7 @@ from trainserve.stats.multiplicity import METHODS, adjust, adjusted_level
 from trainserve.stats.power import discordant_share, mdd_paired_proportions
 from trainserve.stats.proportions import paired_proportion_interval
 from trainserve.stats.significance import mcnemar_exact
+from trainserve.stats.tails import side_from_values, tail_check
 
 CLASS = "class"
 MISSING = "(missing)"
@@ -183,8 +184,7 @@ def slice_verdict(row: dict, margin: float, higher_is_better: bool) -> str:
     """A slice's non-inferiority verdict from its own unadjusted interval (`margin_interval`; a report written
     before it holds the adjusted `interval`): the rule promote re-derives it by."""
     interval = row.get("margin_interval") or row["interval"]
-    low, high = gain_interval({"interval": interval, "higher_is_better": higher_is_better})
-    return non_inferiority(low, high, margin)
+    return metric_verdict({"interval": interval, "higher_is_better": higher_is_better, "tail": row.get("tail")}, margin)
 
 
 def _pairs_of(kind: str, values: tuple[dict, dict], chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -201,7 +201,8 @@ def _one_slice(kind: str, pair: tuple[np.ndarray, np.ndarray], alpha: float, see
         b, c = int(np.sum(mine & ~theirs)), int(np.sum(~mine & theirs))
         return _row(n, mine.mean() if n else 0.0, theirs.mean() if n else 0.0, True, mcnemar_exact(b, c), alpha, (b, c))
     p = mean_difference_p_value(mine - theirs, seed=seed)  # the resamples _interval draws: they agree about 0
-    return _row(n, mine.mean() if n else 0.0, theirs.mean() if n else 0.0, False, p, alpha)
+    row = _row(n, mine.mean() if n else 0.0, theirs.mean() if n else 0.0, False, p, alpha)
+    return row | {"tail": tail_check([side_from_values(mine - theirs)])}  # a margin passes only where it allows
 
 
 def _per_target(values: tuple[dict, dict]) -> list[tuple[np.ndarray, np.ndarray]]:

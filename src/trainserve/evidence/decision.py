@@ -93,6 +93,15 @@ def gain_interval(metric: dict) -> tuple[float | None, float | None]:
     return -high, -low
 
 
+def metric_verdict(metric: dict, margin: float) -> str:
+    """A comparison metric's non-inferiority verdict: from its gain's interval, but never non-inferior where its
+    `tail` check found the errors' tail too heavy to trust the bound (trainserve.stats.tails)."""
+    verdict = non_inferiority(*gain_interval(metric), margin)
+    if verdict == "non-inferior" and not (metric.get("tail") or {}).get("enough", True):
+        return "inconclusive"
+    return verdict
+
+
 def margin_of(gate: dict, metric: dict) -> float:
     """A non-inferiority gate's margin in the metric's units: its threshold, or that % of the baseline's value."""
     return gate["threshold"] / 100 * abs(metric["baseline"]) if gate.get("relative") else gate["threshold"]
@@ -103,8 +112,7 @@ def _non_inferior(gate: dict, metric: dict | None) -> bool | None:
     be the ones the numbers give."""
     if metric is None or gate.get("margin") != margin_of(gate, metric):
         return None
-    low, high = gain_interval(metric)
-    verdict = non_inferiority(low, high, gate["margin"])
+    low, verdict = gain_interval(metric)[0], metric_verdict(metric, gate["margin"])
     if gate.get("value") != low or gate.get("verdict") != verdict:
         return None
     return verdict == "non-inferior"
@@ -136,8 +144,8 @@ def _slices_non_inferior(gate: dict, comparison: dict) -> bool | None:
     for row in table.get("rows", []):
         margin = margin_of(gate, {"baseline": row.get("baseline") or 0.0})
         interval = row.get("margin_interval") or row.get("interval") or [None, None]  # unadjusted: an IUT
-        direction = {"interval": interval, "higher_is_better": table.get("higher_is_better")}
-        verdict = non_inferiority(*gain_interval(direction), margin)
+        direction = {"interval": interval, "higher_is_better": table.get("higher_is_better"), "tail": row.get("tail")}
+        verdict = metric_verdict(direction, margin)
         if row.get("verdict") != verdict:
             return None
         if verdict != "non-inferior":

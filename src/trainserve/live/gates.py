@@ -12,6 +12,11 @@ squared (absolute) error: paired, the skew-corrected interval of the mean per-ex
 both answered; unpaired, the skew-corrected Welch interval of the difference of the two means (each over its own
 labelled examples). Squared errors are skewed, where Student's and Welch's t put too little of their error on the
 long side (trainserve.stats.skewed_means). Both come from additive sums, so merged shards judge alike.
+
+Where the error's size varies with the input, no interval of a mean holds its rate at these sizes: a bound inside
+the margin passes only when the sample's tail leaves its standard error about 40 examples' worth of certainty
+(trainserve.stats.tails); otherwise the verdict is inconclusive, and the gate's `tail` and `said` say why and about
+how many labelled examples would do. `--inconclusive pass` passes it, as it passes too few labels.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from trainserve.evidence.decision import non_inferiority
 from trainserve.live.config import drop_margin
 from trainserve.stats.proportions import newcombe_interval, paired_proportion_interval, wilson_interval
 from trainserve.stats.skewed_means import skewed_difference_interval, skewed_mean_interval
+from trainserve.stats.tails import side_from_sums, tail_check
 
 MIN_PAIRED = 30
 
@@ -129,15 +135,20 @@ def error_drop_gate(
         difference = sign * sums["sum"] / n
         low, high = (None, None) if ends is None else sorted(sign * e for e in ends)
         method = f"paired on {n} examples both answered (skew-corrected t interval of the per-example difference)"
+        tail = tail_check([_side(n, sums)])
     else:
         sides = [{"n": s["examples"], **s["errors"][kind]} for s in (c, b)]
         difference = None if not (c["examples"] and b["examples"]) else c[metric] - b[metric]
         low, high = skewed_difference_interval(*sides, level)
         shared = pair["examples"] if pair else 0
         method = f"unpaired ({shared} examples answered by both, fewer than {MIN_PAIRED}; skew-corrected Welch)"
+        tail = tail_check([_side(s["n"], s) for s in sides])
     allowed = margin.absolute(b[metric] or 0.0)
     # Lower is better: the gain is minus the rise, so the gain's interval is the rise's, negated and swapped.
     verdict = non_inferiority(None if high is None else -high, None if low is None else -low, allowed)
+    refused = verdict == "non-inferior" and not tail["enough"]
+    if refused:  # the bound is inside the margin, but the tail seen says the bound cannot be trusted
+        verdict = "inconclusive"
     passed = verdict == "non-inferior" or (verdict == "inconclusive" and inconclusive == "pass")
     change = "n/a" if difference is None else f"{difference:+.4g}"
     bounds = "n/a" if low is None else f"[{low:+.4g}, {high:+.4g}]"
@@ -154,10 +165,16 @@ def error_drop_gate(
         "value": difference,
         "interval": None if low is None else [low, high],
         "verdict": verdict,
+        "tail": tail,
         "passed": passed,
         "said": f"version {candidate['version']} vs {baseline['version']}: {metric} change {change} {bounds}, "
-        f"{method}: {verdict} with a margin of {margin.describe().partition('=')[2]} (allowed rise {allowed:.4g})",
+        f"{method}: {verdict} with a margin of {margin.describe().partition('=')[2]} (allowed rise {allowed:.4g})"
+        + (f"; not passed on the bound: {tail['said']}" if refused else ""),
     }
+
+
+def _side(n: int, sums: dict):
+    return side_from_sums(n, sums["sum"], sums["sum_sq"], sums["sum_cu"], sums.get("sum_qu"))
 
 
 def judge_gates(config, sections: dict[int, dict], pairs: list[dict]) -> list[dict]:

@@ -5,6 +5,7 @@ again from the sums."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ import numpy as np
 from trainserve.errors import TrainserveError
 from trainserve.live.calibration import Calibration
 from trainserve.live.report import build_report, config_of
-from trainserve.live.tally import SUMS, VersionTally
+from trainserve.live.tally import SUMS, VersionTally, known_sums
 from trainserve.task import Task
 from trainserve.traffic.reader import ReadSummary
 
@@ -114,7 +115,10 @@ def _sum_pairs(reports: list[dict]) -> list[dict]:
             for kind, added in pair.get("differences", {}).items():  # regression: paired error differences
                 total = into.setdefault("differences", {}).setdefault(kind, dict.fromkeys(SUMS, 0.0))
                 for name in SUMS:
-                    total[name] += added[name]
+                    total[name] += added.get(name, math.nan)  # no fourth-power sum: an older report
+    for pair in sums.values():
+        for kind, total in pair.get("differences", {}).items():
+            pair["differences"][kind] = known_sums([total[name] for name in SUMS])
     return [sums[k] for k in sorted(sums)]
 
 

@@ -1,11 +1,11 @@
 """Additive counts of scored answers, so that windows, slices and shards combine exactly: a `Cell` per version
 and window, per version and slice value, and one per version overall (with its confusion matrix).
 
-Regression cells keep, per error kind (squared, absolute), the sum, the sum of squares and the sum of cubes of the
-per-example errors: MSE and MAE are their means, and the skew-corrected interval of a mean
-(trainserve.stats.skewed_means: Hall's transformation of Student's t) needs only those three sums, so a window, a
-slice and a merged shard stay exact in bounded memory. RMSE's interval is the square root of MSE's ends (the root
-is monotone)."""
+Regression cells keep, per error kind (squared, absolute), the sums of the per-example errors' first four powers:
+MSE and MAE are their means, the skew-corrected interval of a mean (trainserve.stats.skewed_means: Hall's
+transformation of Student's t) needs the first three and the gates' tail check (trainserve.stats.tails) the
+fourth, so a window, a slice and a merged shard stay exact in bounded memory. RMSE's interval is the square root of
+MSE's ends (the root is monotone)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from trainserve.stats.proportions import wilson_interval
 from trainserve.stats.skewed_means import skewed_mean_interval
 
 ERRORS = ("squared_error", "absolute_error")  # regression: per kind, the sums a cell keeps
-SUMS = ("sum", "sum_sq", "sum_cu")  # of the values, their squares and their cubes
+SUMS = ("sum", "sum_sq", "sum_cu", "sum_qu")  # of the values and their squares, cubes and fourth powers
 METRIC_OF = {"squared_error": "mse", "absolute_error": "mae"}
 
 
@@ -28,9 +28,15 @@ def empty_sums() -> dict[str, list[float]]:
     return {kind: [0.0] * len(SUMS) for kind in ERRORS}
 
 
+def known_sums(values: list[float]) -> dict[str, float]:
+    """The SUMS by name, without a fourth-power sum that a merged older report lacked (NaN)."""
+    return {name: v for name, v in zip(SUMS, values) if not (name == "sum_qu" and math.isnan(v))}
+
+
 def power_sums(values: np.ndarray) -> list[float]:
-    """The SUMS of `values`: what a mean's skew-corrected interval needs, and what a merge adds."""
-    return [float(np.sum(values**power)) for power in (1, 2, 3)]
+    """The SUMS of `values`: what a mean's skew-corrected interval and the gates' tail check need, and what a
+    merge adds."""
+    return [float(np.sum(values**power)) for power in (1, 2, 3, 4)]
 
 
 @dataclass
@@ -84,7 +90,8 @@ class Cell:
             self.errors = self.errors or empty_sums()
             for kind in ERRORS:
                 for i, name in enumerate(SUMS):
-                    self.errors[kind][i] += raw["errors"][kind][name]
+                    # a report from before the fourth-power sum: NaN, which the gates' tail check refuses
+                    self.errors[kind][i] += raw["errors"][kind].get(name, math.nan)
         self.captured += raw["captured"]
         self.duplicates += raw["duplicates"]
         self.examples += raw["examples"]
@@ -139,12 +146,12 @@ class Cell:
             "loss": self.loss_sum / n if n else None,
             "estimate": None,
             "estimate_labelled": None,
-            "errors": {kind: dict(zip(SUMS, values)) for kind, values in sums.items()},
+            "errors": {kind: known_sums(values) for kind, values in sums.items()},
         }
         for kind, values in sums.items():
             metric = METRIC_OF[kind]
             cell[metric] = values[0] / n if n else None
-            cell[f"{metric}_interval"] = skewed_mean_interval(n, *values, level)
+            cell[f"{metric}_interval"] = skewed_mean_interval(n, *values[:3], level)
         mse, ends = cell["mse"], cell["mse_interval"]
         cell["rmse"] = None if mse is None else math.sqrt(mse)
         cell["rmse_interval"] = None if ends is None else [math.sqrt(max(e, 0.0)) for e in ends]

@@ -15,9 +15,12 @@ HEADER = (
     "# Written by trainserve (candidate, promote, rollback): the version policy and the labels move together,\n"
     "# so that a label never names a version the policy unloads. Change those with these commands; the history\n"
     "# of changes is in {history}.\n"
-    "# To capture traffic, add by hand in this model's config {{ ... }} (candidate, promote and rollback keep it):\n"
+    "# To capture traffic under serve-local, add by hand in this model's config {{ ... }} (candidate, promote and\n"
+    "# rollback keep it):\n"
     "#   logging_config {{ sampling_config {{ sampling_rate: 0.1 }}\n"
     '#                    log_collector_config {{ filename_prefix: "/captures/MODEL" }} }}\n'
+    '# tensorflow_model_server rejects it ("No request-logger-creator provided"): capture in front of it with\n'
+    "# `trainserve proxy` instead (docs/capture.md).\n"
 )
 
 

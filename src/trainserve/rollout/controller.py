@@ -35,6 +35,7 @@ from trainserve.rollout.config_file import find_model, history_path, read_config
 from trainserve.rollout.ends import Ends, Outcome
 from trainserve.rollout.follow import routed_to
 from trainserve.rollout.history import append_history, read_history
+from trainserve.rollout.hold_words import HoldWords, undecided
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.look_words import Narrator
 from trainserve.rollout.measure import Meter
@@ -74,6 +75,7 @@ class Controller:
         self.ends = Ends(config, self.model, prometheus, server, self._labels, self._append, clock, sleep)
         self.notifier = notifier(config, self.history, self.model)  # told of every record _append writes
         self.narrator = Narrator(self.model, config.gate)
+        self.holds = HoldWords(self.model)  # a hold said once, then where it stands
         self.approvals = Approvals(config, lambda: self.plan, self.notifier, self._same_labels, self._append, sleep)
 
     # -- the run -------------------------------------------------------------------------------------------
@@ -261,7 +263,9 @@ class Controller:
                 return None
             if decision == analysis.HOLD:
                 held_since = held_since if held_since is not None else self.clock()
-                self._pause_if_held(start, index, held_since, said)
+                self._pause_if_held(start, index, held_since, said, undecided(found, look.unjudged))
+            else:
+                self.holds.cleared(self._words(index), f"its look decided {decision}")
             left = started + step.seconds - self.clock()
             self.sleep(min(self.config.interval, left) if left > 0 else self.config.interval)
 
@@ -270,18 +274,23 @@ class Controller:
         held_since = None
         while True:
             try:
-                return question()
+                answer = question()
             except PrometheusUnreachable as exc:
                 held_since = held_since if held_since is not None else self.clock()
-                log.warning("model %s: holding at step %d (%s): %s", self.model, index + 1, self._words(index), exc)
                 self._pause_if_held(start, index, held_since, str(exc))
                 self.sleep(self.config.interval)
+                continue
+            if held_since is not None:
+                self.holds.cleared(self._words(index), "Prometheus answers again")
+            return answer
 
-    def _pause_if_held(self, start: dict, index: int, since: float, why: str) -> None:
-        """Pause once held past the step's own hold (a plan `auto` sized it), else --max-hold."""
+    def _pause_if_held(self, start: dict, index: int, since: float, why: str, reason: str | None = None) -> None:
+        """Pause once held past the step's own hold (a plan `auto` sized it), else --max-hold; said as HoldWords
+        says it (`reason`: what a change of is worth a WARNING, by default `why`)."""
         hold = self.plan.steps[index].hold
         held = self.clock() - since
         limit = hold if hold is not None else self.config.max_hold
+        self.holds.holding(index, self._words(index), reason or why, held, limit, detail=why)
         self.notifier.held(start, index, held, limit, why)
         if held >= limit:
             watched = self.clock() - self._started

@@ -11,7 +11,8 @@ library only (the eval image has no scipy; the tests check each against scipy's 
   2.5 % gate 4-9 % of the time where the bootstrap-t holds 2.5-5 %; on heavy symmetric tails the bootstrap-t's
   own estimate of the tail is noisy (3-7 %) where Student's t stays at 1-4 %. The union keeps the better of the
   two in each; where both fail (an error whose variance is infinite, or scales that vary by orders of magnitude
-  between examples) no interval of a mean holds at these sizes, and docs/evidence.md states the table
+  between examples) no interval of a mean holds at these sizes, so eval's margin gate also checks the tail
+  (trainserve.stats.tails) and passes no bound the tail cannot support; docs/evidence.md states the table
   (bench/mean_intervals.py).
 - A paired percentile bootstrap for a statistic that is no plain mean (RMSE, the root of one): resample the
   examples (the same ones for both versions), recompute each version's statistic, take the percentiles.

@@ -1,5 +1,5 @@
 """Captured traffic read back: the TFRecord files of `PredictionLog`s that serve-local's `logging_config` and
-`trainserve proxy` write, for `replay`, `drift` and `capture export`.
+`trainserve proxy` write, for `replay`, `drift` and `proxy export`.
 
 Files are read in name order (`<prefix>-<host>-<pid>-<UTC time>-<seq>.tfrecord`: one writer's files in the order
 written), records filtered by model and, with `--shard I/N`, every N-th kept record from record I, so N readers

@@ -10,15 +10,12 @@ report (report.py): the best throughput within the latency budget.
 
 from __future__ import annotations
 
-import logging
-
 from trainserve.client import ServingClient, Target
 from trainserve.evaluation.load.config import LoadConfig
 from trainserve.evaluation.load.inputs import PREDICT_METHOD, Inputs, LoadResult, build_inputs
 from trainserve.evaluation.load.measure import Load, Point, measure
-from trainserve.evaluation.load.report import build_load_report, point_line
-
-log = logging.getLogger(__name__)
+from trainserve.evaluation.load.report import build_load_report
+from trainserve.evaluation.load.sweep_progress import SweepProgress
 
 
 def run_sweep(config: LoadConfig) -> LoadResult:
@@ -36,12 +33,14 @@ def run_sweep(config: LoadConfig) -> LoadResult:
         signature = client.signature(target, version)
         inputs = build_inputs(config, client, signature, target, version)
         call = client.channel.unary_unary(PREDICT_METHOD)  # bytes in, bytes out: pre-serialized requests
-        points = [
-            _measure_point(config, call, inputs, mode, value, batch_size)
+        levels = [
+            (mode, value, batch_size)
             for batch_size in config.batch_sizes
             for mode, values in (("concurrency", config.concurrencies), ("rate", config.rates))
             for value in values
         ]
+        with SweepProgress(len(levels)) as progress:  # a line per level as it ends, a bar on a terminal
+            points = [progress.finished(_measure_point(config, call, inputs, *level)) for level in levels]
     finally:
         client.close()
     report = build_load_report(config, version, inputs.data_name, points)
@@ -55,6 +54,4 @@ def _measure_point(config: LoadConfig, call, inputs: Inputs, mode: str, value: f
     else:
         load.rate = value
     measured = measure(load, inputs.plan is not None, config.window_s, config.max_windows, config.stability_latency)
-    point = Point(mode, value, batch_size, config.window_s, measured, inputs.check(measured.answers))
-    log.info("%s", point_line(point))
-    return point
+    return Point(mode, value, batch_size, config.window_s, measured, inputs.check(measured.answers))
