@@ -21,7 +21,9 @@ from tutorial_pages import missing_lines, outputs, read_blocks, run_script, scri
 
 from conftest import REPO, free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("docker")]  # one worker drives the engine
+# A group of its own: the page's two trainings and two live rollouts take minutes, beside (not after) the other
+# Docker tests, once the shared images are built (its worker waits on them).
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("docker-page")]
 
 PROJECT = "trainserve-e2e-compose-rollout"  # its own containers and volumes, removed at the end
 PAGE = REPO / "docs" / "progressive-delivery.md"
