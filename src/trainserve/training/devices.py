@@ -157,7 +157,8 @@ def _pick_strategy(name: Strategy, gpus: list[dict], cpu_replicas: int) -> Strat
 
 def _configure_coordination(cluster: ClusterTask, heartbeat_timeout: float) -> None:
     """The coordination service MultiWorkerMirroredStrategy would start (it keeps one configured before it),
-    with its own heartbeat timeout: how long a killed worker goes unnoticed by the others."""
+    with its own heartbeat timeout: how long a killed worker goes unnoticed by the others. TensorFlow has no
+    public API for it; tests/test_multi_worker.py's killed-worker test runs with it set."""
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
     from tensorflow.python.eager import context
 
