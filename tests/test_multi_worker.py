@@ -83,7 +83,7 @@ def test_heartbeat_timeout_is_seconds_from_the_flag_or_the_environment(monkeypat
     assert build_parser().parse_args(["train", "--heartbeat-timeout", "1.5"]).heartbeat_timeout == 1.5
     monkeypatch.setenv("TRAINSERVE_HEARTBEAT_TIMEOUT", "4")
     assert build_parser().parse_args(["train"]).heartbeat_timeout == 4.0
-    for bad in ("0", "soon"):
+    for bad in ("0", "soon", "inf", "nan"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["train", "--heartbeat-timeout", bad])
         assert f"{bad!r}: expected a number of seconds > 0" in capsys.readouterr().err

@@ -41,12 +41,12 @@ def image_size(text: str) -> tuple[int, int]:
 
 
 def seconds(text: str) -> float:
-    """A duration in seconds, > 0."""
+    """A duration in seconds, > 0 and finite."""
     try:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
+    if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds > 0")
     return value
 
