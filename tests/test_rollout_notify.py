@@ -157,7 +157,12 @@ def test_each_decision_of_a_promoted_rollout_is_posted_once_with_the_look_behind
     look = bodies[2]["look"]
     assert (look["step"], look["decision"]) == (0, "advance")
     names = [(c["name"], c["result"]) for c in look["checks"]]
-    assert names == [("shadow_errors", "pass"), ("slow_copies", "pass"), ("flip_rate", "pass")]
+    assert names == [
+        ("shadow_errors", "pass"),
+        ("slow_copies", "pass"),
+        ("flip_classes", "pass"),
+        ("flip_rate", "pass"),
+    ]
     assert look["counts"]["shadow_compared"] > 0 and all(c["said"] for c in look["checks"])
     assert bodies[3]["summary"] == "model m version 2 promoted: stable -> 2" and bodies[3]["step"]["words"] == "100%"
     assert bodies[3]["report"] == str(config.parent / "models.config.history-m-v2.html")  # the page written
