@@ -176,3 +176,64 @@ def _discordant(report: dict) -> dict:
     """McNemar's table of a comparison of two equally accurate versions that disagree on 2 of 100 examples."""
     right = round(report["metrics"]["accuracy"] * 100)
     return {"both_right": right - 1, "candidate_only": 1, "baseline_only": 1, "both_wrong": max(0, 99 - right)}
+
+
+def regression_report(version_dir: Path, baseline: int, model: str = "m", mae: float = 0.8) -> dict:
+    """A regression version's passing report against `baseline` on its own held-out split: both versions' MAE
+    `mae`, non-inferior on it by a 10 % margin (what the rollout's shadow tolerance is scaled by)."""
+    report = compared_with(eval_report(version_dir, model, threshold=None), baseline)
+    metrics = {"mse": mae**2, "rmse": mae, "mae": mae, "r2": 0.5, "loss": mae**2}
+    report["task"] = {"kind": "regression", "classes": 0, "targets": 1, "label_names": []}
+    report["output"] = "predictions"
+    report["metrics"] = {
+        **metrics,
+        "per_target": [{"target": "y", **{k: metrics[k] for k in ("mse", "rmse", "mae", "r2")}}],
+    }
+    report["comparison"]["primary_metric"] = "mae"
+    report["comparison"]["metrics"] = {
+        "mae": {
+            "candidate": mae,
+            "baseline": mae,
+            "difference": 0.0,
+            "interval": [-0.01, 0.01],
+            "higher_is_better": False,
+        }
+    }
+    report["comparison"]["baseline_metrics"] = metrics
+    report["gates"] = [margin_gate(Margin("mae", 10.0, relative=True), report["comparison"])]
+    return decision.apply(report)
+
+
+def regression_replay_report(version: int, baseline: int, differences, model: str = "m") -> dict:
+    """`trainserve replay` of model `model`'s regression `version` against `baseline`: one example a captured request,
+    the candidate's answer `differences` away from the baseline's, built by replay's own report code."""
+    import numpy as np
+
+    tally = ReplayTally()
+    differences = np.asarray(differences, np.float64)
+    tally.add_regression(differences, np.zeros(len(differences)))
+    tally.requests = tally.paired = len(differences)
+    head = {
+        "server": "serve-cpu:8500",
+        "model": model,
+        "signature": "serving_default",
+        "output": "predictions",
+        "task": "regression",
+        "class_names": [],
+        "candidate": {"reference": "candidate", "version": version},
+        "baseline": {"reference": "stable", "version": baseline},
+        "capture": {
+            "paths": ["captures"],
+            "files": 1,
+            "records": len(differences),
+            "kept": len(differences),
+            "other_models": {},
+            "skipped_records": 0,
+            "skipped_bytes": 0,
+            "damage": [],
+            "shard": None,
+            "after_start": {"records": 0, "files_grown": 0, "files_new": 0, "files_gone": 0},
+        },
+    }
+    settings = {"max_flip_rate": None, "max_error_rate": 0.01, "alpha": 0.05, "limit": None}
+    return build_report(head, tally, settings)

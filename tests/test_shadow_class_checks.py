@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reports import regression_replay_report
 
+from trainserve.evidence.flips import replay_failures
 from trainserve.replay.tally import LOG_BINS, ReplayTally, log_edges
 from trainserve.rollout.analysis import ADVANCE, FAIL, PASS, ROLLBACK, UNKNOWN, check_names, checks, decide
 from trainserve.rollout.measure import KEYS
@@ -126,3 +128,14 @@ def test_the_regression_anchor_is_stables_mae_times_the_multiple_and_replays_sha
     assert [upper_edge(i) for i in (0, 100, LOG_BINS - 1)] == pytest.approx(
         log_edges()[[1, 101, LOG_BINS]], rel=1e-9
     )  # no baseline's MAE: nothing to scale the tolerance by
+
+
+def test_a_regression_replay_supports_a_rollout_on_its_error_gate_alone():
+    """A regression replay has no flips to gate: it was refused for want of a flip-rate gate, so the differences
+    check never had its anchor; its error gate still refuses."""
+    differences = np.r_[np.full(40, 1.0), np.full(1960, 0.1)]
+    replay = regression_replay_report(2, 1, differences)
+    assert replay_failures(replay) == []
+    errors = regression_replay_report(2, 1, differences)
+    errors["tally"]["errors"]["candidate"] = {"UNAVAILABLE": 100}
+    assert [g["kind"] for g in replay["gates"]] == ["max_error_rate"] and replay_failures(errors)

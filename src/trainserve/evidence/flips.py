@@ -114,6 +114,8 @@ def replay_failures(report: dict) -> list[str]:
     """Why a replay report does not support promotion, from its counts (empty: its gates hold)."""
     gates = report.get("gates") or []
     failures = _error_failures(report, gates)
+    if report.get("task") == "regression":  # nothing to flip: its error gate, and its differences anchor a rollout
+        return failures
     if not any(g["kind"] == FLIP_GATE for g in gates):
         return [*failures, "it applied no flip-rate gate (expected trainserve replay --max-flip-rate)"]
     flips = report.get("flips")

@@ -32,8 +32,9 @@ def dry_run(config: RolloutConfig) -> list[str]:
     offline = {}
     try:
         read = evidence_of(config, model.name, labels, version)
-        flips = read.report["task"]["kind"] == "classification"
-        offline = offline_summary(read, config.replay, labels.stable) if labels.stable is not None else {}
+        tolerance = config.gate.shadow_tolerance
+        offline = offline_summary(read, config.replay, labels.stable, tolerance) if labels.stable is not None else {}
+        flips = read.report["task"]["kind"] == "classification" or "difference" in offline  # as start.py
         lines = [f"evidence: {read.path} holds every check promote makes"]
     except TrainserveError as exc:
         flips, lines = True, [f"evidence: REFUSED: {exc}"]
