@@ -19,7 +19,12 @@ Each look's counts are measure's contract, since the step began:
                drawn), and each version's calls above its bucket's bound and above the bound below are counted, then
                weighted by measure (`slow_calls`); `2x slower` doubles every call of the candidate
     flips      offline: eval's 200 discordant pairs of 10,000 (a 2 % disagreement: budget 4 % by the defaults);
-               live, the candidate flips each classified pair at its rate
+               live, the candidate flips each classified pair at its rate, counted by stable's class too (one class
+               of `class_share` of the pairs, flipping at `one_class` where set, the rest as another)
+    regression offline: replay's 100 of 5,000 examples beyond the tolerance (2 %: budget 4 %); live, each copy
+               differs beyond it at the candidate's rate: replay's for an identical candidate, and for one whose
+               error doubled (its answer truth + 2 x stable's error, so it differs from stable's by stable's own
+               error, normal) the share of normal errors beyond their mean absolute size, 42.4 %
 
 Printed per plan, rate and candidate: the share of rollouts refused before they start (auto: no plan decides within
 --max-duration), rolled back, promoted, promoted within the plan's stated most (every step's duration and hold)
@@ -28,7 +33,7 @@ requests (clients' answers from the candidate) seen by the rollback (median, 95t
 paused rollout run again once, its step's counts kept (as the controller resumes). Seeded: the same numbers every
 run.
 
-    python bench/rollout_checks.py [--rollouts 400] [--seed 0]
+    python bench/rollout_checks.py [--rollouts 400] [--seed 0] [--only NAME]
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import numpy as np
 
 from trainserve.exposition import LATENCY_BUCKETS
 from trainserve.rollout import analysis, measure
-from trainserve.rollout.plan import AUTO, CANARY, EXAMPLE_PLAN, Plan, parse_plan
+from trainserve.rollout.plan import AUTO, CANARY, EXAMPLE_PLAN, SHADOW, Plan, parse_plan
 from trainserve.rollout.rollout_config import RolloutConfig, StepGate
 from trainserve.rollout.sizing.choose import Limits, PlanRefused, hours, size_plan
 from trainserve.rollout.sizing.expect import totals
@@ -54,6 +59,9 @@ from trainserve.stats.sequential import difference_sequence
 RATES = (1, 10, 100)
 OFFLINE_RATE = 0.02
 OFFLINE = {"disagreement": {"source": "eval", "count": 200, "examples": 10_000, "candidate": 2, "baseline": 1}}
+ANCHOR = {"source": "replay", "what": "share beyond the tolerance", "tolerance": 0.8, "count": 100, "examples": 5_000}
+REGRESSION = {"difference": {**ANCHOR, "candidate": 2, "baseline": 1}}
+DOUBLED = 2 * (1 - NormalDist().cdf(math.sqrt(2 / math.pi)))  # P(|e| > E|e|), e normal: 0.424
 SIGMA, MEDIAN = 0.5, 0.005  # seconds
 BUCKET = 1.8  # the proxy's histogram: 10 us x 1.8^i
 BEFORE = 300.0  # seconds of stable's calls a step's threshold is taken from
@@ -63,7 +71,8 @@ KEYS = (
     *("candidate_latency_count", "candidate_above_bound", "candidate_above_lower"),
     *("stable_latency_count", "stable_above_bound", "stable_above_lower"),
     *("shadow_pairs", "shadow_flips", "shadow_classified", "shadow_compared", "shadow_incomparable"),
-    *("shadow_errors", "shadow_dropped", "shadow_shed", "shadow_cut"),
+    *("shadow_errors", "shadow_dropped", "shadow_shed", "shadow_cut", "shadow_tolerated", "shadow_beyond"),
+    *("shadow_class_pairs:0", "shadow_class_flips:0", "shadow_class_pairs:other", "shadow_class_flips:other"),
 )
 
 
@@ -74,10 +83,17 @@ class Candidate:
     own: float = 0.0  # the candidate's own failures among the rest
     transient: float = 0.0  # every call's chance to fail at random, either version's, shadow copies included
     slower: float = 1.0
-    flips: float = OFFLINE_RATE
+    flips: float = OFFLINE_RATE  # regression: the share of copies differing beyond the tolerance
     plan: str = AUTO
     resumed: bool = False
     bad: bool = False
+    one_class: float | None = None  # the flip rate of one class of `class_share` of the pairs (None: as the rest)
+    class_share: float = 0.05
+    regression: bool = False
+
+    @property
+    def offline(self) -> dict:
+        return REGRESSION if self.regression else OFFLINE
 
 
 CANDIDATES = (
@@ -93,6 +109,10 @@ CANDIDATES = (
     Candidate("fails 10%, no shadow step", error=0.01, own=0.10, plan=NO_SHADOW, bad=True),
     Candidate("2x slower", slower=2.0, bad=True),
     Candidate("flips 3x offline (6%)", flips=3 * OFFLINE_RATE, bad=True),
+    Candidate("flips 30% of a class of 5% (3.4% overall)", one_class=0.30, bad=True),
+    Candidate("flips 30% of a class of 3.3% (2.9% overall)", one_class=0.30, class_share=1 / 30, bad=True),
+    Candidate("regression, identical (differs as replay, 2%)", regression=True),
+    Candidate("regression, doubled error (differs 42%)", flips=DOUBLED, regression=True, bad=True),
 )
 
 
@@ -165,14 +185,31 @@ class Traffic:
             ("shadow_compared", compared),
             ("shadow_errors", failed),
             ("shadow_pairs", compared),
-            ("shadow_classified", compared),
-            ("shadow_flips", rng.binomial(compared, c.flips)),
+            *self.compared(compared).items(),
         ):
             counts[key] += int(n)
         for version, calls, (bound, lower) in zip(("candidate", "stable"), (to_canary, to_stable), slow):
             above_bound, near = rng.multinomial(calls, (bound, lower - bound, 1 - lower))[:2]
             counts[f"{version}_above_bound"] += int(above_bound)
             counts[f"{version}_above_lower"] += int(above_bound + near)
+
+    def compared(self, compared: int) -> dict[str, int]:
+        """The compared copies' counts: a regression model's beyond the tolerance; a classifier's flips, overall
+        and by stable's class."""
+        c, rng = self.candidate, self.rng
+        if c.regression:
+            return {"shadow_tolerated": compared, "shadow_beyond": rng.binomial(compared, c.flips)}
+        one = rng.binomial(compared, c.class_share)
+        one_flips = rng.binomial(one, c.flips if c.one_class is None else c.one_class)
+        rest_flips = rng.binomial(compared - one, c.flips)
+        return {
+            "shadow_classified": compared,
+            "shadow_flips": one_flips + rest_flips,
+            "shadow_class_pairs:0": one,
+            "shadow_class_flips:0": one_flips,
+            "shadow_class_pairs:other": compared - one,
+            "shadow_class_flips:other": rest_flips,
+        }
 
 
 def stated(candidate: Candidate, rate: float, gate: StepGate, interval: float, max_hold: float) -> Stated:
@@ -182,7 +219,7 @@ def stated(candidate: Candidate, rate: float, gate: StepGate, interval: float, m
         return Stated(parse_plan(candidate.plan))
     defaults = RolloutConfig()
     errors = candidate.error + (1 - candidate.error) * candidate.transient  # stable's share, as Prometheus shows it
-    situation = Situation(Rate(rate, errors), gate, OFFLINE, True, interval)
+    situation = Situation(Rate(rate, errors), gate, candidate.offline, True, interval)
     limits = Limits(defaults.target_duration, defaults.max_duration, defaults.max_exposure)
     try:
         plan, expected = size_plan(situation, limits)
@@ -202,7 +239,7 @@ def roll_out(traffic: Traffic, plan: Plan, gate: StepGate, interval: float, max_
         shares = traffic.slow_shares(limit)
         now, held_since, resumed = 0.0, None, False
         while True:
-            found = analysis.checks(step, flips, measure.step_counts(counts, limit), gate, OFFLINE)
+            found = analysis.checks(step, flips, measure.step_counts(counts, limit), gate, traffic.candidate.offline)
             decision = analysis.decide(found, now >= step.seconds)
             if decision == analysis.ROLLBACK:
                 return Outcome("rolled back", index, canary_seen + counts["canary_requests"], elapsed + now)
@@ -230,19 +267,20 @@ def first_canary(plan: Plan) -> int:
 def row(candidate: Candidate, rate: float, said: Stated, outcomes: list[Outcome]) -> str:
     name = f"{candidate.name} | {'auto' if candidate.plan == AUTO else candidate.plan} | {rate:g}"
     if said.plan is None:
-        return f"| {name} | refused | 100% | - | - | - | - | - | - | - |"
+        return f"| {name} | refused | 100% | - | - | - | - | - | - | - | - |"
     n = len(outcomes)
     share = lambda result: sum(o.result == result for o in outcomes) / n  # noqa: E731
     within = lambda bound: sum(o.result == "promoted" and o.seconds <= bound for o in outcomes) / n  # noqa: E731
     back = [o for o in outcomes if o.result == "rolled back"]
     early = sum(o.step <= first_canary(said.plan) for o in back) / n
+    shadow = f"{sum(o.step == 0 for o in back) / n:.1%}" if said.plan.steps[0].kind == SHADOW else "-"
     canary = np.array([o.canary for o in back]) if back else None
     seen = "-" if canary is None else f"{np.median(canary):.0f} / {np.percentile(canary, 95):.0f}"
     most = "-" if math.isinf(said.most) else f"{hours(said.most)}: {within(said.most):.1%}"
     p90 = "-" if math.isinf(said.p90) else f"{hours(said.p90)}: {within(said.p90):.1%}"
     return (
         f"| {name} | {said.plan.text()} | 0% | {share('rolled back'):.1%} | {share('promoted'):.1%} | {most} | "
-        f"{p90} | {share('paused'):.1%} | {early:.1%} | {seen} |"
+        f"{p90} | {share('paused'):.1%} | {shadow} | {early:.1%} | {seen} |"
     )
 
 
@@ -277,17 +315,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between looks (--interval)")
     parser.add_argument("--max-hold", type=float, default=1800.0, help="seconds a step may hold (--max-hold)")
+    parser.add_argument("--only", default="", help="only the candidates whose name holds this")
     args = parser.parse_args()
     gate = StepGate()
     print(cpu())
     print(f"{args.rollouts} rollouts each, looks every {args.interval:g} s, --max-hold {args.max_hold:g} s; {gate}")
     print(
         "| candidate | plan | req/s | steps | refused | rolled back | promoted | promoted within the stated most "
-        "| within the stated p90 | paused | rolled back by the first canary step's end "
-        "| canary requests by the rollback (median / p95) |"
+        "| within the stated p90 | paused | rolled back in the shadow step "
+        "| rolled back by the first canary step's end | canary requests by the rollback (median / p95) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for candidate in (*CANDIDATES, *(replace(c, plan=EXAMPLE_PLAN) for c in CANDIDATES if c.plan == AUTO)):
+        if args.only not in candidate.name:
+            continue
         for k, rate in enumerate(RATES):
             said = stated(candidate, rate, gate, args.interval, args.max_hold)
             rng = np.random.default_rng([args.seed, [c.name for c in CANDIDATES].index(candidate.name), k])

@@ -385,19 +385,21 @@ def test_the_dry_run_of_plan_auto_says_what_it_would_take_or_why_it_would_not_st
     before = snapshot(config)
     assert main(args(config, report, "--dry-run", "--plan", "auto", "--expected-rate", "10")) == 0
     out = capsys.readouterr().out
-    plan = re.search(r"plan auto: (shadow 100% \d+s hold \d+s, 25% (\d+)s hold \d+s, 100%)\n", out)
+    plan = re.search(r"plan auto: (shadow 100% \d+s hold \d+s, (25|50)% (\d+)s hold \d+s, 100%)\n", out)
     assert plan, out
+    share, seconds = plan[2], plan[3]  # 50 %: the shadow step's wait for a one-class flipper left 25 % over target
     assert "at 10 requests/s (--expected-rate), stable's error share 0.00%" in out
     assert re.search(r"promoted in about \d+m \(90 %: \d+m\); at most (1h )?\d+m before a step would pause", out)
-    step = next(line for line in out.splitlines() if line.startswith(f"  step 2: 25% {plan[2]}s"))
-    assert "canary requests by its duration" in step and "exposure: about 75 canary requests" in step
+    step = next(line for line in out.splitlines() if line.startswith(f"  step 2: {share}% {seconds}s"))
+    exposure = f"exposure: about {int(share) * 3} canary requests"  # 10 requests/s, looked at every 30 s
+    assert "canary requests by its duration" in step and exposure in step
     assert float(re.search(r"pauses in ([\d.]+)% of runs", step)[1]) <= 2
-    assert f"step 2: 25% {plan[2]}s hold" in out and "canary 25%; checks error_ratio, slow_calls" in out
+    assert f"step 2: {share}% {seconds}s hold" in out and f"canary {share}%; checks error_ratio, slow_calls" in out
     assert (
         main(args(config, report, "--dry-run", "--plan", "auto", "--expected-rate", "10", "--approve-before", "canary"))
         == 0
     )
-    assert f"approval: before step 2 (25% {plan[2]}s hold" in capsys.readouterr().out
+    assert f"approval: before step 2 ({share}% {seconds}s hold" in capsys.readouterr().out
     assert (
         main(args(config, report, "--dry-run", "--plan", "auto", "--expected-rate", "1", "--max-duration", "4h")) == 0
     )

@@ -61,11 +61,15 @@ def flip_classes(counts: dict, gate: StepGate, offline: dict) -> Check:
     if overall is None:
         return Check(name, UNKNOWN, "no offline disagreement of the two versions (START record) to anchor a budget")
     budget = min(1.0, gate.flip_class_slack * overall[0])
-    each = replace(gate, alpha=gate.alpha / CLASS_FAMILY)
     rows = class_counts(counts)
     judged = {
         label: judge(
-            name, f"class {label}: flips {share(*seen)}", (seen[1], "pairs"), budget, one(seen[0], each.alpha), each
+            name,
+            f"class {label}: flips {share(*seen)}",
+            (seen[1], "pairs"),
+            budget,
+            one(seen[0], gate.alpha / CLASS_FAMILY),
+            _class_gate(gate, seen[1], sum(n for _, n in rows.values())),
         )
         for label, seen in sorted(rows.items())
     }
@@ -85,6 +89,13 @@ def flip_classes(counts: dict, gate: StepGate, offline: dict) -> Check:
         f"highest bound {top.said} ({about}; {len(rows)} classes; only a failure counts here: flip_rate passes)",
         **_numbers(top),
     )
+
+
+def _class_gate(gate: StepGate, pairs: int, total: int) -> StepGate:
+    """A class's gate: its share of alpha, and --gate-min-requests counted over every class's pairs, not its own
+    (a class of 3 % would need 200 of its own, 6,700 pairs in all, before it could fail): until the step has that
+    many, a class fails only if it would with the rest of them all its own and unflipped."""
+    return replace(gate, alpha=gate.alpha / CLASS_FAMILY, min_requests=pairs + max(0, gate.min_requests - total))
 
 
 def _numbers(found: Check) -> dict:

@@ -1,9 +1,13 @@
 """The plan `auto`: a shadow step, then one or two canary steps, each sized from the simulated times at which a
 candidate inside every budget passes (trainserve.rollout.sizing.simulate):
 
-    duration   the median of those times (the least a step is watched: the evidence a typical run needs)
+    duration   the median of those times (the least a step is watched: the evidence a typical run needs); the
+               shadow step's, at least until a classifier flipping one class (simulate.CLASS_SHARE of its answers)
+               at 2.5 times its class budget is rolled back in 97 % of runs: the overall flip rate passes it, and
+               the step would advance at its duration
     hold       up to their 99th percentile (a candidate inside every budget pauses in about 1 % of steps), and
-               at least until a candidate flipping 1.5 times its budget is rolled back in 97 % of runs
+               at least until a candidate flipping (or differing) 1.5 times its budget is rolled back in 97 % of
+               runs
     share      among SHARES whose first look exposes at most --max-exposure canary requests (what a candidate
                failing every call answers before the controller can see it) and whose steps fit --max-duration
                (duration + hold, summed: the longest the plan can take without pausing): the smallest whose plan
@@ -103,9 +107,11 @@ def _sized(kind: str, percent: float, situation: Situation, horizon: float) -> E
     probe = Step(kind, percent, 1.0)  # the checks depend on the kind only
     passing = pass_times(probe, shadow, canary, situation, horizon)
     tail = quantile(passing, HOLD_QUANTILE)
+    median = quantile(passing, 50)
     if kind == SHADOW:  # where a flipping candidate is to be rolled back, before any client gets its answers
         tail = max(tail, quantile(fail_times(probe, shadow, canary, situation, horizon), FAIL_QUANTILE))
-    median = quantile(passing, 50)
+        one_class = quantile(fail_times(probe, shadow, canary, situation, horizon, one_class=True), FAIL_QUANTILE)
+        median, tail = max(median, one_class), max(tail, one_class)
     if not math.isfinite(tail):  # runs undecided within the horizon: it cannot be held for
         return expected_of(Step(kind, percent, horizon, 0.0), canary, shadow, situation, math.inf, passing)
     duration = on_looks(median, situation.interval)

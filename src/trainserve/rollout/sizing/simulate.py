@@ -8,11 +8,16 @@ history.
     latency    each version has 1 % of its calls above stable's p99 (what the p99 means), drawn per call; the
                candidate's shadow copies too
     shadow     every request stable answered copied with the shadow's share; a copy fails as a request does; a
-               classifier's copy flips with the offline disagreement
+               classifier's copy flips with the offline disagreement, counted by stable's class too (one class of
+               CLASS_SHARE of the copies, the rest as another); a regression model's differs beyond the tolerance
+               with replay's share beyond it
 
-A candidate beyond its flip budget (FLIPPING times it) is simulated too, so that a step's hold also lasts until
-the flip check fails it: a hold sized for a good candidate alone would pause a bad one that the check needs a little
-longer to show beyond its budget.
+A candidate beyond its budget (flipping, or differing, FLIPPING times it) is simulated too, so that a step's hold
+also lasts until the check fails it: a hold sized for a good candidate alone would pause a bad one that the check
+needs a little longer to show beyond its budget. So is a classifier flipping one class of CLASS_SHARE of the copies
+at CLASS_FLIPPING times its class budget and the rest at the offline disagreement (by the defaults and a 2 %
+disagreement: 30 % of a class, 3.4 % overall), which the overall flip rate passes: the shadow step lasts until
+flip_classes has rolled it back (trainserve.rollout.sizing.choose).
 
 Each simulated step is looked at every --interval (every MAX_LOOKS-th of the horizon where that is coarser: the
 times are then that coarse); the time it would pass is its first look at which every check passes, found by
@@ -31,11 +36,14 @@ from trainserve.rollout import analysis
 from trainserve.rollout.measure import KEYS
 from trainserve.rollout.plan import Step
 from trainserve.rollout.rollout_config import StepGate
+from trainserve.rollout.shadow_checks import anchored_budget
 from trainserve.rollout.sizing.traffic import Traffic
 
 SLOW_SHARE = 0.01  # stable's calls above its own p99
 SIMULATIONS = 400
 FLIPPING = 1.5  # the flip rate of the bad candidate a hold must wait for, as a multiple of the flip budget
+CLASS_SHARE = 0.05  # the one-class flipper's class, a share of the classified copies
+CLASS_FLIPPING = 2.5  # its flip rate, as a multiple of the class budget (--gate-flip-class-slack x the flip budget)
 MAX_LOOKS = 1000
 SEED = 0
 
@@ -43,29 +51,46 @@ SEED = 0
 @dataclass(frozen=True)
 class Situation:
     """What a step is judged on besides its own routing: the traffic, the gate, the offline evidence (the START
-    record's `offline`), whether shadow pairs are classified, and the looks' interval."""
+    record's `offline`), whether the shadow's answers are compared (a classifier's flips, or a regression model's
+    differences where `offline` anchors them), and the looks' interval. `flipped_class`: the flip rate of one class
+    of CLASS_SHARE of the copies, the rest flipping at the offline disagreement (None: every class alike)."""
 
     traffic: Traffic
     gate: StepGate
     offline: dict
     flips: bool
     interval: float
+    flipped_class: float | None = None
+
+    @property
+    def anchor(self) -> str:
+        """The offline count the compared answers are anchored on: `difference` (regression) or `disagreement`."""
+        return "difference" if self.offline.get("difference") else "disagreement"
 
     def flip_rate(self) -> float:
-        """The candidate's live flip rate: the offline disagreement (or the rate `flipping` set)."""
-        found = self.offline.get("disagreement") or {}
+        """The candidate's live flip rate, or share differing beyond the tolerance: the offline share (or the rate
+        `flipping` set)."""
+        found = self.offline.get(self.anchor) or {}
         if "rate" in found:
             return found["rate"]
         return found["count"] / found["examples"] if found.get("examples") else 0.0
 
     def flipping(self) -> Situation | None:
-        """The same traffic with a candidate flipping FLIPPING times its budget (None: no flips judged)."""
-        budget = analysis.flip_budget(self.offline, self.gate)
+        """The same traffic with a candidate flipping (or differing) FLIPPING times its budget (None: nothing
+        compared)."""
+        budget = anchored_budget(self.offline.get(self.anchor), self.gate)
         if not self.flips or budget is None:
             return None
         rate = min(FLIPPING * budget[0], 1.0)
-        offline = {"disagreement": {**self.offline["disagreement"], "rate": rate}}
-        return replace(self, offline=offline)
+        return replace(self, offline={self.anchor: {**self.offline[self.anchor], "rate": rate}})
+
+    def one_class_flipping(self) -> Situation | None:
+        """The same traffic with a classifier flipping one class of CLASS_SHARE at CLASS_FLIPPING times its class
+        budget, the rest as offline (None: no classes compared)."""
+        budget = anchored_budget(self.offline.get("disagreement"), self.gate)
+        if not self.flips or self.anchor != "disagreement" or budget is None:
+            return None
+        return replace(self, flipped_class=min(CLASS_FLIPPING * self.gate.flip_class_slack * budget[0], 1.0))
 
 
 def quantile(values, percent: float) -> float:
@@ -83,12 +108,15 @@ def pass_times(step: Step, shadow: float, canary: float, situation: Situation, h
     return _decision_times(step, shadow, canary, situation, horizon, analysis.ADVANCE)
 
 
-def fail_times(step: Step, shadow: float, canary: float, situation: Situation, horizon: float) -> np.ndarray:
-    """Seconds to the look that rolls back a candidate flipping beyond its budget (zeros: no flips judged)."""
-    flipping = situation.flipping()
-    if flipping is None or shadow <= 0:
+def fail_times(
+    step: Step, shadow: float, canary: float, situation: Situation, horizon: float, one_class: bool = False
+) -> np.ndarray:
+    """Seconds to the look that rolls back a candidate flipping (or differing) beyond its budget, or (`one_class`)
+    flipping one class beyond its class budget (zeros: nothing compared to judge it by)."""
+    bad = situation.one_class_flipping() if one_class else situation.flipping()
+    if bad is None or shadow <= 0:
         return np.zeros(SIMULATIONS)
-    return _decision_times(step, shadow, canary, flipping, horizon, analysis.ROLLBACK)
+    return _decision_times(step, shadow, canary, bad, horizon, analysis.ROLLBACK)
 
 
 def _decision_times(
@@ -157,8 +185,30 @@ def _cumulative_counts(
         "shadow_compared": compared,
         "shadow_errors": copy_errors,
         "shadow_pairs": compared,
-        "shadow_classified": compared if situation.flips else np.zeros(size, int),
-        "shadow_flips": rng.binomial(compared, situation.flip_rate()) if situation.flips else np.zeros(size, int),
+        **_compared(rng, compared, situation),
     }
     zeros = np.zeros(size, int)  # never counted here (shed, dropped copies): shared, read only
-    return {key: np.cumsum(per_look[key], axis=1) if key in per_look else zeros for key in KEYS}
+    keys = (*KEYS, *(key for key in per_look if ":" in key))
+    return {key: np.cumsum(per_look[key], axis=1) if key in per_look else zeros for key in keys}
+
+
+def _compared(rng, compared: np.ndarray, situation: Situation) -> dict[str, np.ndarray]:
+    """The compared copies' counts per look: a classifier's flips, overall and by stable's class (a class of
+    CLASS_SHARE, flipping at `flipped_class` where set, and the rest); a regression model's differences beyond the
+    tolerance. None where the answers are not compared."""
+    if not situation.flips:
+        return {}
+    rate = situation.flip_rate()
+    if situation.anchor == "difference":
+        return {"shadow_tolerated": compared, "shadow_beyond": rng.binomial(compared, rate)}
+    one = rng.binomial(compared, CLASS_SHARE)
+    one_flips = rng.binomial(one, rate if situation.flipped_class is None else situation.flipped_class)
+    rest_flips = rng.binomial(compared - one, rate)
+    return {
+        "shadow_classified": compared,
+        "shadow_flips": one_flips + rest_flips,
+        "shadow_class_pairs:0": one,
+        "shadow_class_flips:0": one_flips,
+        "shadow_class_pairs:other": compared - one,
+        "shadow_class_flips:other": rest_flips,
+    }
