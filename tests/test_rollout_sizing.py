@@ -21,7 +21,7 @@ from trainserve.rollout.plan import CANARY, PROMOTE, SHADOW, Step, parse_plan, p
 from trainserve.rollout.rollout_config import RolloutConfig, StepGate
 from trainserve.rollout.sizing.choose import Limits, PlanRefused, hours, size_plan
 from trainserve.rollout.sizing.expect import expect_plan, totals
-from trainserve.rollout.sizing.simulate import Situation, pass_times
+from trainserve.rollout.sizing.simulate import Situation, fail_times, pass_times
 from trainserve.rollout.sizing.traffic import (
     Traffic,
     hours_of,
@@ -34,6 +34,7 @@ from trainserve.rollout.sizing.traffic import (
 from trainserve.stats.sequential import difference_sequence
 
 OFFLINE = {"disagreement": {"source": "eval", "count": 200, "examples": 10_000, "candidate": 2, "baseline": 1}}
+ANCHOR = {"source": "replay", "what": "share beyond the tolerance", "tolerance": 0.8, "count": 100, "examples": 5_000}
 DEFAULTS = RolloutConfig()
 LIMITS = Limits(DEFAULTS.target_duration, DEFAULTS.max_duration, DEFAULTS.max_exposure)
 
@@ -91,6 +92,26 @@ def needed_to_pass(rate: float, budget: float, share: float) -> int:
         return bounds[1] <= budget
 
     return next(n for n in (int(100 * 1.05**k) for k in range(200)) if within(n))
+
+
+@pytest.mark.integration  # sized once for the module (sized_at)
+def test_the_shadow_step_lasts_until_a_candidate_flipping_one_class_is_rolled_back():
+    """30 % of a class of 5 % (3.4 % overall, within the 4 % flip budget) is rolled back by the shadow step's
+    duration in 97 % of simulated runs: at its end flip_rate would pass it, and the step advance."""
+    plan, _ = sized_at(10)
+    shadow = plan.steps[0]
+    times = fail_times(Step(SHADOW, 100.0, 1.0), 100.0, 0.0, situation(10), LIMITS.most, one_class=True)
+    assert np.mean(times <= shadow.seconds) >= 0.97, (shadow.seconds, np.percentile(times, [50, 97]))
+
+
+@pytest.mark.integration
+def test_a_regression_model_is_sized_on_its_differences_from_stable():
+    """Anchored on replay's share beyond the tolerance, the shadow's differences pass an identical candidate in the
+    simulation as live (the plan was refused: its check knew nothing of simulated copies)."""
+    regression = Situation(Traffic(10, 0.0), StepGate(), {"difference": {**ANCHOR, "candidate": 2}}, True, 30.0)
+    plan, expected = size_plan(regression, LIMITS)
+    assert plan.steps[0].kind == SHADOW and totals(expected)[2] <= LIMITS.most
+    assert expected[0].pause <= 0.02
 
 
 @pytest.mark.integration

@@ -139,3 +139,13 @@ def test_a_regression_replay_supports_a_rollout_on_its_error_gate_alone():
     errors = regression_replay_report(2, 1, differences)
     errors["tally"]["errors"]["candidate"] = {"UNAVAILABLE": 100}
     assert [g["kind"] for g in replay["gates"]] == ["max_error_rate"] and replay_failures(errors)
+
+
+def test_a_class_fails_on_its_own_few_pairs_once_the_step_has_the_minimum_in_all():
+    """--gate-min-requests counts every class's pairs: a class of 3 % flipping 30 % fails on its 90 pairs of 3,000
+    (it needed 200 of its own, 6,700 in all); before the step has the minimum, only a certain failure counts."""
+    pairs = {"0": 90, "other": 2_910}
+    found = flip_classes(counts(pairs, {"0": 27, "other": 29}), GATE, OFFLINE)
+    assert found.result == FAIL and "class 0: flips 27/90" in found.said
+    early = flip_classes(counts({"0": 6, "other": 100}, {"0": 2, "other": 1}), GATE, OFFLINE)
+    assert early.result == PASS  # 2 of 6: with the rest of the 200 unflipped, within its budget
