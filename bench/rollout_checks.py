@@ -33,7 +33,7 @@ requests (clients' answers from the candidate) seen by the rollback (median, 95t
 paused rollout run again once, its step's counts kept (as the controller resumes). Seeded: the same numbers every
 run.
 
-    python bench/rollout_checks.py [--rollouts 400] [--seed 0] [--only NAME]
+    python bench/rollout_checks.py [--rollouts 400] [--seed 0] [--only NAME] [--plans both|auto|former]
 """
 
 from __future__ import annotations
@@ -316,6 +316,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between looks (--interval)")
     parser.add_argument("--max-hold", type=float, default=1800.0, help="seconds a step may hold (--max-hold)")
     parser.add_argument("--only", default="", help="only the candidates whose name holds this")
+    parser.add_argument("--plans", choices=("both", "auto", "former"), default="both", help="auto, the former default")
     args = parser.parse_args()
     gate = StepGate()
     print(cpu())
@@ -326,9 +327,9 @@ def main() -> None:
         "| rolled back by the first canary step's end | canary requests by the rollback (median / p95) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for candidate in (*CANDIDATES, *(replace(c, plan=EXAMPLE_PLAN) for c in CANDIDATES if c.plan == AUTO)):
-        if args.only not in candidate.name:
-            continue
+    former = [replace(c, plan=EXAMPLE_PLAN) for c in CANDIDATES if c.plan == AUTO]
+    chosen = {"both": [*CANDIDATES, *former], "auto": CANDIDATES, "former": former}[args.plans]
+    for candidate in (c for c in chosen if args.only in c.name):
         for k, rate in enumerate(RATES):
             said = stated(candidate, rate, gate, args.interval, args.max_hold)
             rng = np.random.default_rng([args.seed, [c.name for c in CANDIDATES].index(candidate.name), k])
