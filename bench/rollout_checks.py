@@ -22,9 +22,8 @@ Each look's counts are measure's contract, since the step began:
                live, the candidate flips each classified pair at its rate, counted by stable's class too (one class
                of `class_share` of the pairs, flipping at `one_class` where set, the rest as another)
     regression offline: replay's 100 of 5,000 examples beyond the tolerance (2 %: budget 4 %); live, each copy
-               differs beyond it at the candidate's rate: replay's for an identical candidate, and for one whose
-               error doubled (its answer truth + 2 x stable's error, so it differs from stable's by stable's own
-               error, normal) the share of normal errors beyond their mean absolute size, 42.4 %
+               differs beyond it at replay's rate (identical), or, its error doubled (truth + 2 x stable's normal
+               error: it differs from stable's by stable's error), at 42.4 %, normal errors beyond their mean size
 
 Printed per plan, rate and candidate: the share of rollouts refused before they start (auto: no plan decides within
 --max-duration), rolled back, promoted, promoted within the plan's stated most (every step's duration and hold)
@@ -194,8 +193,7 @@ class Traffic:
             counts[f"{version}_above_lower"] += int(above_bound + near)
 
     def compared(self, compared: int) -> dict[str, int]:
-        """The compared copies' counts: a regression model's beyond the tolerance; a classifier's flips, overall
-        and by stable's class."""
+        """The compared copies' counts: beyond the tolerance (regression); flips, overall and by stable's class."""
         c, rng = self.candidate, self.rng
         if c.regression:
             return {"shadow_tolerated": compared, "shadow_beyond": rng.binomial(compared, c.flips)}
@@ -328,8 +326,9 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     former = [replace(c, plan=EXAMPLE_PLAN) for c in CANDIDATES if c.plan == AUTO]
-    chosen = {"both": [*CANDIDATES, *former], "auto": CANDIDATES, "former": former}[args.plans]
-    for candidate in (c for c in chosen if args.only in c.name):
+    for candidate in {"both": [*CANDIDATES, *former], "auto": CANDIDATES, "former": former}[args.plans]:
+        if args.only not in candidate.name:
+            continue
         for k, rate in enumerate(RATES):
             said = stated(candidate, rate, gate, args.interval, args.max_hold)
             rng = np.random.default_rng([args.seed, [c.name for c in CANDIDATES].index(candidate.name), k])
