@@ -58,8 +58,7 @@ from trainserve.stats.sequential import difference_sequence
 RATES = (1, 10, 100)
 OFFLINE_RATE = 0.02
 OFFLINE = {"disagreement": {"source": "eval", "count": 200, "examples": 10_000, "candidate": 2, "baseline": 1}}
-ANCHOR = {"source": "replay", "what": "share beyond the tolerance", "tolerance": 0.8, "count": 100, "examples": 5_000}
-REGRESSION = {"difference": {**ANCHOR, "candidate": 2, "baseline": 1}}
+REGRESSION = {"difference": {"source": "replay", "tolerance": 0.8, "count": 100, "examples": 5_000, "baseline": 1}}
 DOUBLED = 2 * (1 - NormalDist().cdf(math.sqrt(2 / math.pi)))  # P(|e| > E|e|), e normal: 0.424
 SIGMA, MEDIAN = 0.5, 0.005  # seconds
 BUCKET = 1.8  # the proxy's histogram: 10 us x 1.8^i
