@@ -72,7 +72,9 @@ def measure(rate: float, seen_seconds: float) -> None:
             clients = PacedClients(site.proxy, rate)
             try:
                 report = staged(site.config, site.base, site.server, 2)
-                site.prometheus.wait_for(lambda: seen(site.prometheus) >= seen_seconds, f"{seen_seconds:g} s seen")
+                site.prometheus.wait_for(
+                    lambda: seen(site.prometheus) >= seen_seconds, f"{seen_seconds:g} s seen", seen_seconds + 120
+                )
                 argv = rollout_argv(site, report)
                 print("\n".join(dry_run(argv)), flush=True)
                 began = time.monotonic()
