@@ -58,6 +58,13 @@ class StepGate:
         "calls meet)",
         parse=share,
     )
+    max_relative_error_increase: float = option(
+        0.1,
+        "errors: where larger, the budget of both error checks is this share of stable's own error share over the "
+        "step instead (0.1: +3 points at stable's 30 %%), so that an outage failing both versions alike is judged "
+        "on what the candidate adds to it; 0 keeps the budget in points at any error share",
+        parse=share,
+    )
     max_slow_increase: float = option(
         0.01,
         "latency: the share of the candidate's calls slower than stable's p99 (as histogram_quantile() places it "
