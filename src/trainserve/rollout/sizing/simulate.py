@@ -195,7 +195,7 @@ def _cumulative_counts(
 def _compared(rng, compared: np.ndarray, situation: Situation) -> dict[str, np.ndarray]:
     """The compared copies' counts per look: a classifier's flips, overall and by stable's class (a class of
     CLASS_SHARE, flipping at `flipped_class` where set, and the rest); a regression model's differences beyond the
-    tolerance. None where the answers are not compared."""
+    tolerance. Nothing where the answers are not compared."""
     if not situation.flips:
         return {}
     rate = situation.flip_rate()
