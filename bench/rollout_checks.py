@@ -139,9 +139,11 @@ class Traffic:
     rate: float
     rng: np.random.Generator
     median: float = field(init=False)
+    classes: np.random.Generator = field(init=False)
 
     def __post_init__(self):
         self.median = MEDIAN * BUCKET ** self.rng.uniform(-0.5, 0.5)
+        self.classes = self.rng.spawn(1)[0]  # the pairs' classes: drawn apart, the rest draws as without them
 
     def threshold(self) -> dict | None:
         """measure's threshold from stable's calls in the BEFORE seconds before a step, in the proxy's buckets."""
@@ -193,15 +195,20 @@ class Traffic:
 
     def compared(self, compared: int) -> dict[str, int]:
         """The compared copies' counts: beyond the tolerance (regression); flips, overall and by stable's class."""
-        c, rng = self.candidate, self.rng
+        c, split = self.candidate, self.classes
         if c.regression:
-            return {"shadow_tolerated": compared, "shadow_beyond": rng.binomial(compared, c.flips)}
-        one = rng.binomial(compared, c.class_share)
-        one_flips = rng.binomial(one, c.flips if c.one_class is None else c.one_class)
-        rest_flips = rng.binomial(compared - one, c.flips)
+            return {"shadow_tolerated": compared, "shadow_beyond": self.rng.binomial(compared, c.flips)}
+        one = split.binomial(compared, c.class_share)
+        if c.one_class is None:  # every class alike: the flips as drawn before classes were counted, then split
+            flips = self.rng.binomial(compared, c.flips)
+            one_flips = split.hypergeometric(flips, compared - flips, one)
+        else:
+            one_flips = split.binomial(one, c.one_class)
+            flips = one_flips + split.binomial(compared - one, c.flips)
+        rest_flips = flips - one_flips
         return {
             "shadow_classified": compared,
-            "shadow_flips": one_flips + rest_flips,
+            "shadow_flips": flips,
             "shadow_class_pairs:0": one,
             "shadow_class_flips:0": one_flips,
             "shadow_class_pairs:other": compared - one,
