@@ -64,13 +64,14 @@ SIGMA, MEDIAN = 0.5, 0.005  # seconds
 BUCKET = 1.8  # the proxy's histogram: 10 us x 1.8^i
 BEFORE = 300.0  # seconds of stable's calls a step's threshold is taken from
 NO_SHADOW = "5% 10m, 25% 10m, 100%"
+CLASS_KEYS = ("shadow_class_pairs:0", "shadow_class_flips:0", "shadow_class_pairs:other", "shadow_class_flips:other")
 KEYS = (
     *("canary_requests", "canary_errors", "stable_requests", "stable_errors"),
     *("candidate_latency_count", "candidate_above_bound", "candidate_above_lower"),
     *("stable_latency_count", "stable_above_bound", "stable_above_lower"),
     *("shadow_pairs", "shadow_flips", "shadow_classified", "shadow_compared", "shadow_incomparable"),
     *("shadow_errors", "shadow_dropped", "shadow_shed", "shadow_cut", "shadow_tolerated", "shadow_beyond"),
-    *("shadow_class_pairs:0", "shadow_class_flips:0", "shadow_class_pairs:other", "shadow_class_flips:other"),
+    *CLASS_KEYS,
 )
 
 
@@ -205,15 +206,8 @@ class Traffic:
         else:
             one_flips = split.binomial(one, c.one_class)
             flips = one_flips + split.binomial(compared - one, c.flips)
-        rest_flips = flips - one_flips
-        return {
-            "shadow_classified": compared,
-            "shadow_flips": flips,
-            "shadow_class_pairs:0": one,
-            "shadow_class_flips:0": one_flips,
-            "shadow_class_pairs:other": compared - one,
-            "shadow_class_flips:other": rest_flips,
-        }
+        by_class = dict(zip(CLASS_KEYS, (one, one_flips, compared - one, flips - one_flips)))
+        return {"shadow_classified": compared, "shadow_flips": flips, **by_class}
 
 
 def stated(candidate: Candidate, rate: float, gate: StepGate, interval: float, max_hold: float) -> Stated:
@@ -332,9 +326,8 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     former = [replace(c, plan=EXAMPLE_PLAN) for c in CANDIDATES if c.plan == AUTO]
-    for candidate in {"both": [*CANDIDATES, *former], "auto": CANDIDATES, "former": former}[args.plans]:
-        if args.only not in candidate.name:
-            continue
+    chosen = {"both": [*CANDIDATES, *former], "auto": CANDIDATES, "former": former}[args.plans]
+    for candidate in (c for c in chosen if args.only in c.name):
         for k, rate in enumerate(RATES):
             said = stated(candidate, rate, gate, args.interval, args.max_hold)
             rng = np.random.default_rng([args.seed, [c.name for c in CANDIDATES].index(candidate.name), k])
