@@ -280,3 +280,12 @@ def test_prometheus_answers_the_slowest_hour_at_the_plans_hours(tmp_path):
         case(last_hour_query("m", "proxy"), day7 + 6 * 3600, 10.0),
     ]
     promtool_answers(tmp_path, f"{step}s", [{"series": series, "values": " ".join(f"{v:g}" for v in values)}], cases)
+
+
+@pytest.mark.unit
+def test_a_one_class_flipper_is_sized_for_only_where_a_class_can_fail():
+    """30 % of a class at the defaults; none where the class budget is every pair (--gate-flip-class-slack 30)."""
+    assert situation(10).one_class_flipping().flipped_class == pytest.approx(2.5 * 3 * 0.04)
+    loose = Situation(Traffic(10, 0.0), StepGate(flip_class_slack=30), OFFLINE, True, 30.0)
+    assert loose.one_class_flipping() is None
+    assert Situation(Traffic(10, 0.0), StepGate(), {}, True, 30.0).one_class_flipping() is None
