@@ -32,9 +32,9 @@ RATE = 14.0  # the clients' requests per second: about 10, and no test over a mi
 SEEN = 30
 # At the default budgets (errors and slow calls at most 1 point above stable's, 200 calls a check) `auto` sizes a
 # plan of about 30 minutes at 10 requests/s: too long for a test. Only what sizes the samples is loosened (15-point
-# budgets, 30 calls a check, a class's flips up to 8 times the flip budget: the shadow step lasts until a candidate
-# flipping one class would be rolled back), and the plan is to decide as quickly as it can (a target of 40 s),
-# looked at every 2 s, within 15 minutes: promoted in about 50 s.
+# budgets, 30 calls a check, a class's flips up to 8 times the flip budget, so that no class can flip 2.5 times its
+# budget and the shadow step waits for no such candidate), and the plan is to decide as quickly as it can (a target
+# of 40 s), looked at every 2 s, within 15 minutes: promoted in about 50 s.
 SAMPLES = (
     *("--gate-max-error-increase", "0.15", "--gate-max-slow-increase", "0.15", "--gate-min-requests", "30"),
     *("--gate-flip-class-slack", "8"),

@@ -284,8 +284,9 @@ def test_prometheus_answers_the_slowest_hour_at_the_plans_hours(tmp_path):
 
 @pytest.mark.unit
 def test_a_one_class_flipper_is_sized_for_only_where_a_class_can_fail():
-    """30 % of a class at the defaults; none where the class budget is every pair (--gate-flip-class-slack 30)."""
+    """30 % of a class at the defaults; none where 2.5 times the class budget is more than every pair."""
     assert situation(10).one_class_flipping().flipped_class == pytest.approx(2.5 * 3 * 0.04)
-    loose = Situation(Traffic(10, 0.0), StepGate(flip_class_slack=30), OFFLINE, True, 30.0)
-    assert loose.one_class_flipping() is None
+    for slack, sized in ((10, True), (11, False), (30, False)):  # a flip budget of 4 %: 2.5 x 10 x 0.04 = 1
+        loose = Situation(Traffic(10, 0.0), StepGate(flip_class_slack=slack), OFFLINE, True, 30.0)
+        assert (loose.one_class_flipping() is not None) == sized, slack
     assert Situation(Traffic(10, 0.0), StepGate(), {}, True, 30.0).one_class_flipping() is None

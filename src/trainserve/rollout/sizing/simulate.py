@@ -86,12 +86,12 @@ class Situation:
 
     def one_class_flipping(self) -> Situation | None:
         """The same traffic with a classifier flipping one class of CLASS_SHARE at CLASS_FLIPPING times its class
-        budget (at most every pair), the rest as offline (None: no classes compared, or a class budget of 1)."""
+        budget, the rest as offline (None: no classes compared, or a budget that times is more than every pair)."""
         budget = anchored_budget(self.offline.get("disagreement"), self.gate)
         if not self.flips or self.anchor != "disagreement" or budget is None:
             return None
-        each = self.gate.flip_class_slack * budget[0]
-        return replace(self, flipped_class=min(CLASS_FLIPPING * each, 1.0)) if each < 1 else None  # else none fails
+        flipped = CLASS_FLIPPING * self.gate.flip_class_slack * budget[0]
+        return replace(self, flipped_class=flipped) if flipped <= 1 else None  # else no class can flip that much
 
 
 def quantile(values, percent: float) -> float:
