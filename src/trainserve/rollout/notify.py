@@ -9,6 +9,9 @@ record that announces it, and posted without the controller waiting (trainserve.
     paused             held past --max-hold: the controller stopped (exit 75), the route held on stable
     rolled-back        the rollback decided (a failed check, an abort, labels moved), with the look behind it
     promoted           the candidate is stable
+    bake               with --bake: the bake begun, previous kept loaded (trainserve.rollout.bake); a failure during
+                       it is a `rolled-back` (stable back to previous)
+    baked              the bake ended with the version kept as stable
 
 The generic document (schema `trainserve.notification/1`): `event`, `summary` (one sentence), `time` (the
 record's, UTC), `started` (the rollout's START), `model`, `candidate`, `stable`, `plan`, `step` ({index, number,
@@ -21,7 +24,7 @@ only ever added within /1.
 `alertmanager`: the body Alertmanager's webhook_config posts (version "4"), so that receivers built for it (chat
 bridges, pagers) take a rollout as one alert: labels alertname="TrainserveRollout", model, candidate, stable (the
 same for the whole rollout, so a receiver threads its updates), `firing` while it is in progress (paused and
-awaiting approval included: someone may have to act) and `resolved` once it is promoted or rolled back; the
+awaiting approval included: someone may have to act) and `resolved` once it is promoted, baked or rolled back; the
 annotations carry the event, summary, description (said), step and report.
 """
 
@@ -38,6 +41,8 @@ from trainserve.rollout.notify_sender import Receiver, Sender, Tally
 from trainserve.rollout.plan import parse_plan
 from trainserve.rollout.progress import (
     AWAITING,
+    BAKE,
+    BAKED,
     CHECK,
     NOTIFIED,
     PAUSED,
@@ -64,8 +69,10 @@ ANNOUNCED = {
     PAUSED: "paused",
     ROLLBACK: "rolled-back",
     PROMOTED: "promoted",
+    BAKE: "bake",
+    BAKED: "baked",
 }
-ENDS = ("rolled-back", "promoted")
+ENDS = ("rolled-back", "promoted", "baked")
 
 
 @dataclass(frozen=True)
@@ -204,6 +211,8 @@ def summary(name: str, start: dict, step: dict | None, said: str | None, record:
     """The decision in one sentence."""
     who = f"model {start['model']} version {start['candidate']}"
     at = f"step {step['number']} of {step['of']} ({step['words']})" if step else "before its first step"
+    if step and step["number"] == step["of"] and name == "rolled-back":  # after the promotion: the bake
+        at = "the bake after its promotion (stable back to previous)"
     return {
         "started": f"rollout of {who} begun (stable {start['stable']}): {start['plan']}",
         "step": f"{who}: {at} entered",
@@ -214,6 +223,8 @@ def summary(name: str, start: dict, step: dict | None, said: str | None, record:
         "paused": f"{who} paused at {at}: {said}; run the same command to resume, or --abort --reason TEXT",
         "rolled-back": f"{who} rolled back at {at}: {said}",
         "promoted": f"{who} promoted: stable -> {start['candidate']}",
+        "bake": f"{who}: {record.get('words')} begun, previous version {record.get('previous')} kept loaded",
+        "baked": f"{who}: bake ended, version kept as stable: {said}",
     }[name]
 
 
