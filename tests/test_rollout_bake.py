@@ -182,6 +182,7 @@ def test_an_identical_version_is_kept_once_its_bake_is_over_and_the_rollout_ends
     outcome = controller(config, report, served, time).run()
     assert outcome.promoted and "baked" in outcome.said
     assert events(config)[-4:] == ["promote", "promoted", "bake", "baked"]
+    assert rollout_events(config)[0]["bake"] == {"seconds": BAKE, "auto": False, "said": "bake 20s (--bake)"}
     begun = next(e for e in rollout_events(config) if e["event"] == "bake")
     assert time.now - begun["started"] >= BAKE  # watched for the whole bake
     assert labels(config) == Rollout(stable=2, previous=1) and route(config) is None
@@ -252,7 +253,22 @@ def test_bake_0_ends_the_rollout_at_its_promotion(site):
 def test_the_start_record_and_the_dry_run_state_the_bake(site, capsys):
     config, report = site
     argv = ["rollout", "--config", str(config), "--routing-file", str(config.parent / "r.json"), "--dry-run"]
-    assert main([*argv, "--report", str(report), "--expected-rate", "10"]) == 0
+    assert (
+        main(
+            [
+                *argv,
+                "--report",
+                str(report),
+                "--plan",
+                "shadow 10s, 5% 5m, 100%",
+                "--expected-rate",
+                "100",
+                "--bake",
+                "auto",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "bake" in out and "(auto): a version twice as slow" in out, out
     assert "previous (1) kept loaded, routed with no canary share, shadow 100% copied to it" in out
@@ -262,7 +278,8 @@ def test_the_start_record_and_the_dry_run_state_the_bake(site, capsys):
 
 @pytest.mark.parametrize(
     ("rate", "plan", "expected"),
-    [(10.0, "auto", (FLOOR, CAP)), (None, PLAN, (UNSIZED, UNSIZED))],
+    [(100.0, "5% 5m, 100%", (FLOOR, FLOOR)), (1.0, PLAN, (CAP, CAP)), (None, PLAN, (UNSIZED, UNSIZED))],
+    ids=["shown-early", "never-shown", "no-rate"],
 )
 def test_auto_sizes_the_bake_to_the_rate_within_its_floor_and_cap(rate, plan, expected):
     config = RolloutConfig(plan=plan, expected_rate=rate, interval=30.0)

@@ -48,7 +48,7 @@ def bake_of(config: RolloutConfig, resolved: Resolved) -> dict:
     rate, step = situation.traffic.rate, resolved.plan.steps[last]
     before = rate * (1 - resolved.plan.canary_during(last) / 100) * step.seconds
     shown = quantile(rollback_times(rate, before, situation.gate, situation.interval), QUANTILE)
-    seconds = min(max(on_looks(shown, situation.interval), FLOOR), CAP)
+    seconds = min(max(on_looks(shown, situation.interval), FLOOR), CAP) if math.isfinite(shown) else CAP
     within = f"within {hours(shown)}" if math.isfinite(shown) else f"not within {hours(CAP)}"
     said = (
         f"bake {hours(seconds)} (auto): a version twice as slow ({SLOW_BAD:.0%} of its calls above previous's p99) "

@@ -51,7 +51,7 @@ def dry_run(config: RolloutConfig) -> list[str]:
     lines += [*resolved.lines(), *_approval(config, plan)]
     for i, step in enumerate(plan.steps):
         if step.kind == PROMOTE:
-            lines.append(f"step {i + 1}: 100%: promote (stable -> {version}, previous -> {stable}), routing cleared")
+            lines.append(f"step {i + 1}: 100%: promote (stable -> {version}), routing cleared")
             lines += _bake(config, resolved, plan.shadow_during(i), stable, flips)
             continue
         names = analysis.check_names(step, flips and plan.shadow_during(i) > 0)
