@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_rollout_notify import Time
-from test_rollout_safety import labels, rollout_events, route, site  # noqa: F401 (a fixture)
+from test_rollout_safety import labels, rollout_events, route, site_in
 
 from trainserve.cli import main
 from trainserve.proxy.routing import read_routing
@@ -130,6 +130,12 @@ class Server:
         self.waits.append(("unloaded", version, labels(self.config)))
 
 
+@pytest.fixture
+def bed(tmp_path) -> tuple[Path, Path]:
+    """Model m: version 1 stable, version 2 the candidate with a passing report (test_rollout_safety's site)."""
+    return site_in(tmp_path)
+
+
 def controller(config: Path, report: Path, served: Served, time: Time, **more) -> Controller:
     settings = {"interval": 1.0, "wait": 5.0, "max_hold": 30.0, "plan": PLAN, "bake": BAKE, **more}
     rollout = RolloutConfig(config=config, routing_file=config.parent / "routing.json", report=report, **settings)
@@ -145,8 +151,8 @@ def baking(config: Path) -> bool:
     return events(config)[-1:] == ["bake"] or events(config)[-2:] == ["bake", "resumed"]
 
 
-def test_a_version_that_fails_10_percent_once_promoted_is_moved_back_to_previous_within_the_bake(site):
-    config, report = site
+def test_a_version_that_fails_10_percent_once_promoted_is_moved_back_to_previous_within_the_bake(bed):
+    config, report = bed
     served = Served(config)
     served.failing[2] = 0.10  # only once it answers as stable
     routes = []
@@ -166,8 +172,8 @@ def test_a_version_that_fails_10_percent_once_promoted_is_moved_back_to_previous
     assert "error share" in said and "vs previous's" in said and "before the switch (step 2)" in said
 
 
-def test_a_version_slower_than_previous_once_promoted_is_rolled_back_by_its_slow_calls(site):
-    config, report = site
+def test_a_version_slower_than_previous_once_promoted_is_rolled_back_by_its_slow_calls(bed):
+    config, report = bed
     served = Served(config)
     served.slow.add(2)
     outcome = controller(config, report, served, Time(served)).run()
@@ -175,8 +181,8 @@ def test_a_version_slower_than_previous_once_promoted_is_rolled_back_by_its_slow
     assert labels(config) == Rollout(stable=1)
 
 
-def test_an_identical_version_is_kept_once_its_bake_is_over_and_the_rollout_ends_then(site):
-    config, report = site
+def test_an_identical_version_is_kept_once_its_bake_is_over_and_the_rollout_ends_then(bed):
+    config, report = bed
     served = Served(config)
     time = Time(served)
     outcome = controller(config, report, served, time).run()
@@ -190,8 +196,8 @@ def test_an_identical_version_is_kept_once_its_bake_is_over_and_the_rollout_ends
     assert outcome.report is not None and "its bake ended" in outcome.report.read_text()
 
 
-def test_an_outage_on_both_versions_during_the_bake_rolls_nothing_back(site):
-    config, report = site
+def test_an_outage_on_both_versions_during_the_bake_rolls_nothing_back(bed):
+    config, report = bed
     served = Served(config)
     served.failing[2] = 0.3  # from the switch on (steady: see docs/progressive-delivery.md for one that begins later)
     served.also_copies = True  # the copies to previous fail alike: a fault of the server, not of the version
@@ -202,8 +208,8 @@ def test_an_outage_on_both_versions_during_the_bake_rolls_nothing_back(site):
     assert held and held[0]["name"] == "bake_errors"
 
 
-def test_a_controller_killed_during_the_bake_resumes_it_with_its_counts_and_the_time_it_had_left(site):
-    config, report = site
+def test_a_controller_killed_during_the_bake_resumes_it_with_its_counts_and_the_time_it_had_left(bed):
+    config, report = bed
     served = Served(config)
     looks = []
 
@@ -225,8 +231,8 @@ def test_a_controller_killed_during_the_bake_resumes_it_with_its_counts_and_the_
     assert events(config)[-5:] == ["promoted", "bake", "resumed", "rollback", "rolled-back"]
 
 
-def test_abort_during_the_bake_moves_stable_back_and_rollback_refuses_meanwhile(site, capsys):
-    config, report = site
+def test_abort_during_the_bake_moves_stable_back_and_rollback_refuses_meanwhile(bed, capsys):
+    config, report = bed
     served = Served(config)
 
     def kill_in_the_bake(n: int) -> None:
@@ -242,16 +248,16 @@ def test_abort_during_the_bake_moves_stable_back_and_rollback_refuses_meanwhile(
     assert rollout_events(config)[-1]["said"] == "aborted during the bake: pager"
 
 
-def test_bake_0_ends_the_rollout_at_its_promotion(site):
-    config, report = site
+def test_bake_0_ends_the_rollout_at_its_promotion(bed):
+    config, report = bed
     served = Served(config)
     outcome = controller(config, report, served, Time(served), bake=0.0).run()
     assert outcome.promoted and events(config)[-2:] == ["promote", "promoted"]
     assert in_progress(read_history(history_path(config)), "m") is None
 
 
-def test_the_start_record_and_the_dry_run_state_the_bake(site, capsys):
-    config, report = site
+def test_the_start_record_and_the_dry_run_state_the_bake(bed, capsys):
+    config, report = bed
     argv = ["rollout", "--config", str(config), "--routing-file", str(config.parent / "r.json"), "--dry-run"]
     assert (
         main(
