@@ -27,6 +27,7 @@ from trainserve.rollout.controller import Controller
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.measure import THRESHOLD, queries
+from trainserve.rollout.notify import ANNOUNCED, Where, document
 from trainserve.rollout.progress import in_progress
 from trainserve.rollout.rollout_config import RolloutConfig, StepGate
 from trainserve.rollout.sizing.auto import resolve
@@ -137,7 +138,7 @@ def bed(tmp_path) -> tuple[Path, Path]:
 
 
 def controller(config: Path, report: Path, served: Served, time: Time, **more) -> Controller:
-    settings = {"interval": 1.0, "wait": 5.0, "max_hold": 30.0, "plan": PLAN, "bake": BAKE, **more}
+    settings = {"interval": 2.0, "wait": 5.0, "max_hold": 30.0, "plan": PLAN, "bake": BAKE, **more}
     rollout = RolloutConfig(config=config, routing_file=config.parent / "routing.json", report=report, **settings)
     rollout.prometheus = "http://prometheus.invalid:9090"
     return Controller(rollout, served, Server(config), clock=time.clock, sleep=time.sleep)
@@ -170,6 +171,24 @@ def test_a_version_that_fails_10_percent_once_promoted_is_moved_back_to_previous
     assert len(looks) <= 3 and looks[-1]["decision"] == "rollback"  # the first looks with counts show it
     said = rollout_events(config)[-1]["said"]
     assert "error share" in said and "vs previous's" in said and "before the switch (step 2)" in said
+    page = outcome.report.read_text()
+    assert "After the promotion: bake 20s" in page and "during the bake 20s after its promotion" in page
+
+
+def test_the_notifications_say_the_bake_and_a_rollback_during_it(bed):
+    config, report = bed
+    served = Served(config)
+    served.failing[2] = 0.10
+    controller(config, report, served, Time(served)).run()
+    records, where = rollout_events(config), Where(history_path(config))
+    start = records[0]
+    told = {
+        r["event"]: document(ANNOUNCED[r["event"]], start, r, None, where) for r in records if r["event"] in ANNOUNCED
+    }
+    assert told["bake"]["summary"] == "model m version 2: bake 20s begun, previous version 1 kept loaded"
+    assert told["rollback"]["summary"].startswith(
+        "model m version 2 rolled back at the bake after its promotion (stable back to previous): bake_errors: "
+    )
 
 
 def test_a_version_slower_than_previous_once_promoted_is_rolled_back_by_its_slow_calls(bed):
@@ -216,7 +235,7 @@ def test_a_controller_killed_during_the_bake_resumes_it_with_its_counts_and_the_
     def kill_in_the_bake(n: int) -> None:
         if baking(config):
             looks.append(n)
-            if len(looks) == 10:
+            if len(looks) == 4:
                 raise Killed
 
     time = Time(served, kill_in_the_bake)

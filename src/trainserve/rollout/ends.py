@@ -15,8 +15,8 @@ back      a promoted version that failed its bake (trainserve.rollout.bake), or 
           unloaded (previous unset, as a rollback leaves it) and the route removed. A replica that cannot be
           confirmed leaves the version loaded as previous, the rollback pending (exit 75): a rerun finishes it
 
-Each end, once recorded, writes the decision report beside the history (trainserve.rollout.report); one that
-cannot be written is logged, and the decision stands.
+Each end, once recorded, writes the decision report beside the history (trainserve.rollout.report; a promotion
+with a bake to follow: at the bake's end); one that cannot be written is logged, and the decision stands.
 """
 
 from __future__ import annotations
@@ -194,7 +194,8 @@ class Ends:
             labels = self.labels()
         moves.clear_route(self.config.routing_file, self.model)
         self.append(PROMOTED, start, after=labels.labels())
-        return Outcome(True, f"model {self.model}: {labels.describe()}", self._report())
+        baking = (start.get("bake") or {}).get("seconds")  # the rollout ends after its bake: the report then
+        return Outcome(True, f"model {self.model}: {labels.describe()}", None if baking else self._report())
 
     # -- pause ---------------------------------------------------------------------------------------------
 
