@@ -30,7 +30,7 @@ from trainserve.rollout.look_words import check_words
 from trainserve.rollout.measure import Meter
 from trainserve.rollout.plan import parse_plan
 from trainserve.rollout.progress import BAKE, BAKED, CHECK, RESUMED, ROLLBACK, Progress, in_progress
-from trainserve.rollout.prometheus import PrometheusUnreachable
+from trainserve.rollout.prometheus import Prometheus, PrometheusUnreachable
 from trainserve.rollout.report.write import written
 from trainserve.rollout.sizing.choose import hours
 
@@ -85,7 +85,10 @@ class Bake:
         return self._watch(start, previous, started, state, bake["baseline"])
 
     def abort(self, progress: Progress, said: str) -> Outcome:
-        """--abort during the bake: stable back to previous, as a failure moves it."""
+        """--abort during the bake: stable back to previous, as a failure moves it (the replicas confirmed on the
+        Prometheus the START record names where --prometheus is not given)."""
+        if self.ends.prometheus is None and progress.start.get("prometheus"):
+            self.ends.prometheus = Prometheus(progress.start["prometheus"])
         self.ends.append(ROLLBACK, progress.start, step=self._index(progress.start), said=said)
         return self.ends.back_to_previous(progress.start, said)
 
