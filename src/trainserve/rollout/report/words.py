@@ -66,7 +66,7 @@ def _where(account: Account, step: int | None) -> str:
         return " before its first step"
     steps = parse_plan(account.start["plan"]).steps
     if stint is not None and stint.index == index and stint.words.startswith("bake"):
-        return f" during the {stint.words} after its promotion, back to previous"
+        return f" during the {stint.words} after its promotion"
     return f" at step {index + 1} ({steps[index].words()})" if index < len(steps) else ""
 
 
