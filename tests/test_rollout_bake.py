@@ -27,7 +27,7 @@ from trainserve.rollout.controller import Controller
 from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.measure import THRESHOLD, queries
-from trainserve.rollout.notify import ANNOUNCED, Where, document
+from trainserve.rollout.notify import ANNOUNCED, Where, alertmanager, document
 from trainserve.rollout.progress import in_progress
 from trainserve.rollout.rollout_config import RolloutConfig, StepGate
 from trainserve.rollout.sizing.auto import resolve
@@ -186,6 +186,8 @@ def test_the_notifications_say_the_bake_and_a_rollback_during_it(bed):
         r["event"]: document(ANNOUNCED[r["event"]], start, r, None, where) for r in records if r["event"] in ANNOUNCED
     }
     assert told["bake"]["summary"] == "model m version 2: bake 20s begun, previous version 1 kept loaded"
+    assert told["promoted"]["bake_seconds"] == BAKE  # Alertmanager's alert stays firing through the bake
+    assert [alertmanager(told[e])["alerts"][0]["status"] for e in ("promoted", "rollback")] == ["firing", "resolved"]
     assert told["rollback"]["summary"].startswith(
         "model m version 2 rolled back at the bake after its promotion (stable back to previous): bake_errors: "
     )

@@ -18,14 +18,15 @@ record's, UTC), `started` (the rollout's START), `model`, `candidate`, `stable`,
 of, words, shadow_percent, canary_percent}; null before the first step and for an abort), `said` (why: paused,
 held, rolled back; else null), `look` (the last look: {step, decision, checks [{name, result, said}], counts}; null
 before one), `report` (the rollout's decision report page: URL or path), `history`, `by` (user@host of the
-record); `held`: also `held_seconds` and `max_hold_seconds`; `approved`: `reason` and `approved_by`. Fields are
+record), `bake_seconds` (the bake after the promotion, 0: none); `held`: also `held_seconds` and
+`max_hold_seconds`; `approved`: `reason` and `approved_by`. Fields are
 only ever added within /1.
 
 `alertmanager`: the body Alertmanager's webhook_config posts (version "4"), so that receivers built for it (chat
 bridges, pagers) take a rollout as one alert: labels alertname="TrainserveRollout", model, candidate, stable (the
 same for the whole rollout, so a receiver threads its updates), `firing` while it is in progress (paused and
-awaiting approval included: someone may have to act) and `resolved` once it is promoted, baked or rolled back; the
-annotations carry the event, summary, description (said), step and report.
+awaiting approval included: someone may have to act) and `resolved` once it is rolled back, promoted without a
+bake, or baked; the annotations carry the event, summary, description (said), step and report.
 """
 
 from __future__ import annotations
@@ -188,6 +189,7 @@ def document(name: str, start: dict, record: dict, look: dict | None, where: Whe
         "report": where.report(start),
         "history": str(where.history),
         "by": record.get("by"),
+        "bake_seconds": float((start.get("bake") or {}).get("seconds") or 0.0),  # the rollout ends after it
     }
 
 
@@ -242,7 +244,8 @@ def alertmanager(document: dict) -> dict:
         "candidate": str(document["candidate"]),
         "stable": str(document["stable"]),
     }
-    status = "resolved" if document["event"] in ENDS else "firing"
+    baking = document["event"] == "promoted" and document.get("bake_seconds")  # the bake to come
+    status = "resolved" if document["event"] in ENDS and not baking else "firing"
     annotations = {
         "event": document["event"],
         "summary": document["summary"],
