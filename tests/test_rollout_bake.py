@@ -18,14 +18,15 @@ from test_rollout_notify import Time
 from test_rollout_safety import labels, rollout_events, route, site_in
 
 from trainserve.cli import main
+from trainserve.errors import TrainserveError
 from trainserve.proxy.routing import read_routing
 from trainserve.rollout.analysis import FAIL
 from trainserve.rollout.bake_checks import errors_check
 from trainserve.rollout.bake_size import CAP, FLOOR, UNSIZED, bake_of
-from trainserve.rollout.config_file import history_path
+from trainserve.rollout.config_file import history_path, read_config, write_config
 from trainserve.rollout.controller import Controller
 from trainserve.rollout.history import read_history
-from trainserve.rollout.labels import Rollout
+from trainserve.rollout.labels import Rollout, apply_rollout
 from trainserve.rollout.measure import THRESHOLD, queries
 from trainserve.rollout.notify import ANNOUNCED, Where, alertmanager, document
 from trainserve.rollout.progress import in_progress
@@ -335,3 +336,21 @@ def test_the_bake_never_fails_a_version_whose_error_share_is_no_higher_than_prev
     counts |= {"shadow_compared": 0, "shadow_incomparable": 0}
     baseline = {"errors": base, "requests": m, "step": 1}
     assert errors_check(counts, baseline, StepGate()).result != FAIL
+
+
+def test_a_bake_rollback_with_no_previous_labelled_moves_nothing_and_says_why(bed):
+    config, report = bed
+    served = Served(config)
+
+    def kill_in_the_bake(n: int) -> None:
+        if baking(config):
+            raise Killed
+
+    with pytest.raises(Killed):
+        controller(config, report, served, Time(served, kill_in_the_bake)).run()
+    served_config = read_config(config)
+    apply_rollout(served_config.model_config_list.config[0], Rollout(stable=2))  # `previous` dropped by hand
+    write_config(config, served_config)
+    with pytest.raises(TrainserveError, match="version 2 is stable with no previous version labelled"):
+        controller(config, report, served, Time(served), abort=True, reason="pager").run()
+    assert labels(config) == Rollout(stable=2)

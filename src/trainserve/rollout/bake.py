@@ -84,11 +84,12 @@ class Bake:
         log.info("model %s: resuming the bake with its counts, %.0f s left", self._model, left)
         return self._watch(start, previous, started, state, bake["baseline"])
 
-    def abort(self, progress: Progress, said: str) -> Outcome:
+    def abort(self, progress: Progress) -> Outcome:
         """--abort during the bake: stable back to previous, as a failure moves it (the replicas confirmed on the
         Prometheus the START record names where --prometheus is not given)."""
         if self.ends.prometheus is None and progress.start.get("prometheus"):
             self.ends.prometheus = Prometheus(progress.start["prometheus"])
+        said = f"aborted during the bake: {self.ends.config.reason}"
         self.ends.append(ROLLBACK, progress.start, step=self._index(progress.start), said=said)
         return self.ends.back_to_previous(progress.start, said)
 

@@ -91,9 +91,7 @@ class Controller:
                     raise TrainserveError(
                         f"no rollout of model {self.model} is in progress in {self.history}: nothing to abort"
                     )
-                if progress.promoted:
-                    return self.bake.abort(progress, f"aborted during the bake: {self.config.reason}")
-                return self.ends.abort(progress.start)
+                return self.bake.abort(progress) if progress.promoted else self.ends.abort(progress.start)
             progress = self._resume(progress) if progress is not None else self._start()
             try:
                 return self._follow(progress)
@@ -199,9 +197,7 @@ class Controller:
             )
         self.plan = parse_plan(start["plan"])  # `auto` follows the plan it chose at the start
         labels = self._labels()
-        if labels.stable != start["stable"] and not (
-            (progress.pending or progress.promoted) and labels.stable == progress.candidate
-        ):
+        if labels.stable != start["stable"] and not (progress.past_steps and labels.stable == progress.candidate):
             raise TrainserveError(
                 f"{said}, but stable moved from version {start['stable']} to {labels.stable} since: expected --abort"
             )

@@ -146,7 +146,12 @@ class Ends:
         """The promoted version (the rollout's candidate) replaced by previous as stable (see the module's
         docstring); each write is skipped where an earlier run made it."""
         version, before = start["candidate"], self.labels()
-        if before.stable == version and before.previous is not None:
+        if before.stable == version and before.previous is None:
+            raise TrainserveError(
+                f"model {self.model}: version {version} is stable with no previous version labelled (moved by hand?): "
+                "nothing to move back to; expected `previous` labelled, then the same command"
+            )
+        if before.stable == version:
             self._relabel(Rollout(before.previous, version, before.candidate))
             if self.server is not None:
                 self.server.wait_label(self.model, STABLE, before.previous, self.config.wait)

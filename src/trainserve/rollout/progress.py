@@ -61,6 +61,11 @@ class Progress:
     def candidate(self) -> int:
         return self.start["candidate"]
 
+    @property
+    def past_steps(self) -> bool:
+        """A move decided (stable may be the candidate already), or the promotion done and its bake not over."""
+        return self.pending is not None or self.promoted
+
 
 def event(kind: str, model: str, candidate: int, **fields) -> dict:
     return {"action": ROLLOUT, "event": kind, "model": model, "candidate": candidate, **fields}
