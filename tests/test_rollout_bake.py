@@ -320,6 +320,8 @@ def test_bad_bake_input_is_one_line_naming_what_was_expected(capsys):
     with pytest.raises(SystemExit):
         main(["rollout", "--bake", "soon"])
     assert "expected `auto`, 0 (no bake), or a duration such as 30m" in capsys.readouterr().err
+    with pytest.raises(TrainserveError, match=r"^--bake 'soon': expected `auto`, 0 \(no bake\), or a duration"):
+        RolloutConfig(bake="soon")
 
 
 @given(

@@ -81,7 +81,7 @@ def _approval(config: RolloutConfig, plan: Plan) -> list[str]:
     ]
 
 
-def _bake(config: RolloutConfig, resolved: Resolved, shadow: float, stable, flips: bool) -> list[str]:
+def _bake(config: RolloutConfig, resolved: Resolved, shadow: float, stable: int | str, flips: bool) -> list[str]:
     """The bake after the promotion (trainserve.rollout.bake), as the START record would set it."""
     bake = bake_of(config, resolved)
     if not bake["seconds"]:

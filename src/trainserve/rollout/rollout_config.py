@@ -280,6 +280,11 @@ class RolloutConfig:
     tls: ClientTls = option(factory=ClientTls)
 
     def __post_init__(self):
+        if isinstance(self.bake, str) and self.bake != AUTO:
+            try:
+                self.bake = _bake(self.bake)
+            except argparse.ArgumentTypeError as exc:
+                raise TrainserveError(f"--bake {exc}") from None
         if isinstance(self.plan, str) and self.plan != AUTO:
             try:
                 self.plan = parse_plan(self.plan)
