@@ -156,7 +156,7 @@ class Replicas:
 
 def controller(config: Path, report: Path, prometheus, server=None, **more) -> Controller:
     """The real controller, with a clock that moves only when it sleeps."""
-    settings = {"interval": 1.0, "wait": 30.0, "max_hold": 5.0, **more}
+    settings = {"interval": 1.0, "wait": 30.0, "max_hold": 5.0, "bake": 0.0, **more}
     rollout = RolloutConfig(
         config=config, routing_file=config.parent / "routing.json", report=report, plan=PLAN, **settings
     )
