@@ -195,7 +195,7 @@ def test_a_retried_jobs_eval_step_evaluates_nothing_during_the_rollout(site, cap
     config, report = site
     begun(config, report, CANARY_STEP)
     argv = ["eval", "--server", "unused:1", "--model", "m", "--label", "candidate", "--compare-with", "stable"]
-    caplog.set_level(logging.INFO, logger="trainserve.evaluation.commands")
+    caplog.set_level(logging.INFO, logger="trainserve.evaluation")
     assert main([*argv, "--rollout-config", str(config), "--skip-during-rollout"]) == 0
     assert "nothing evaluated (--skip-during-rollout): eval refused: a rollout of model m version 2" in caplog.text
 

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from trainserve.options import add_options, config_from_args
 from trainserve.shards import add_merge_parser
-
-log = logging.getLogger(__name__)
 
 
 def add_parsers(commands) -> None:
@@ -40,10 +37,6 @@ def run_eval(args: argparse.Namespace) -> int:
     from trainserve.terminal import browser_line
 
     config = config_from_args(EvalConfig, args)
-    skipped = rollout_in_progress(config)
-    if skipped:
-        log.info("nothing evaluated (--skip-during-rollout): %s", skipped)
-        return 0
     result = evaluate(config)
     print(summary_table(result.report))
     page = None
@@ -68,20 +61,6 @@ def run_eval(args: argparse.Namespace) -> int:
         print(f"trainserve eval: gate failed: {said}", file=sys.stderr)
         return 1
     return 0
-
-
-def rollout_in_progress(config) -> str | None:
-    """Why nothing is evaluated under --skip-during-rollout (a rollout of the model in progress); else None."""
-    if not config.skip_during_rollout:
-        return None
-    config.check()  # a one-line refusal of --skip-during-rollout without --rollout-config comes first
-    from trainserve.rollout.progress import RolloutInProgress, refuse_during
-
-    try:
-        refuse_during(config.rollout_config, config.model, "eval")
-    except RolloutInProgress as exc:
-        return str(exc)
-    return None
 
 
 def add_report_parser(commands) -> None:
