@@ -1,0 +1,184 @@
+"""`live-eval --state`: the watch of the version `stable` names, across daily runs.
+
+Each run, after the join: the stable version and the promotion that made it stable are read from --config and its
+history (trainserve.rollout), the baseline from that promotion's eval report (or `previous`, paired), and, under
+a lock beside the state, the labelled examples no earlier run counted are added to the state (trainserve.live.
+state), the anytime-valid bounds judged (trainserve.live.sequential) and the state replaced. A drop shown beyond
+--max-drop fails the run; with --on-drop rollback it also moves `stable` back to `previous` with `trainserve
+rollback`'s own code, its reason in the rollout history. The fixed-horizon gates and the estimate keep paging
+(exit 1) on their own; only the watch acts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from trainserve.errors import TrainserveError
+from trainserve.files import locked
+from trainserve.live.config import LiveEvalConfig, drop_margin
+from trainserve.live.sequential import (
+    Baseline,
+    change_bounds,
+    one_sided_alpha,
+    runs_to_show,
+    said_drop,
+    verdict,
+)
+from trainserve.live.state import NOT_ANSWERED, WatchState, continued, write_state
+
+DAY_S = 86400
+
+
+def watch(config: LiveEvalConfig, joined, now: float) -> dict:
+    """Count the stable version's new labelled answers into --state, judge, act; the report's `watch` section."""
+    w = config.watch
+    name, version, promotion = stable_promotion(w.config, config.model)
+    baseline = baseline_of(promotion, w.against)
+    margin = drop_margin(config.max_drop).drop
+    fresh = WatchState(name, version, promotion["time"], baseline, margin, config.level)
+    with locked(w.state):
+        state, restarted = continued(w.state, fresh)
+        base = None if baseline.design == "held-out" else _answered(joined, baseline.version)
+        run = state.count(joined.labels.keys, _answered(joined, version), base)
+        alpha = one_sided_alpha(state.level)
+        bounds = change_bounds(state.counts, state.baseline, alpha)
+        found = verdict(bounds, margin)
+        state.runs.append({"time": _iso(now), **run, "bounds": list(bounds), "verdict": found})
+        write_state(w.state, state)
+        section = _section(state, run, bounds, found, alpha, restarted, w)
+        if found == "drop shown" and w.on_drop == "rollback" and state.acted is None:
+            state.acted = roll_back(config, name, version, section["said"], now)
+            write_state(w.state, state)
+        section["rollback"] = state.acted
+    return section
+
+
+def stable_promotion(path: Path, model: str) -> tuple[str, int, dict]:
+    """(the model's name, its stable version, the history's record of the promotion that made it stable)."""
+    from trainserve.rollout.config_file import find_model, history_path, read_config
+    from trainserve.rollout.history import read_history
+    from trainserve.rollout.labels import Rollout
+
+    served = find_model(read_config(path), path, model)
+    stable = Rollout.of(served).stable
+    if stable is None:
+        raise TrainserveError(f"--config {path}: model {served.name} has no `stable` version: nothing to watch")
+    promotions = [
+        e
+        for e in read_history(history_path(path))
+        if e.get("action") == "promote" and e.get("model") == served.name and e["after"].get("stable") == stable
+    ]
+    if not promotions:
+        raise TrainserveError(
+            f"--config {path}: its history holds no promotion of {served.name} version {stable}: expected one "
+            "(trainserve promote, or a rollout): the watch compares with what the version was promoted on"
+        )
+    return served.name, stable, promotions[-1]
+
+
+def baseline_of(promotion: dict, against: str) -> Baseline:
+    """The baseline from a promotion record: `previous` (the stable it replaced), or the held-out accuracy of the
+    eval report it used, with that report's count of examples when the report is still there, unchanged."""
+    if against == "previous":
+        previous = promotion["before"].get("stable")
+        if previous is None:
+            raise TrainserveError(
+                f"--watch-against previous: version {promotion['after']['stable']} was the first stable "
+                "(no previous): expected --watch-against held-out"
+            )
+        return Baseline("previous", version=previous, source=f"promoted {promotion['time']}")
+    accuracy = promotion.get("accuracy")
+    if accuracy is None:
+        raise TrainserveError(
+            f"--state: the report version {promotion['after']['stable']} was promoted on states no accuracy "
+            "(a regression model?): the watch judges a classifier's accuracy"
+        )
+    report = Path(promotion.get("report") or "")
+    if not report.is_file() or hashlib.sha256(report.read_bytes()).hexdigest() != promotion.get("report_sha256"):
+        return Baseline("held-out", accuracy, source=f"eval report {report} is no longer there as promoted")
+    examples = json.loads(report.read_text())["data"]["examples"]
+    return Baseline("held-out", accuracy, round(accuracy * examples), examples, source=f"eval report {report}")
+
+
+def _answered(joined, version: int) -> np.ndarray:
+    """Per label: -1 the version did not answer it, 0 wrong, 1 right."""
+    found = joined.answered.get(version)
+    return found if found is not None else np.full(len(joined.labels.keys), NOT_ANSWERED, np.int8)
+
+
+def roll_back(config: LiveEvalConfig, model: str, version: int, said: str, now: float) -> dict:
+    """`trainserve rollback`'s own step, its reason the watch's words; a refusal is said, not raised."""
+    from trainserve.rollout.config import RollbackConfig
+    from trainserve.rollout.steps import rollback
+
+    w = config.watch
+    try:
+        name, stable, _ = stable_promotion(w.config, model)
+        if stable != version:  # moved since this run read it: the rollback would move another version
+            raise TrainserveError(f"version {version} is no longer stable (version {stable} is): nothing moved")
+        reason = f"live-eval --on-drop rollback: {said}"
+        change = rollback(RollbackConfig(config=w.config, model=name, reason=reason, routing_file=w.routing_file))
+    except TrainserveError as exc:
+        return {"done": False, "time": _iso(now), "said": f"rollback not done: {exc}"}
+    return {"done": True, "time": _iso(now), "said": f"rolled back: {change.describe()}"}
+
+
+def _section(state: WatchState, run: dict, bounds, found: str, alpha: float, restarted, w) -> dict:
+    c, b = state.counts, state.baseline
+    per_day = labels_per_day(state.runs)
+    runs = runs_to_show(
+        per_day, {"disagreement": (c.only + c.baseline_only) / max(c.examples, 1)}, b, state.margin, alpha
+    )
+    accuracy = "n/a" if not c.examples else f"{c.correct / c.examples:.4f}"
+    said = (
+        f"version {state.version} live accuracy {accuracy} on {c.examples} labelled examples over "
+        f"{len(state.runs)} run(s) vs {b.describe()}: change within [{bounds[0]:+.4f}, {bounds[1]:+.4f}] "
+        f"(anytime, one-sided {alpha:g} each end): {found} (--max-drop {state.margin:g})"
+    )
+    return {
+        "state": str(w.state),
+        "model": state.model,
+        "version": state.version,
+        "promoted": state.promoted,
+        "baseline": b.to_json(),
+        "margin": state.margin,
+        "alpha": alpha,
+        "counts": vars(c),
+        "run": run,
+        "runs": len(state.runs),
+        "bounds": list(bounds),
+        "verdict": found,
+        "restarted": restarted,
+        "on_drop": w.on_drop,
+        "labels_per_day": per_day,
+        "runs_to_show": runs,
+        "rate_said": rate_said(per_day, runs, state.margin),
+        "said": said,
+    }
+
+
+def labels_per_day(runs: list[dict]) -> float:
+    """Labelled examples counted a day, over the days from the first run to the last (a missed day included)."""
+    if not runs:
+        return 0.0
+    first, last = (datetime.datetime.fromisoformat(runs[i]["time"]) for i in (0, -1))
+    days = max(1, round((last - first).total_seconds() / DAY_S) + 1)
+    return sum(r["counted"] for r in runs) / days
+
+
+def rate_said(per_day: float, runs: int | None, margin: float) -> str:
+    drop = f"a {100 * said_drop(margin):g}-point drop"
+    if per_day <= 0:
+        return f"no labelled answer of the version counted yet: no label rate to say when {drop} would show"
+    if runs is None:
+        return f"at your label rate ({per_day:.0f} labelled answers a day), {drop} would not show within two years"
+    return f"at your label rate ({per_day:.0f} labelled answers a day), {drop} shows within about {runs} daily runs"
+
+
+def _iso(now: float) -> str:
+    return datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat(timespec="seconds")
