@@ -48,7 +48,7 @@ def run_live_eval(args: argparse.Namespace) -> int:
     if config.watch.state is not None:
         from trainserve.live.watch import watch
 
-        report["watch"] = watch(config, joined, time.time())
+        report["watch"] = watch(config, joined, time.time(), getattr(args, "roll_back", None))
         report["passed"] = report["passed"] and report["watch"]["verdict"] != "drop shown"
     return _publish_live(report, config.report)
 

@@ -12,8 +12,7 @@ rollback`'s own code, its reason in the rollout history. The fixed-horizon gates
 from __future__ import annotations
 
 import datetime
-import hashlib
-import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +20,8 @@ import numpy as np
 from trainserve.errors import TrainserveError
 from trainserve.files import locked
 from trainserve.live.config import LiveEvalConfig, drop_margin
+from trainserve.live.promotion import baseline_of, stable_promotion
 from trainserve.live.sequential import (
-    Baseline,
     change_bounds,
     one_sided_alpha,
     runs_to_show,
@@ -32,15 +31,17 @@ from trainserve.live.sequential import (
 from trainserve.live.state import NOT_ANSWERED, WatchState, continued, write_state
 
 DAY_S = 86400
+# (serving config, model, reason, routing file) -> what moved: `trainserve rollback`'s step, wired by trainserve.cli
+RollBack = Callable[[Path, str, str, Path | None], str]
 
 
-def watch(config: LiveEvalConfig, joined, now: float) -> dict:
+def watch(config: LiveEvalConfig, joined, now: float, roll_back: RollBack | None = None) -> dict:
     """Count the stable version's new labelled answers into --state, judge, act; the report's `watch` section."""
     w = config.watch
-    name, version, promotion = stable_promotion(w.config, config.model)
+    version, promotion = stable_promotion(w.config, config.model)
     baseline = baseline_of(promotion, w.against)
     margin = drop_margin(config.max_drop).drop
-    fresh = WatchState(name, version, promotion["time"], baseline, margin, config.level)
+    fresh = WatchState(config.model, version, promotion["time"], baseline, margin, config.level)
     with locked(w.state):
         state, restarted = continued(w.state, fresh)
         base = None if baseline.design == "held-out" else _answered(joined, baseline.version)
@@ -52,57 +53,10 @@ def watch(config: LiveEvalConfig, joined, now: float) -> dict:
         write_state(w.state, state)
         section = _section(state, run, bounds, found, alpha, restarted, w)
         if found == "drop shown" and w.on_drop == "rollback" and state.acted is None:
-            state.acted = roll_back(config, name, version, section["said"], now)
+            state.acted = act(roll_back, config, version, section["said"], now)
             write_state(w.state, state)
         section["rollback"] = state.acted
     return section
-
-
-def stable_promotion(path: Path, model: str) -> tuple[str, int, dict]:
-    """(the model's name, its stable version, the history's record of the promotion that made it stable)."""
-    from trainserve.rollout.config_file import find_model, history_path, read_config
-    from trainserve.rollout.history import read_history
-    from trainserve.rollout.labels import Rollout
-
-    served = find_model(read_config(path), path, model)
-    stable = Rollout.of(served).stable
-    if stable is None:
-        raise TrainserveError(f"--config {path}: model {served.name} has no `stable` version: nothing to watch")
-    promotions = [
-        e
-        for e in read_history(history_path(path))
-        if e.get("action") == "promote" and e.get("model") == served.name and e["after"].get("stable") == stable
-    ]
-    if not promotions:
-        raise TrainserveError(
-            f"--config {path}: its history holds no promotion of {served.name} version {stable}: expected one "
-            "(trainserve promote, or a rollout): the watch compares with what the version was promoted on"
-        )
-    return served.name, stable, promotions[-1]
-
-
-def baseline_of(promotion: dict, against: str) -> Baseline:
-    """The baseline from a promotion record: `previous` (the stable it replaced), or the held-out accuracy of the
-    eval report it used, with that report's count of examples when the report is still there, unchanged."""
-    if against == "previous":
-        previous = promotion["before"].get("stable")
-        if previous is None:
-            raise TrainserveError(
-                f"--watch-against previous: version {promotion['after']['stable']} was the first stable "
-                "(no previous): expected --watch-against held-out"
-            )
-        return Baseline("previous", version=previous, source=f"promoted {promotion['time']}")
-    accuracy = promotion.get("accuracy")
-    if accuracy is None:
-        raise TrainserveError(
-            f"--state: the report version {promotion['after']['stable']} was promoted on states no accuracy "
-            "(a regression model?): the watch judges a classifier's accuracy"
-        )
-    report = Path(promotion.get("report") or "")
-    if not report.is_file() or hashlib.sha256(report.read_bytes()).hexdigest() != promotion.get("report_sha256"):
-        return Baseline("held-out", accuracy, source=f"eval report {report} is no longer there as promoted")
-    examples = json.loads(report.read_text())["data"]["examples"]
-    return Baseline("held-out", accuracy, round(accuracy * examples), examples, source=f"eval report {report}")
 
 
 def _answered(joined, version: int) -> np.ndarray:
@@ -111,21 +65,20 @@ def _answered(joined, version: int) -> np.ndarray:
     return found if found is not None else np.full(len(joined.labels.keys), NOT_ANSWERED, np.int8)
 
 
-def roll_back(config: LiveEvalConfig, model: str, version: int, said: str, now: float) -> dict:
-    """`trainserve rollback`'s own step, its reason the watch's words; a refusal is said, not raised."""
-    from trainserve.rollout.config import RollbackConfig
-    from trainserve.rollout.steps import rollback
-
+def act(roll_back: RollBack | None, config: LiveEvalConfig, version: int, said: str, now: float) -> dict:
+    """Roll back with `trainserve rollback`'s own step (`roll_back`, wired by trainserve.cli: the live stage imports
+    no other), its reason the watch's words; a refusal is said, not raised."""
     w = config.watch
     try:
-        name, stable, _ = stable_promotion(w.config, model)
+        stable, _ = stable_promotion(w.config, config.model)
         if stable != version:  # moved since this run read it: the rollback would move another version
             raise TrainserveError(f"version {version} is no longer stable (version {stable} is): nothing moved")
-        reason = f"live-eval --on-drop rollback: {said}"
-        change = rollback(RollbackConfig(config=w.config, model=name, reason=reason, routing_file=w.routing_file))
+        if roll_back is None:
+            raise TrainserveError("no rollback step wired in (run it as `trainserve live-eval`)")
+        moved = roll_back(w.config, config.model, f"live-eval --on-drop rollback: {said}", w.routing_file)
     except TrainserveError as exc:
         return {"done": False, "time": _iso(now), "said": f"rollback not done: {exc}"}
-    return {"done": True, "time": _iso(now), "said": f"rolled back: {change.describe()}"}
+    return {"done": True, "time": _iso(now), "said": f"rolled back: {moved}"}
 
 
 def _section(state: WatchState, run: dict, bounds, found: str, alpha: float, restarted, w) -> dict:
