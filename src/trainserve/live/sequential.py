@@ -109,28 +109,36 @@ def said_drop(margin: float) -> float:
 
 def runs_to_show(per_run: float, counts_rate: dict, baseline: Baseline, margin: float, alpha: float) -> int | None:
     """How many runs of `per_run` new labelled examples show a drop of said_drop(margin) in about 95 % of versions
-    that have it (their count of right answers 1.645 standard deviations below the mean); None: not within
-    MAX_RUNS, or never (the baseline's own uncertainty leaves no room). `counts_rate`: paired, the share of pairs
+    that have it (their count of right answers 1.645 standard deviations above the mean, the held-out accuracy's
+    own noise included); None: not within MAX_RUNS, or never (the baseline's own uncertainty leaves no room). `counts_rate`: paired, the share of pairs
     where the versions disagree (observed), which sets the spread of the paired difference."""
     if per_run <= 0:
         return None
-    drop = said_drop(margin)
-    for runs in range(1, MAX_RUNS + 1):
-        n = round(runs * per_run)
-        if (
-            verdict(change_bounds(_pessimistic(n, drop, counts_rate, baseline), baseline, alpha), margin)
-            == "drop shown"
-        ):
-            return runs
-    return None
+
+    def shown(runs: int) -> bool:
+        counts = _pessimistic(round(runs * per_run), said_drop(margin), counts_rate, baseline)
+        return verdict(change_bounds(counts, baseline, alpha), margin) == "drop shown"
+
+    if not shown(MAX_RUNS):
+        return None
+    low, high = 0, MAX_RUNS  # not shown after `low` runs, shown after `high` (more labels narrow the bounds)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if shown(middle) else (middle, high)
+    return high
 
 
 def _pessimistic(n: int, drop: float, counts_rate: dict, baseline: Baseline) -> Counts:
-    """The counts of `n` examples of a version `drop` below its baseline, 1.645 standard deviations unlucky."""
+    """The counts of `n` examples of a version `drop` below its baseline, 1.645 standard deviations luckier than
+    its mean (the slow case for showing the drop)."""
     if baseline.design == "previous":
         disagree = max(counts_rate.get("disagreement", 0.0), drop)
         only, base_only = (disagree - drop) / 2, (disagree + drop) / 2
         spread = POWER_Z * math.sqrt(n * max(disagree - drop * drop, 0.0)) / 2
-        return Counts(n, 0, round(max(n * only - spread, 0)), round(min(n * base_only + spread, n)))
+        return Counts(n, 0, round(min(n * only + spread, n)), round(max(n * base_only - spread, 0)))
     p = max(baseline.accuracy - drop, 0.0)
-    return Counts(n, round(max(n * p - POWER_Z * math.sqrt(n * p * (1 - p)), 0)))
+    # The drop is from the version's true accuracy, which the held-out split measured with its own noise: the live
+    # accuracy seen stands 1.645 standard deviations of (live - held-out) above the held-out accuracy minus the drop.
+    b, n_b = baseline.accuracy, baseline.examples
+    variance = p * (1 - p) / n + (b * (1 - b) / n_b if n_b else 0.0)
+    return Counts(n, round(min(n * (p + POWER_Z * math.sqrt(variance)), n)))
