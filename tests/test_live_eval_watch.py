@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +19,9 @@ from hypothesis import strategies as st
 from captures import capture_name, prediction_log, write_capture
 from trainserve.cli import main
 from trainserve.live.labels import example_key
-from trainserve.live.sequential import Baseline, Counts
+from trainserve.live.sequential import Baseline, Counts, change_bounds, runs_to_show, verdict
 from trainserve.live.state import WatchState, read_state, write_state
+from trainserve.live.watch import rate_said
 from trainserve.rollout.config_file import find_model, history_path, new_config, read_config, write_config
 from trainserve.rollout.history import append_history, read_history
 from trainserve.rollout.labels import Rollout, apply_rollout
@@ -246,3 +248,24 @@ def test_the_state_reads_back_as_written(tmp_path):
     write_state(tmp_path / "s.npz", state)
     back = read_state(tmp_path / "s.npz")
     assert back.meta() == state.meta() and back.keys.tolist() == [3, 9]
+
+
+def test_the_runs_stated_are_the_first_whose_slow_case_shows_the_drop():
+    baseline = Baseline("held-out", 0.95, 9500, 10000)
+    runs = runs_to_show(300, {}, baseline, 0.02, 0.025)
+    assert 10 < runs < 40
+
+    def shown(k: int) -> bool:
+        p = 0.90
+        n = 300 * k
+        right = round(n * (p + 1.6449 * math.sqrt(p * (1 - p) / n + 0.95 * 0.05 / 10000)))
+        return verdict(change_bounds(Counts(n, right), baseline, 0.025), 0.02) == "drop shown"
+
+    assert shown(runs) and not shown(runs - 1)
+    assert runs_to_show(900, {}, baseline, 0.02, 0.025) < runs  # more labels a day, fewer runs
+
+
+def test_a_held_out_split_too_small_for_the_margin_is_told_so():
+    baseline = Baseline("held-out", 0.9, 90, 100)  # its own interval is wider than the drop
+    assert runs_to_show(1000, {}, baseline, 0.02, 0.025) is None
+    assert "would not show within two years" in rate_said(1000, None, 0.02)
