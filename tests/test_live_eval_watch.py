@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from captures import capture_name, prediction_log, write_capture
 from trainserve.cli import main
 from trainserve.live.labels import example_key
-from trainserve.live.sequential import Baseline, Counts, change_bounds, runs_to_show, verdict
+from trainserve.live.sequential import Baseline, Counts, Pace, change_bounds, runs_to_show, verdict
 from trainserve.live.state import WatchState, read_state, write_state
 from trainserve.live.watch import rate_said
 from trainserve.rollout.config_file import find_model, history_path, new_config, read_config, write_config
@@ -252,7 +252,7 @@ def test_the_state_reads_back_as_written(tmp_path):
 
 def test_the_runs_stated_are_the_first_whose_slow_case_shows_the_drop():
     baseline = Baseline("held-out", 0.95, 9500, 10000)
-    runs = runs_to_show(300, {}, baseline, 0.02, 0.025)
+    runs = runs_to_show(Pace(0, 0, 300), baseline, 0.02, 0.025)
     assert 10 < runs < 40
 
     def shown(k: int) -> bool:
@@ -262,10 +262,11 @@ def test_the_runs_stated_are_the_first_whose_slow_case_shows_the_drop():
         return verdict(change_bounds(Counts(n, right), baseline, 0.025), 0.02) == "drop shown"
 
     assert shown(runs) and not shown(runs - 1)
-    assert runs_to_show(900, {}, baseline, 0.02, 0.025) < runs  # more labels a day, fewer runs
+    assert runs_to_show(Pace(0, 0, 900), baseline, 0.02, 0.025) < runs  # more labels a day, fewer runs
+    assert runs_to_show(Pace(3, 300, 300), baseline, 0.02, 0.025) == runs + 2  # labels late: 300 in 3 nights
 
 
 def test_a_held_out_split_too_small_for_the_margin_is_told_so():
     baseline = Baseline("held-out", 0.9, 90, 100)  # its own interval is wider than the drop
-    assert runs_to_show(1000, {}, baseline, 0.02, 0.025) is None
+    assert runs_to_show(Pace(0, 0, 1000), baseline, 0.02, 0.025) is None
     assert "would not show within two years" in rate_said(1000, None, 0.02)

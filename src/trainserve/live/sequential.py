@@ -107,32 +107,48 @@ def said_drop(margin: float) -> float:
     return max(SAID_DROP, 2 * margin)
 
 
-def runs_to_show(per_run: float, counts_rate: dict, baseline: Baseline, margin: float, alpha: float) -> int | None:
-    """How many runs of `per_run` new labelled examples show a drop of said_drop(margin) in about 95 % of versions
-    that have it (their count of right answers 1.645 standard deviations above the mean, the held-out accuracy's
-    own noise included); None: not within MAX_RUNS, or never (the baseline's own uncertainty leaves no room). `counts_rate`: paired, the share of pairs
-    where the versions disagree (observed), which sets the spread of the paired difference."""
-    if per_run <= 0:
+@dataclass(frozen=True)
+class Pace:
+    """What the runs so far say of the label rate: `runs` nights run, `counted` labelled examples counted,
+    `per_run` counted a night; paired, `disagreement`, the share of pairs where the versions disagree."""
+
+    runs: int
+    counted: int
+    per_run: float
+    disagreement: float = 0.0
+
+
+def runs_to_show(pace: Pace, baseline: Baseline, margin: float, alpha: float) -> int | None:
+    """After how many daily runs in all (those run included) a drop of said_drop(margin) shows in about 95 % of
+    versions that have it: the examples counted so far plus `per_run` a run from now on, their count of right
+    answers 1.645 standard deviations above the mean, the held-out accuracy's own noise included. None: not within
+    MAX_RUNS, or never (the baseline's own uncertainty leaves no room)."""
+    if pace.per_run <= 0:
         return None
 
     def shown(runs: int) -> bool:
-        counts = _pessimistic(round(runs * per_run), said_drop(margin), counts_rate, baseline)
+        n = pace.counted + round((runs - pace.runs) * pace.per_run)
+        if n <= 0:
+            return False
+        counts = _pessimistic(n, said_drop(margin), pace.disagreement, baseline)
         return verdict(change_bounds(counts, baseline, alpha), margin) == "drop shown"
 
     if not shown(MAX_RUNS):
         return None
-    low, high = 0, MAX_RUNS  # not shown after `low` runs, shown after `high` (more labels narrow the bounds)
+    low, high = pace.runs, MAX_RUNS  # more labels narrow the bounds: bisect for the first run that shows it
+    if shown(low):
+        return max(low, 1)
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (low, middle) if shown(middle) else (middle, high)
     return high
 
 
-def _pessimistic(n: int, drop: float, counts_rate: dict, baseline: Baseline) -> Counts:
+def _pessimistic(n: int, drop: float, disagreement: float, baseline: Baseline) -> Counts:
     """The counts of `n` examples of a version `drop` below its baseline, 1.645 standard deviations luckier than
     its mean (the slow case for showing the drop)."""
     if baseline.design == "previous":
-        disagree = max(counts_rate.get("disagreement", 0.0), drop)
+        disagree = max(disagreement, drop)
         only, base_only = (disagree - drop) / 2, (disagree + drop) / 2
         spread = POWER_Z * math.sqrt(n * max(disagree - drop * drop, 0.0)) / 2
         return Counts(n, 0, round(min(n * only + spread, n)), round(max(n * base_only - spread, 0)))

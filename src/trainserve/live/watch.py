@@ -22,6 +22,7 @@ from trainserve.files import locked
 from trainserve.live.config import LiveEvalConfig, drop_margin
 from trainserve.live.promotion import baseline_of, stable_promotion
 from trainserve.live.sequential import (
+    Pace,
     change_bounds,
     one_sided_alpha,
     runs_to_show,
@@ -84,9 +85,9 @@ def act(roll_back: RollBack | None, config: LiveEvalConfig, version: int, said: 
 def _section(state: WatchState, run: dict, bounds, found: str, alpha: float, restarted, w) -> dict:
     c, b = state.counts, state.baseline
     per_day = labels_per_day(state.runs)
-    runs = runs_to_show(
-        per_day, {"disagreement": (c.only + c.baseline_only) / max(c.examples, 1)}, b, state.margin, alpha
-    )
+    nights = len({r["time"][:10] for r in state.runs})  # a retried run is not another night
+    pace = Pace(nights, c.examples, per_day, (c.only + c.baseline_only) / max(c.examples, 1))
+    runs = runs_to_show(pace, b, state.margin, alpha)
     accuracy = "n/a" if not c.examples else f"{c.correct / c.examples:.4f}"
     said = (
         f"version {state.version} live accuracy {accuracy} on {c.examples} labelled examples over "
