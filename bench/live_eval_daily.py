@@ -161,7 +161,7 @@ def _days(value: float) -> str:
 
 HEADER = [
     "| baseline | labels a day | a number stated on day 7 | runs stated: median (5-95 %) | 5-point drop shown "
-    "within them | median day shown | unchanged: shown (rolled back) within 30 looks |",
+    "within them | median run shown | unchanged: shown (rolled back) within 30 looks |",
     "|---|---|---|---|---|---|---|",
 ]
 

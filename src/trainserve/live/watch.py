@@ -45,7 +45,8 @@ def watch(config: LiveEvalConfig, joined, now: float, roll_back: RollBack | None
     fresh = WatchState(config.model, version, promotion["time"], baseline, margin, config.level)
     with locked(w.state):
         state, restarted = continued(w.state, fresh)
-        base = None if baseline.design == "held-out" else _answered(joined, baseline.version)
+        held = state.baseline  # fixed at the promotion's first run
+        base = None if held.design == "held-out" else _answered(joined, held.version)
         run = state.count(joined.labels.keys, _answered(joined, version), base)
         alpha = one_sided_alpha(state.level)
         bounds = change_bounds(state.counts, state.baseline, alpha)
