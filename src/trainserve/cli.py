@@ -37,7 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     # the data's path, and the order of --help
     for stage in (training, serving, capture, evaluation, live, replay, drift, rollout):
         stage.add_parsers(commands)
+    commands.choices["live-eval"].set_defaults(roll_back=_roll_back)  # stages import no other: wired here
     return parser
+
+
+def _roll_back(config, model: str, reason: str, routing_file) -> str:
+    """`live-eval --on-drop rollback`: `trainserve rollback`'s own step; what moved, in its words."""
+    from trainserve.rollout.config import RollbackConfig
+    from trainserve.rollout.steps import rollback
+
+    return rollback(RollbackConfig(config=config, model=model, reason=reason, routing_file=routing_file)).describe()
 
 
 def main(argv: list[str] | None = None) -> int:
