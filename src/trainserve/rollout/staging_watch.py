@@ -221,7 +221,8 @@ class StagingWatch:
                 f"{head}; {calls} calls of stable while it loaded, fewer than --stage-min-calls "
                 f"{self.budget.min_calls}: the load cannot be judged (staged)"
             )
-        shown = ", ".join(f"{f.name} {_pct(*f.during)} (before {_pct(*f.before)})" for f in found)
+        words = {"slow": "above its p99", "errors": "failed"}
+        shown = ", ".join(f"{words[f.name]} {_pct(*f.during)} (before {_pct(*f.before)})" for f in reversed(found))
         return f"{head}; stable's {calls} calls meanwhile not shown hurt beyond the budget: {shown}"
 
     def _await_scrape(self, wait: float) -> str | None:
