@@ -140,8 +140,8 @@ def test_a_light_load_is_staged_and_its_duration_and_shares_recorded(site, caplo
     staging = change.record["staging"]
     assert staging["watched"] and staging["judged"] and not staging["slow"]["hurt"] and not staging["errors"]["hurt"]
     assert (
-        "stable's 400 calls meanwhile not shown hurt beyond the budget: above its p99 1 % (before 1 %), failed 0 % (before 0 %)"
-        in caplog.text
+        "stable's 400 calls meanwhile not shown hurt beyond the budget: above its p99 1 % (before 1 %), failed 0 % "
+        "(before 0 %)" in caplog.text
     )
 
 
