@@ -75,7 +75,15 @@ compare: venv ## The same training on the CPU and, where an NVIDIA runtime exist
 
 # TLS=1: every compose target below with compose.tls.yaml on top (gRPC over mutual TLS; `make certs` first).
 TLS ?=
-COMPOSE ?= docker compose$(if $(filter 1,$(TLS)), -f compose.yaml -f compose.tls.yaml)
+# `docker compose` where the engine has the Compose plugin, else the Compose v2 binary `make venv` installs
+# ($(BIN)/docker-compose: Debian's docker.io and many CI images have no plugin). Found on first use, said once on
+# stderr; COMPOSE=... (the command line or the environment) overrides it and is used as given.
+COMPOSE_FOUND = $(eval COMPOSE_FOUND := $$(shell $$(COMPOSE_FIND)))$(COMPOSE_FOUND)
+COMPOSE_FIND = if docker compose version >/dev/null 2>&1; then echo "docker compose"; \
+	echo "make: compose is docker compose" >&2; \
+	else echo "$(BIN)/docker-compose"; echo "make: compose is $(BIN)/docker-compose (no docker compose plugin$(if \
+	$(wildcard $(BIN)/docker-compose),,; make venv installs it))" >&2; fi
+COMPOSE ?= $(COMPOSE_FOUND)$(if $(filter 1,$(TLS)), -f compose.yaml -f compose.tls.yaml)
 REGISTRY ?=
 CERTS_DIR ?= certs
 
@@ -108,8 +116,12 @@ promote: ## Gated rollout: candidate -> eval (non-inferior to stable by MAX_DROP
 	$(COMPOSE) --profile promote run --rm promote-eval
 	$(COMPOSE) --profile promote run --rm promote
 
+.PHONY: traffic
+traffic: ## Steady traffic for a rollout to judge: the proxy, Prometheus, and the `load` service calling `stable` through the proxy
+	$(COMPOSE) --profile proxy --profile monitoring --profile load up -d proxy prometheus load
+
 .PHONY: rollout
-rollout: ## Progressive rollout on live traffic through the proxy: candidate -> gated eval -> shadow, canary steps judged by Prometheus -> stable, or rolled back
+rollout: traffic ## Progressive rollout on live traffic through the proxy (its `traffic` started first): candidate -> gated eval -> shadow, canary steps judged by Prometheus -> stable, or rolled back
 	$(COMPOSE) --profile promote run --rm rollout-candidate
 	$(COMPOSE) --profile promote run --rm promote-eval
 	$(COMPOSE) --profile promote run --rm rollout
@@ -157,7 +169,7 @@ test: venv ## Run the whole test suite: unit, integration (real TensorFlow, gRPC
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 .PHONY: test-fast
-test-fast: venv ## Only the unit tier: in process, no subprocess TensorFlow, no Docker (about a minute)
+test-fast: venv ## Only the unit tier: in process and quick (a test over 4 s of CPU fails), no Docker: at most 90 s
 	$(BIN)/python -m pytest -m unit $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 .PHONY: lint
@@ -170,7 +182,8 @@ lint: venv ## ruff, hadolint, yamllint, `docker compose config` for every profil
 	promtool check config monitoring/prometheus.yml monitoring/prometheus-compose.yml
 	for files in "-f compose.yaml" "-f compose.yaml -f compose.tls.yaml"; do \
 		$(BIN)/docker-compose $$files config --quiet; \
-		for profile in train eval promote proxy monitoring; do $(BIN)/docker-compose $$files --profile $$profile config --quiet; done; \
+		for profile in train eval promote proxy monitoring "proxy --profile load"; do \
+			$(BIN)/docker-compose $$files --profile $$profile config --quiet; done; \
 	done
 	for dir in k8s/base k8s/overlays/*; do \
 		kubectl kustomize $$dir > $(VENV)/rendered.yaml; \

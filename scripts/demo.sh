@@ -36,5 +36,8 @@ if ! "$BIN/trainserve" eval --server "localhost:$GRPC_PORT" --model "$MODEL" --v
   exit 1
 fi
 echo
-echo "demo: model $MODEL served from $DIR/models/$MODEL; REST status: curl localhost:$REST_PORT/v1/models/$MODEL"
+# The server stops with this script (trap above): say how to start it again before pointing at its REST port.
+echo "demo: model $MODEL published in $DIR/models/$MODEL; the demo's server has stopped. Serve it again and ask it:"
+echo "demo:   $BIN/trainserve serve-local --port=$GRPC_PORT --rest_api_port=$REST_PORT --model_name=$MODEL --model_base_path=$DIR/models/$MODEL &"
+echo "demo:   curl localhost:$REST_PORT/v1/models/$MODEL"
 echo "demo: training logs in $DIR/logs, eval report and plots in $DIR/reports, server log $DIR/serve-local.log"

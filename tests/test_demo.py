@@ -42,7 +42,8 @@ def test_demo_trains_serves_and_evaluates_the_version_it_published(tmp_path):
     assert {p.name for p in (demo / "reports").glob("*.png")} == {"confusion_matrix.png", "latency_histogram.png"}
     assert "waiting for digits to become AVAILABLE" in (demo / "serve-local.log").read_text(), "the server came first"
     # What the tutorial page shows `make demo` printing, at the page's paths and ports.
-    printed = text.replace(f"{tmp_path}/", "").replace(f":{env['GRPC_PORT']}", ":8500")
-    printed = printed.replace(f":{env['REST_PORT']}", ":8501")
+    printed = text.replace(f"{tmp_path}/", "").replace(f"{env['BIN']}/", ".venv/bin/")
+    for port, shown in ((env["GRPC_PORT"], "8500"), (env["REST_PORT"], "8501")):
+        printed = printed.replace(f":{port}", f":{shown}").replace(f"={port}", f"={shown}")
     missing = missing_lines(shown_output(REPO / "docs" / "tutorial" / "demo.md"), printed)
     assert not missing, f"docs/tutorial/demo.md shows lines the demo did not print: {missing}\n{printed[-3000:]}"

@@ -17,7 +17,9 @@ import yaml
 from conftest import REPO, pinned_tf_version, require
 from trainserve.serving.config import parse_batching, parse_monitoring
 
-# The unit tests here: kubectl and the validators run as subprocesses; nothing imports TensorFlow.
+# The unit tests here: kubectl and the validators run as subprocesses; nothing imports TensorFlow. One worker runs
+# the module: its renders and checkov's scan (half a minute) are made once, not once per xdist worker.
+pytestmark = pytest.mark.xdist_group("k8s")
 SERVE_CPU = REPO / "images" / "serve-cpu"
 KUSTOMIZATIONS = [
     "k8s/base",

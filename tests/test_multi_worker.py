@@ -76,6 +76,20 @@ def test_tf_config_command_prints_json(monkeypatch, capsys):
 
 
 @pytest.mark.unit
+def test_heartbeat_timeout_is_seconds_from_the_flag_or_the_environment(monkeypatch, capsys):
+    from trainserve.cli import build_parser
+
+    assert build_parser().parse_args(["train"]).heartbeat_timeout is None, "TensorFlow's own, unless set"
+    assert build_parser().parse_args(["train", "--heartbeat-timeout", "1.5"]).heartbeat_timeout == 1.5
+    monkeypatch.setenv("TRAINSERVE_HEARTBEAT_TIMEOUT", "4")
+    assert build_parser().parse_args(["train"]).heartbeat_timeout == 4.0
+    for bad in ("0", "soon", "inf", "nan"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["train", "--heartbeat-timeout", bad])
+        assert f"{bad!r}: expected a number of seconds > 0" in capsys.readouterr().err
+
+
+@pytest.mark.unit
 def test_epoch_checkpoint_restores_model_optimizer_and_epoch_and_only_the_chief_keeps_it(tmp_path):
     import keras
     import numpy as np
@@ -138,6 +152,9 @@ class Worker:
                     str(tmp / "data"),
                     "--logs-dir",
                     str(tmp / "logs"),
+                    # a killed worker is noticed after 3 s without heartbeats, not TensorFlow's 10 s
+                    "--heartbeat-timeout",
+                    "3",
                     *args,
                 ],
                 env=env,
@@ -193,6 +210,7 @@ def test_a_killed_worker_makes_the_group_restart_and_resume_at_its_epoch(tmp_pat
     # Kubernetes to restart the group without counting a failure (k8s/components/multi-worker).
     assert survivor.wait(timeout=120) == 75, survivor.log()[-3000:]
     assert "another worker was lost" in survivor.log().strip().splitlines()[-1]
+    assert "a worker silent for 3 s counts as lost" in survivor.log()
     assert "epoch 2/3:" not in survivor.log()
     assert not (tmp_path / "models" / "digits").exists() or numeric_versions(tmp_path / "models" / "digits") == []
 

@@ -156,17 +156,27 @@ def test_unwritable_export_dir_is_a_clear_error(tmp_path):
 def test_sigkill_during_publishing_never_leaves_an_incomplete_version(tiny_savedmodel, tmp_path):
     base = tmp_path / "m"
     rng = random.Random(7)
+    # Each publisher is a fork of one helper process (a fresh Python each time cost most of the test's time).
+    forks = subprocess.Popen(
+        [sys.executable, str(HELPER), str(tiny_savedmodel), str(base), "forks"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     for _ in range(25):
-        proc = subprocess.Popen(
-            [sys.executable, str(HELPER), str(tiny_savedmodel), str(base), "1000"], stdout=subprocess.PIPE
-        )
-        proc.stdout.readline()  # its first version is published: from now on it publishes continuously
-        time.sleep(rng.uniform(0, 0.3))  # a random moment to kill at, not a wait for anything
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stdout.close()
+        forks.stdin.write("start\n")
+        forks.stdin.flush()
+        publisher = int(forks.stdout.readline().split()[1])
+        forks.stdout.readline()  # its first version is published: from now on it publishes continuously
+        # A random moment to kill at, not a wait for anything: one publish takes a few ms, so 50 ms span many.
+        time.sleep(rng.uniform(0, 0.05))
+        os.kill(publisher, signal.SIGKILL)
+        while not forks.stdout.readline().strip().endswith("ended"):  # the versions it printed, then its end
+            pass
         for version in numeric_versions(base):
             assert_complete(base / str(version), tiny_savedmodel)
+    forks.stdin.close()
+    assert forks.wait(timeout=30) == 0
     killed_mid_publish = list(base.glob(f"{STAGING_PREFIX}*"))
     before = numeric_versions(base)
     assert before, "the loop published at least some versions between kills"

@@ -73,7 +73,7 @@ def test_more_traffic_gets_a_smaller_share_and_a_quicker_plan():
     assert first_share[100] < first_share[10]
 
 
-@pytest.mark.unit
+@pytest.mark.integration  # sizes a plan: seconds of simulation, unless another test of the worker sized it first
 def test_a_canary_steps_duration_is_what_the_checks_need_by_an_independent_count():
     """The median canary requests of the sized step lie near the count at which an identical candidate's expected
     counts put the difference bounds within budget (computed here from the bounds alone, no simulation)."""

@@ -1,5 +1,6 @@
 """tests/tier_budget.py on a pytest of its own: a unit test over its budget fails with its name and its time; a
-test that only waits on a wider fixture's setup passes; other tiers have no such budget."""
+test that only waits on a wider fixture's setup passes; a test of another tier over its budget is listed at the
+end, not failed."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import pytest
 import tier_budget
 
 pytest_plugins = ("tier_budget",)
-tier_budget.BUDGETS["unit"] = tier_budget.Budget(cpu_s=0.1, wall_s=5.0)
+tier_budget.BUDGETS["unit"] = tier_budget.Budget(cpu_s=0.1, wall_s=5.0, fails=True)
+tier_budget.BUDGETS["integration"] = tier_budget.Budget(cpu_s=float("inf"), wall_s=0.2, fails=False)
 
 
 def burn(cpu_s):
@@ -57,7 +59,7 @@ def test_quick():
 
 
 @pytest.mark.integration
-def test_slow_in_a_tier_without_a_budget():
+def test_slow_in_a_tier_whose_budget_lists_it():
     burn(0.3)
 """
 
@@ -80,3 +82,6 @@ def test_a_unit_test_over_its_budget_fails_naming_itself(tmp_path):
     (failed,) = [line for line in out.splitlines() if line.startswith("FAILED")]
     assert "test_timed.py::test_computes_too_long" in failed, out
     assert "over the unit tier's budget" in out and "s of CPU (at most 0.1)" in out, out
+    listed = out.split("tests over budget")[1]
+    assert "test_slow_in_a_tier_whose_budget_lists_it: 0 s, over the 0.2 s a test of any tier may take" in listed
+    assert "test_quick" not in listed and "test_only_waits" not in listed, listed

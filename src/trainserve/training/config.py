@@ -40,6 +40,17 @@ def image_size(text: str) -> tuple[int, int]:
     return dims  # type: ignore[return-value]
 
 
+def seconds(text: str) -> float:
+    """A duration in seconds, > 0 and finite."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds > 0")
+    return value
+
+
 def column_names(text: str) -> tuple[str, ...]:
     """`a,b` -> ("a", "b")."""
     return tuple(name.strip() for name in text.split(",") if name.strip())
@@ -113,6 +124,13 @@ class TrainConfig:
     grad_accum: int = option(1, "accumulate gradients over K steps", parse=positive_int)
     strategy: Strategy = option("auto", "tf.distribute; auto: multi-worker under TF_CONFIG, mirrored with several GPUs")
     cpu_replicas: int = option(1, "split the CPU into N logical devices", parse=positive_int)
+    heartbeat_timeout: float | None = option(
+        None,
+        "multi-worker: seconds without a worker's heartbeat before the others count it lost (default: TensorFlow's"
+        " 10 s)",
+        parse=seconds,
+        metavar="SECONDS",
+    )
     mixed_precision: MixedPrecision = option("auto", "auto: on for GPUs >= 7.0")
     keep: int | None = option(
         None,

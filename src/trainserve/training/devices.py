@@ -109,14 +109,19 @@ def resolve_mixed_precision(mode: MixedPrecision, gpus: list[dict]) -> bool:
     return bool(gpus) and all(tuple(g["compute_capability"] or (0, 0)) >= MIXED_PRECISION_MIN_CAPABILITY for g in gpus)
 
 
-def make_strategy(name: Strategy, cpu_replicas: int, mixed_precision: MixedPrecision) -> Distribution:
-    """Build the tf.distribute strategy `name` (`auto`: from TF_CONFIG and the devices) and log the plan."""
+def make_strategy(
+    name: Strategy, cpu_replicas: int, mixed_precision: MixedPrecision, heartbeat_timeout: float | None = None
+) -> Distribution:
+    """Build the tf.distribute strategy `name` (`auto`: from TF_CONFIG and the devices) and log the plan;
+    multi-worker: with `heartbeat_timeout` (seconds) for its coordination service, else TensorFlow's."""
     import tensorflow as tf
 
     configure_cpu_replicas(cpu_replicas)
     gpus = gpu_details()
     name = _pick_strategy(name, gpus, cpu_replicas)
     cluster = parse_tf_config(os.environ.get("TF_CONFIG", "")) if name == "multi-worker" else None
+    if cluster and heartbeat_timeout:
+        _configure_coordination(cluster, heartbeat_timeout)
     strategy = _build_strategy(name, gpus, cluster)
     build = tf.sysconfig.get_build_info()
     plan = DevicePlan(
@@ -148,6 +153,24 @@ def _pick_strategy(name: Strategy, gpus: list[dict], cpu_replicas: int) -> Strat
     if name not in STRATEGIES:
         raise TrainserveError(f"--strategy {name!r}: expected one of {', '.join(STRATEGIES)}")
     return name
+
+
+def _configure_coordination(cluster: ClusterTask, heartbeat_timeout: float) -> None:
+    """The coordination service MultiWorkerMirroredStrategy would start (it keeps one configured before it),
+    with its own heartbeat timeout: how long a killed worker goes unnoticed by the others. TensorFlow has no
+    public API for it; tests/test_multi_worker.py's killed-worker test runs with it set."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=f"/job:{cluster.task_type}/replica:0/task:0",
+        coordinated_jobs=[
+            coordination_config_pb2.CoordinatedJob(name=cluster.task_type, num_tasks=len(cluster.workers))
+        ],
+        heartbeat_timeout_in_ms=round(heartbeat_timeout * 1000),
+    )
+    log.info("multi-worker: a worker silent for %g s counts as lost", heartbeat_timeout)
 
 
 def _build_strategy(name: Strategy, gpus: list[dict], cluster: ClusterTask | None):

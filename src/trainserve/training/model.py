@@ -100,11 +100,24 @@ def build_for_training(
     if config is not None:
         if grad_accum > 1 or not getattr(model, "compiled", False):
             model.compile_from_config(config)  # a new wrapper: the inner model's compile, carried over
+        build_optimizer(model)
         return model
     units = int(model.outputs[0].shape[-1]) if len(model.outputs[0].shape) == 2 else 1
     metrics = ["accuracy"] if spec.task.kind == "classification" else ["mean_absolute_error"]
     model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss=task_loss(spec.task, units), metrics=metrics)
+    build_optimizer(model)
     return model
+
+
+def build_optimizer(model: keras.Model) -> None:
+    """Create the compiled optimizer's variables now, under the model's strategy, as fit would on its first
+    step. Outside a strategy (training on a CPU) fit creates them inside its first traced step, and
+    TensorFlow then traces that step twice: seconds for a large network (MobileNetV3's first fine-tuning epoch on
+    a CPU: 16 s -> 11 s)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built:
+        with model.distribute_strategy.scope():
+            optimizer.build(model.trainable_variables)
 
 
 def _compile_config(model: keras.Model) -> dict | None:

@@ -173,7 +173,7 @@ def _load_data(config: TrainConfig) -> Dataset:
 
 def _set_up_devices(config: TrainConfig) -> Devices:
     """Pick the strategy and the precision, which becomes Keras' global dtype policy; log the batch sizes."""
-    distribution = make_strategy(config.strategy, config.cpu_replicas, config.mixed_precision)
+    distribution = make_strategy(config.strategy, config.cpu_replicas, config.mixed_precision, config.heartbeat_timeout)
     plan = distribution.plan
     keras.config.set_dtype_policy(plan.precision)
     log.info("precision: %s", plan.precision + (" (float32 softmax)" if plan.mixed_precision else ""))

@@ -128,6 +128,8 @@ def fit_frozen_then_fine_tuned(model, fit, epochs: int, frozen_epochs: int, fine
     at `fine_tune_lr` (recompiled: Keras fixes what it trains at compile time). No backbone: one fit."""
     import keras
 
+    from trainserve.training.model import build_optimizer
+
     if not is_transfer(model) or frozen_epochs == 0:
         fit(epochs=epochs, initial_epoch=0)
         return
@@ -135,12 +137,14 @@ def fit_frozen_then_fine_tuned(model, fit, epochs: int, frozen_epochs: int, fine
     loss, metrics, learning_rate = model.loss, ["accuracy"], float(model.optimizer.learning_rate.numpy())
     layer.trainable = False
     model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss=loss, metrics=metrics)
+    build_optimizer(model)
     log.info("backbone frozen for %d epoch(s)", min(frozen_epochs, epochs))
     fit(epochs=min(frozen_epochs, epochs), initial_epoch=0)
     if epochs <= frozen_epochs:
         return
     layer.trainable = True
     model.compile(optimizer=keras.optimizers.Adam(fine_tune_lr), loss=loss, metrics=metrics)
+    build_optimizer(model)
     log.info("backbone fine-tuned from epoch %d at learning rate %g", frozen_epochs + 1, fine_tune_lr)
     history.append = True  # the CSV keeps the frozen epochs' rows
     fit(epochs=epochs, initial_epoch=frozen_epochs)

@@ -76,6 +76,12 @@ class LoadConfig(ClientOptions):
         "client's, e.g. to measure what capture costs)",
         parse=parse_bool,
     )
+    pin_version: bool = option(
+        True,
+        "each request names the version the target resolved to at the start (false: the --label, or no version, "
+        "as a client asks: a proxy that routes `stable` then routes them)",
+        parse=parse_bool,
+    )
     during: str | None = option(
         None,
         "run COMMAND under one steady load (one --concurrency or --rate, one --batch-sizes) and report the "

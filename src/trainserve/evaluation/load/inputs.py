@@ -59,6 +59,7 @@ def build_inputs(
 ) -> Inputs:
     """Every request the sweep will send, serialized once; bad data or flags fail here, before any Predict."""
     where = f"signature {target.signature!r} of {target.describe()}"
+    asked = version if config.pin_version else None  # unpinned: the label (or no version), as a client asks
     if config.data is None:
         rng = np.random.default_rng(config.seed)
         unknown = sorted(set(config.fill) - set(signature.inputs))
@@ -69,7 +70,7 @@ def build_inputs(
             )
         requests = {
             b: [
-                _request(target, version, *synthetic_inputs(signature, b, config.fill, rng, where), None, None)
+                _request(target, asked, *synthetic_inputs(signature, b, config.fill, rng, where), None, None)
                 for _ in range(SYNTHETIC_REQUESTS)
             ]
             for b in config.batch_sizes
@@ -81,7 +82,7 @@ def build_inputs(
     requests = {}
     for b in config.batch_sizes:
         requests[b] = [
-            _request(target, version, plan.request_inputs(columns), len(labels), labels, plan.output_filter)
+            _request(target, asked, plan.request_inputs(columns), len(labels), labels, plan.output_filter)
             for columns, labels in data.batches(b)
             if len(labels) == b  # full batches only: every request of a point carries `b` examples
         ]
@@ -123,5 +124,7 @@ def synthetic_inputs(
     return arrays, examples
 
 
-def _request(target: Target, version: int, inputs: dict, examples: int, labels, outputs: list[str] | None) -> Request:
+def _request(
+    target: Target, version: int | None, inputs: dict, examples: int, labels, outputs: list[str] | None
+) -> Request:
     return Request(predict_request(target, inputs, outputs, version).SerializeToString(), examples, labels)

@@ -1,0 +1,63 @@
+"""The Makefile's compose: `docker compose` where the engine has the plugin, else the shipped
+`.venv/bin/docker-compose` (Debian's docker.io has no plugin: `docker compose` there is `unknown flag:
+--profile`), said once on stderr; COMPOSE= overrides both. A `docker` script on PATH stands in for an engine
+with and without the plugin; `make -n` prints the commands without running them."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.integration  # runs make
+
+WITHOUT_PLUGIN = '[ "$1" = compose ] && { echo "docker: unknown command: docker compose" >&2; exit 1; }\nexit 0\n'
+WITH_PLUGIN = "exit 0\n"
+
+
+def dry_run(tmp_path: Path, docker: str, *args: str) -> subprocess.CompletedProcess:
+    """`make -n ARGS` with a `docker` whose script is `docker`, ahead of the system's on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "docker").write_text("#!/bin/sh\n" + docker)
+    (bin_dir / "docker").chmod(0o755)
+    return subprocess.run(
+        ["make", "--no-print-directory", "-n", *args],
+        cwd=REPO,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+
+
+def test_without_the_plugin_every_target_uses_the_shipped_binary_and_says_so_once(tmp_path):
+    venv = tmp_path / "venv"
+    made = dry_run(tmp_path, WITHOUT_PLUGIN, "serve", "promote", "rollout", f"VENV={venv}")
+    lines = made.stdout.splitlines()
+    assert lines[0] == f"{venv}/bin/docker-compose up -d serve-cpu", made.stdout
+    assert len(lines) == 8 and all(line.startswith(f"{venv}/bin/docker-compose --profile ") for line in lines[1:])
+    said = [line for line in made.stderr.splitlines() if "compose is" in line]
+    assert said == [f"make: compose is {venv}/bin/docker-compose (no docker compose plugin; make venv installs it)"]
+
+
+def test_with_the_plugin_docker_compose_is_used(tmp_path):
+    made = dry_run(tmp_path, WITH_PLUGIN, "rollback", "TLS=1")
+    assert made.stdout.splitlines() == [
+        "docker compose -f compose.yaml -f compose.tls.yaml --profile promote run --rm rollback"
+    ]
+    assert "make: compose is docker compose" in made.stderr.splitlines()
+
+
+def test_compose_given_overrides_both_and_nothing_is_said(tmp_path):
+    made = dry_run(tmp_path, WITHOUT_PLUGIN, "eval", "COMPOSE=my-compose")
+    assert made.stdout.splitlines() == ["my-compose --profile eval run --rm eval"]
+    assert "compose is" not in made.stderr
+
+
+def test_a_target_without_compose_says_nothing_of_it(tmp_path):
+    assert "compose is" not in dry_run(tmp_path, WITHOUT_PLUGIN, "help").stderr
