@@ -1,7 +1,13 @@
 """Staging that does not hurt stable, on real parts: serve-local polling the config `trainserve candidate` rewrites,
 the proxy in front of it, a real Prometheus scraping the proxy, and clients calling `stable` through the proxy at a
-steady rate. A version whose warmup burns the server's CPU (tensorflow/serving#1866: a load slows the versions
-served beside it) is refused with the damage stated and unloaded; a light one is staged."""
+steady rate. A light version is staged; a version whose warmup records take seconds each is refused with the
+damage stated and unloaded.
+
+The damage is planted so that it does not depend on how busy the machine is. serve-local batches with one batch
+thread, and a version loaded while others serve replays its warmup on the batch threads, as TF Serving replays it
+through its batching session: stable's batches wait behind each record, whatever else the machine runs. (Damage
+through the CPU alone shrinks as the machine gets busier: a heavy warmup that only burned the cores slowed 21 % of
+stable's calls past its p99 on an idle machine and 3 % beside a running test suite.)"""
 
 from __future__ import annotations
 
@@ -21,13 +27,22 @@ from trainserve.rollout.history import read_history
 from trainserve.rollout.labels import Rollout
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("rollout-live")]
-BURN_STEPS = 60  # iterations of a 1024 x 1024 matmul per warmup record: seconds of every core on this machine
+BURN_STEPS = 30  # 1024 x 1024 matmuls per heavy warmup record: about a second on an idle 2-core machine,
+BURN_SECONDS = 1.0  # and at least this long on a faster one
 BURN_RECORDS = 3
+# One batch thread shared by every version (TF Serving's shared batch scheduler); queues deep enough that a
+# caller waiting behind a warmup record is answered late, never refused.
+BATCHING = "max_batch_size { value: 128 }\nbatch_timeout_micros { value: 0 }\nnum_batch_threads { value: 1 }\n"
+BATCHING += "max_enqueued_batches { value: 100000 }\n"
+# A light load's own work shows too where serve-local, the proxy and the callers share one interpreter: reading the
+# SavedModel and its warmup file holds the GIL, 2-22 % of stable's calls above its p99 on a 2-core machine from idle
+# to oversubscribed 7 times. The planted warmup shows 58-90 %. The budget sits between, out of either's reach.
+SLOW_BUDGET = 0.2
 
 
 def save_heavy_warmup_model(template: Path, path: Path) -> Path:
-    """`template`'s serving signature, plus a `burn` signature (a tf.while_loop of matmuls) that its warmup
-    requests call: loading it keeps the server's thread pools busy for seconds, as a large model's warmup does."""
+    """`template`'s serving signature, plus a `burn` signature (a tf.while_loop of matmuls, one row a call) that
+    its warmup requests call: each record holds a batch thread for a second or more, as a large model's does."""
     import tensorflow as tf
 
     from trainserve.layout import warmup_path, write_warmup_requests
@@ -46,11 +61,12 @@ def save_heavy_warmup_model(template: Path, path: Path) -> Path:
         def serve(self, images):
             return inner(images=images)
 
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int32)], autograph=False)
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int32)], autograph=False)
         def burn(self, steps):
-            m = tf.random.stateless_uniform([1024, 1024], seed=[1, 2]) / 1024.0
-            out = tf.while_loop(lambda i, a: i < steps, lambda i, a: (i + 1, tf.tanh(a @ m)), [0, m])[1]
-            return {"checksum": tf.reduce_sum(out)}
+            m, start = tf.random.stateless_uniform([1024, 1024], seed=[1, 2]) / 1024.0, tf.timestamp()
+            more = lambda i, a: tf.logical_or(i < steps[0], tf.timestamp() - start < BURN_SECONDS)  # noqa: E731
+            out = tf.while_loop(more, lambda i, a: (i + 1, tf.tanh(a @ m)), [0, m])[1]
+            return {"checksum": tf.fill(tf.shape(steps), tf.reduce_sum(out))}  # one row a row: batchable
 
     module = Heavy()
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve, "burn": module.burn})
@@ -60,13 +76,14 @@ def save_heavy_warmup_model(template: Path, path: Path) -> Path:
             log = prediction_log_pb2.PredictionLog()
             request = log.predict_log.request
             request.model_spec.name, request.model_spec.signature_name = "m", "burn"
-            to_tensor_proto(np.array(BURN_STEPS, np.int32), into=request.inputs["steps"])
+            to_tensor_proto(np.array([BURN_STEPS], np.int32), into=request.inputs["steps"])
             writer.write(log.SerializeToString())
     return path
 
 
 class Callers:
-    """Clients calling `stable` through the proxy, one call every 10 ms; every failed call's code kept."""
+    """Clients calling `stable` through the proxy, a call every 10 ms whether or not the earlier ones were
+    answered (independent users: a stalled call holds none back); every failed call's code kept."""
 
     def __init__(self, proxy: Proxy):
         self.predict, _ = stubs(type("T", (), {"target": f"127.0.0.1:{proxy.port}"}))
@@ -76,13 +93,13 @@ class Callers:
 
     def _call(self) -> None:
         request = predict_request(label="stable")
-        while not self.stop.is_set():
-            try:
-                self.predict.Predict(request, timeout=30)
-            except grpc.RpcError as exc:
-                self.errors.append(exc.code().name)
+        while not self.stop.wait(0.01):  # pacing, not synchronisation
+            self.predict.Predict.future(request, timeout=120).add_done_callback(self._answered)
             self.calls += 1
-            self.stop.wait(0.01)  # pacing, not synchronisation
+
+    def _answered(self, call: grpc.Future) -> None:
+        if call.code() != grpc.StatusCode.OK:
+            self.errors.append(call.code().name)
 
     def close(self) -> None:
         self.stop.set()
@@ -91,11 +108,13 @@ class Callers:
 
 @pytest.fixture(scope="module")
 def live(model_versions, tmp_path_factory):
-    """Model m: version 1 stable, 2 with a heavy warmup, 3 a light one; clients calling stable all along, and
+    """Model m: version 1 stable, 2 a light one, 3 with a heavy warmup; clients calling stable all along, and
     Prometheus holding some seconds of stable's calls (its p99 before any load)."""
     root = tmp_path_factory.mktemp("staging-live")
     heavy = save_heavy_warmup_model(model_versions[0], root / "heavy")
-    with live_site(root, {1: model_versions[0], 2: heavy, 3: model_versions[1]}) as site:
+    (root / "batching.config").write_text(BATCHING)
+    flags = ("--enable_batching", f"--batching_parameters_file={root / 'batching.config'}")
+    with live_site(root, {1: model_versions[0], 2: model_versions[1], 3: heavy}, *flags) as site:
         callers = Callers(site.proxy)
         try:
             calls = ':trainserve:proxy:request_latency_count{job="proxy",version="1"}'
@@ -113,24 +132,25 @@ def candidate(site, version: int) -> int:
         [
             "candidate",
             *("--config", str(site.config), "--version", str(version), "--server", site.server.target),
-            *("--wait", "60", "--prometheus", site.prometheus.url, "--stage-baseline", "6s"),
-            *("--stage-min-calls", "50"),  # and the default budgets: +5 points slow, +1 point failed
+            *("--wait", "120", "--prometheus", site.prometheus.url, "--stage-baseline", "6s"),
+            *("--stage-min-calls", "50", "--stage-max-slow-increase", str(SLOW_BUDGET)),  # errors: +1 point
         ]
     )
 
 
-def test_a_version_whose_warmup_slows_stable_is_refused_and_unloaded_and_a_light_one_staged(live, capsys):
+def test_a_light_version_is_staged_and_one_whose_warmup_holds_stables_batches_is_refused_and_unloaded(live, capsys):
     site, callers = live
-    assert candidate(site, 2) == 2
+    assert candidate(site, 2) == 0
+    staged = read_history(history_path(site.config))[-1]
+    assert staged["after"] == {"stable": 1, "candidate": 2} and staged["staging"]["judged"], staged
+    assert not staged["staging"]["slow"]["hurt"] and not staged["staging"]["errors"]["hurt"], staged
+
+    assert candidate(site, 3) == 2
     said = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "staging version 2 slowed stable: " in said and said.endswith("; unloaded"), said
-    assert site.server.versions("m").get(2, "END") == "END"  # waited out of the server before the refusal
-    assert Rollout.of(read_config(site.config).model_config_list.config[0]) == Rollout(1)
+    assert "staging version 3 slowed stable: " in said and said.endswith("; unloaded"), said
+    assert site.server.versions("m").get(3, "END") == "END"  # waited out of the server before the refusal
+    assert Rollout.of(read_config(site.config).model_config_list.config[0]) == Rollout(1, candidate=2)
     refusal = read_history(history_path(site.config))[-1]
     assert refusal["refused"] in said and refusal["staging"]["slow"]["hurt"], refusal
     assert refusal["staging"]["load_seconds"] > 1
-
-    assert candidate(site, 3) == 0
-    staged = read_history(history_path(site.config))[-1]
-    assert staged["after"] == {"stable": 1, "candidate": 3} and staged["staging"]["judged"], staged
     assert not callers.errors  # the refused load slowed stable's callers; none of their calls failed
