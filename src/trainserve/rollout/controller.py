@@ -47,6 +47,7 @@ from trainserve.rollout.progress import CHECK, RESUMED, ROLLBACK, START, STEP, P
 from trainserve.rollout.progress import PROMOTE as PROMOTE_EVENT
 from trainserve.rollout.prometheus import Prometheus, PrometheusUnreachable
 from trainserve.rollout.rollout_config import RolloutConfig
+from trainserve.rollout.staging_watch import StagingHurtStable
 from trainserve.rollout.start import may_begin
 from trainserve.rollout.steps import Server, stage_candidate
 
@@ -120,7 +121,7 @@ class Controller:
                     self._append(PROMOTE_EVENT, start, step=index + 1)
                     return self.bake.after_promotion(start, self.ends.promoted(start))
                 index, started, counters = self._enter(start, index + 1)
-        except LabelsMoved as exc:
+        except (LabelsMoved, StagingHurtStable) as exc:  # the latter: its load hurt stable, unloaded
             failed = str(exc)
         self._append(ROLLBACK, start, step=index, said=failed)
         return self.ends.rolled_back(start, failed)
@@ -183,7 +184,8 @@ class Controller:
             self.ends.pause(start, None, "", self.clock() - held_since, why)
         c = self.config
         staged = CandidateConfig(c.config, self.model, version=version, server=c.server, wait=c.wait, tls=c.tls)
-        stage_candidate(staged, self.server, rollout=start)
+        staged.proxy_job, staged.stage = c.proxy_job, c.stage  # stable's calls watched while it loads
+        stage_candidate(staged, self.server, rollout=start, prometheus=self.prometheus)
 
     def _resume(self, progress: Progress) -> Progress:
         """The rollout in the history is this one, stable has not moved under it, and it follows the same plan."""

@@ -14,7 +14,7 @@ from typing import Literal
 
 from trainserve.errors import TrainserveError
 from trainserve.options import option, positive_int, share
-from trainserve.rollout.config import CONFIG_HELP, SERVER_HELP, check_server
+from trainserve.rollout.config import CONFIG_HELP, SERVER_HELP, StagingBudget, check_server
 from trainserve.rollout.notify_sender import Receiver, parse_receivers
 from trainserve.rollout.plan import AUTO, CANARY, EXAMPLE_PLAN, PROMOTE, Plan, duration, parse_plan, plan_or_auto
 from trainserve.rollout.targets import PROXY_JOB
@@ -230,6 +230,7 @@ class RolloutConfig:
         parse=_bake,
         metavar="DURATION",
     )
+    stage: StagingBudget = option(factory=StagingBudget)  # staging the candidate: stable's calls while it loads
     interval: float = option(30.0, "seconds between two looks at Prometheus", parse=_seconds)
     max_hold: float = option(
         1800.0,
@@ -316,6 +317,7 @@ class RolloutConfig:
             step_index(self.plan, self.approve_before)
         if self.report is None:
             raise TrainserveError("expected --report: the candidate's eval report, checked as promote checks it")
+        self.stage.check()
         if self.prometheus is None and not self.dry_run:
             raise TrainserveError("expected --prometheus URL: the Prometheus that scrapes the proxy")
         if self.rate_history and not re.fullmatch(r"[1-9]\d*[smhdwy]", self.rate_history):
