@@ -48,9 +48,10 @@ class Site:
 
 
 @contextlib.contextmanager
-def live_site(root: Path, versions: dict[int, Path]) -> Iterator[Site]:
+def live_site(root: Path, versions: dict[int, Path], *server_flags: str) -> Iterator[Site]:
     """Model m's `versions` (number: SavedModel) installed, the first one stable (promoted as a first rollout is),
-    served, proxied and scraped every second; stopped on leaving (serve-local must exit 0)."""
+    served (with `server_flags` too), proxied and scraped every second; stopped on leaving (serve-local must exit
+    0)."""
     base = root / "models" / "m"
     for version, template in versions.items():
         install_version(template, base, version)
@@ -65,6 +66,7 @@ def live_site(root: Path, versions: dict[int, Path]) -> Iterator[Site]:
         f"--model_config_file={config}",
         "--model_config_file_poll_wait_seconds=1",
         "--allow_version_labels_for_unavailable_models",
+        *server_flags,
     )
     proxy = prometheus = None
     try:

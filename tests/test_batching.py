@@ -90,6 +90,39 @@ def test_concurrent_tasks_are_merged_and_each_gets_its_own_rows():
 
 
 @pytest.mark.unit
+def test_a_later_loads_warmup_records_take_the_batch_threads_and_served_batches_wait_behind_them(monkeypatch):
+    """As TF Serving replays warmup through the batching session: the staging watch's live test relies on it."""
+    from trainserve.serving import manager as manager_module
+    from trainserve.serving.manager import ModelManager
+    from trainserve.serving.servables import Servables
+
+    records = [("serving_default", {"x": np.ones((n, 2), np.float32)}) for n in (1, 4, 9)]  # 9 > max_batch_size
+    monkeypatch.setattr(manager_module, "read_warmup_inputs", lambda path: records)
+    manager, running, gate, threads = ModelManager(), threading.Event(), threading.Event(), []
+    servables = Servables(manager, Batching(max_batch_size=8, batch_timeout_micros=0, num_batch_threads=1))
+
+    class Loaded:  # a version being loaded; its first warmup record holds the batch thread until the gate opens
+        path = None
+
+        def run(self, signature, inputs):
+            threads.append(threading.current_thread().name)
+            running.set()
+            assert gate.wait(60), "the test never opened the gate"
+            return {"double": inputs["x"] * 2}
+
+    warmup = threading.Thread(target=manager._replay_warmup, args=(Loaded(),), name="poll", daemon=True)
+    warmup.start()
+    assert running.wait(60), "the first warmup record runs"
+    served = servables.scheduler.enqueue("stable", doubling_run([]), {"x": np.ones((1, 2), np.float32)}, 1)
+    assert not served.future.done()  # the only batch thread runs the warmup record: a served batch waits
+    gate.set()
+    assert served.future.result(timeout=60)["double"].tolist() == [[2.0, 2.0]]
+    warmup.join(60)
+    servables.drain()
+    assert threads == ["batch-0", "batch-0", "poll"], threads  # the record over max_batch_size ran alone
+
+
+@pytest.mark.unit
 def test_padding_is_stripped_and_unsplittable_outputs_run_alone():
     calls, recorded = [], []
     options = Batching(max_batch_size=8, allowed_batch_sizes=(4, 8), num_batch_threads=1)

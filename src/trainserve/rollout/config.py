@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
-from trainserve.options import option, positive_int
+from trainserve.options import option, positive_int, share
+from trainserve.rollout.plan import duration
 from trainserve.rollout.targets import PROXY_JOB
 from trainserve.tls import ClientTls
 
@@ -43,6 +44,43 @@ def check_server(wait: float, tls: ClientTls) -> None:
 
 
 @dataclass
+class StagingBudget:
+    """How much loading a version may hurt `stable`'s callers (flags --stage-*, TRAINSERVE_STAGE_*), judged with
+    --prometheus on the proxy's counts of stable's calls while it loads and warms up (trainserve.rollout.staging_watch).
+    """
+
+    max_slow_increase: float = option(
+        0.05,
+        "the share of stable's calls above its own p99 (before the load) while the version loads may exceed its "
+        "share before by at most this; shown beyond it, the version is unloaded and refused",
+        parse=share,
+    )
+    max_error_increase: float = option(
+        0.01,
+        "the share of stable's calls that fail (every status but OK and CANCELLED) while the version loads may "
+        "exceed its share before by at most this; shown beyond it, the version is unloaded and refused",
+        parse=share,
+    )
+    min_calls: int = option(
+        100,
+        "fewer calls of stable while the version loads cannot be judged (said and recorded; the version is staged), "
+        "unless the damage is certain whatever the rest of them show",
+        parse=positive_int,
+    )
+    baseline: float = option(
+        300.0,
+        "how long before the load stable's p99 and shares are read over (5m, 90s)",
+        parse=duration,
+        metavar="DURATION",
+    )
+    alpha: float = option(0.05, "each share's error rate (anytime-valid bounds, as the rollout's checks)", parse=share)
+
+    def check(self) -> None:
+        if not 0 < self.alpha < 1:
+            raise TrainserveError(f"--stage-alpha {self.alpha:g}: expected a number in (0, 1)")
+
+
+@dataclass
 class CandidateConfig:
     """Serve the newest published version as `candidate`, without moving `stable`."""
 
@@ -66,10 +104,12 @@ class CandidateConfig:
     )
     prometheus: str | None = option(
         None,
-        "Prometheus's URL: with --routing-file, the version loads only once every proxy replica reports the route "
-        "(default: once it is written, unconfirmed)",
+        "Prometheus's URL: stable's calls through the proxy are watched while the version loads, and a load that "
+        "hurts them beyond --stage-* is unloaded and refused; with --routing-file, the version loads only once every "
+        "proxy replica reports the route (default: not watched; the route written, unconfirmed)",
     )
     proxy_job: str = option(PROXY_JOB, "the scrape job (Prometheus `job` label) of the proxy's replicas")
+    stage: StagingBudget = option(factory=StagingBudget)
 
     def check(self) -> None:
         check_server(self.wait, self.tls)
@@ -77,7 +117,8 @@ class CandidateConfig:
             raise TrainserveError("--base-path needs --model: the model the new config serves")
         if not self.server:
             raise TrainserveError("--server is empty: a candidate is labelled only once the server has loaded it")
-        if self.prometheus is not None and self.routing_file is not None:  # unused without: a rollout's env may set it
+        self.stage.check()
+        if self.prometheus is not None:
             from trainserve.rollout.prometheus import check_url
 
             check_url(self.prometheus)

@@ -14,7 +14,7 @@ from typing import Literal
 
 from trainserve.errors import TrainserveError
 from trainserve.options import option, positive_int, share
-from trainserve.rollout.config import CONFIG_HELP, SERVER_HELP, check_server
+from trainserve.rollout.config import CONFIG_HELP, SERVER_HELP, StagingBudget, check_server
 from trainserve.rollout.notify_sender import Receiver, parse_receivers
 from trainserve.rollout.plan import AUTO, CANARY, EXAMPLE_PLAN, PROMOTE, Plan, duration, parse_plan, plan_or_auto
 from trainserve.rollout.targets import PROXY_JOB
@@ -167,6 +167,18 @@ def _duration(text: str) -> float:
         return duration(text)
 
 
+def _bake(text: str) -> float | str:
+    """--bake: `auto`, 0 (no bake), or seconds or a duration with a unit."""
+    if text.strip() == AUTO:
+        return AUTO
+    if text.strip() in ("0", "0s", "0m", "0h"):
+        return 0.0
+    try:
+        return _duration(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected `auto`, 0 (no bake), or a duration such as 30m") from None
+
+
 @dataclass
 class RolloutConfig:
     """Move a candidate through a step plan on live traffic (shadow, canary shares) with the proxy's routing
@@ -230,6 +242,16 @@ class RolloutConfig:
     )
     replay: Path | None = option(None, "also its replay report against stable (as promote --replay)")
     gate: StepGate = option(factory=StepGate)
+    bake: float | str = option(
+        AUTO,
+        "after the promotion, keep `previous` loaded this long (seconds, or 30m) and keep judging the new stable "
+        "against it (errors and slow calls against previous's before the switch, answers against previous's on "
+        "shadow copies), rolling back to previous on a failure; `auto`: long enough that a version twice as slow "
+        "is rolled back within it at the measured rate (15m to 2h; 30m where the rate is not known); 0: no bake",
+        parse=_bake,
+        metavar="DURATION",
+    )
+    stage: StagingBudget = option(factory=StagingBudget)  # staging the candidate: stable's calls while it loads
     interval: float = option(30.0, "seconds between two looks at Prometheus", parse=_seconds)
     max_hold: float = option(
         1800.0,
@@ -287,6 +309,11 @@ class RolloutConfig:
     tls: ClientTls = option(factory=ClientTls)
 
     def __post_init__(self):
+        if isinstance(self.bake, str) and self.bake != AUTO:
+            try:
+                self.bake = _bake(self.bake)
+            except argparse.ArgumentTypeError as exc:
+                raise TrainserveError(f"--bake {exc}") from None
         if isinstance(self.plan, str) and self.plan != AUTO:
             try:
                 self.plan = parse_plan(self.plan)
@@ -311,6 +338,7 @@ class RolloutConfig:
             step_index(self.plan, self.approve_before)
         if self.report is None:
             raise TrainserveError("expected --report: the candidate's eval report, checked as promote checks it")
+        self.stage.check()
         if self.prometheus is None and not self.dry_run:
             raise TrainserveError("expected --prometheus URL: the Prometheus that scrapes the proxy")
         if self.rate_history and not re.fullmatch(r"[1-9]\d*[smhdwy]", self.rate_history):

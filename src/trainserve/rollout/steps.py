@@ -24,13 +24,15 @@ from trainserve.evidence.decision import decide, gate_words
 from trainserve.evidence.document import ReadReport, read_replay_report, read_report
 from trainserve.files import locked, write_file_atomic
 from trainserve.layout import numeric_versions
-from trainserve.rollout import moves
+from trainserve.rollout import moves, staging_watch
 from trainserve.rollout.checks import Refusal, refusals
 from trainserve.rollout.config import CandidateConfig, PromoteConfig, RollbackConfig
 from trainserve.rollout.config_file import find_model, history_path, new_config, read_config, write_config
 from trainserve.rollout.history import append_history
 from trainserve.rollout.labels import CANDIDATE, STABLE, Rollout, apply_rollout
 from trainserve.rollout.progress import RolloutInProgress, refuse_during
+from trainserve.rollout.prometheus import Prometheus
+from trainserve.rollout.staging_watch import StagingHurtStable
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +67,16 @@ class Change:
         return f"model {self.model}: {self.after.describe()} (was: {self.before.describe()})"
 
 
-def stage_candidate(config: CandidateConfig, server: Server, rollout: dict | None = None) -> Change:
+def stage_candidate(
+    config: CandidateConfig, server: Server, rollout: dict | None = None, prometheus: Prometheus | None = None
+) -> Change:
     """Serve the newest published version (or --version) as `candidate`, `stable` untouched.
 
     Two writes, because TF Serving moves a label only to an AVAILABLE version: first the policy gains the
     version, then, once the server reports it AVAILABLE, the label follows. The lock is held throughout, so a
-    rollout cannot begin in between. `rollout`: the START record of the rollout staging its own candidate.
+    rollout cannot begin in between. `rollout`: the START record of the rollout staging its own candidate. With
+    --prometheus (or `prometheus`), stable's calls are watched while the version loads: a load that hurts them
+    beyond --stage-* is unloaded and refused (trainserve.rollout.staging_watch).
     """
     config.check()
     path = config.config
@@ -94,22 +100,60 @@ def stage_candidate(config: CandidateConfig, server: Server, rollout: dict | Non
             server.wait_label(model.name, CANDIDATE, version, config.wait)
             return Change(model.name, before, before, None)
         after = before.with_candidate(version)
-        original = path.read_bytes()
-        apply_rollout(model, Rollout(before.stable, before.previous), loading=version)
-        write_config(path, served)
-        log.info("model %s: loading version %d (labels unchanged: %s)", model.name, version, before.describe())
-        try:
-            server.wait_available(model.name, version, config.wait)
-            apply_rollout(model, after)
-            write_config(path, served)
-            server.wait_label(model.name, CANDIDATE, version, config.wait)
-        except TrainserveError:
-            # A candidate that did not come up leaves the config as it was, so the history tells all changes.
-            write_file_atomic(path, original)
-            log.info("model %s: config %s restored (labels: %s)", model.name, path, before.describe())
-            raise
-        record = append_history(history_path(path), _record("candidate", model.name, before, after))
+        watching = staging_watch.watcher(
+            _prometheus(config, prometheus), config.proxy_job, model.name, version, before.stable, config.stage
+        )
+        staging = _load_and_label(config, server, served, model, (before, after), watching)
+        record = append_history(history_path(path), _record("candidate", model.name, before, after, staging=staging))
     return Change(model.name, before, after, record)
+
+
+def _prometheus(config: CandidateConfig, given: Prometheus | None) -> Prometheus | None:
+    return given if given is not None else Prometheus(config.prometheus) if config.prometheus else None
+
+
+def _load_and_label(config: CandidateConfig, server: Server, served, model, labels: tuple, watching: tuple) -> dict:
+    """The version loaded (the policy gains it), its load judged, then labelled; returns the history's `staging`
+    record. A version that does not come up, or hurt stable while loading, leaves the config as it was."""
+    (before, after), path, version = labels, config.config, labels[1].candidate
+    original = path.read_bytes()
+    apply_rollout(model, Rollout(before.stable, before.previous), loading=version)
+    write_config(path, served)
+    log.info("model %s: loading version %d (labels unchanged: %s)", model.name, version, before.describe())
+    try:
+        server.wait_available(model.name, version, config.wait)
+        staging = staging_watch.judged(*watching, config.wait)
+        apply_rollout(model, after)
+        write_config(path, served)
+        server.wait_label(model.name, CANDIDATE, version, config.wait)
+    except StagingHurtStable as exc:
+        _unload(config, server, model.name, version, original, before)
+        append_history(
+            history_path(path), _record("candidate", model.name, before, before, refused=str(exc), staging=exc.record)
+        )
+        raise
+    except TrainserveError:
+        # A candidate that did not come up leaves the config as it was, so the history tells all changes.
+        write_file_atomic(path, original)
+        log.info("model %s: config %s restored (labels: %s)", model.name, path, before.describe())
+        raise
+    return staging
+
+
+def _unload(config: CandidateConfig, server: Server, model: str, version: int, original: bytes, labels) -> None:
+    """The config as it was before the version loaded, and the version waited out of the server."""
+    write_file_atomic(config.config, original)
+    log.info(
+        "model %s: config %s restored (labels: %s); unloading version %d",
+        model,
+        config.config,
+        labels.describe(),
+        version,
+    )
+    try:
+        server.wait_unloaded(model, version, config.wait)
+    except TrainserveError as exc:
+        log.warning("model %s version %d: not seen unloaded: %s", model, version, exc)
 
 
 def _version_to_stage(model, asked: int | None, current: Rollout) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,6 +136,10 @@ class ModelManager:
         self.models: dict[str, ServedModel] = {}
         self.intra_op_threads, self.inter_op_threads, self.warmup = intra_op_threads, inter_op_threads, warmup
         self.allow_unavailable_labels = allow_unavailable_labels
+        # How a warmup record runs: on its version alone, unless Servables routes it through the batch threads.
+        self.run_warmup: Callable[[LoadedModel, str, dict], object] = lambda loaded, signature, inputs: loaded.run(
+            signature, inputs
+        )
 
     def check_labels(self, config) -> None:
         """Refuse a config whose labels name versions not AVAILABLE now, as TF Serving does before it applies
@@ -234,7 +239,7 @@ class ModelManager:
         requests = read_warmup_inputs(loaded.path)
         for index, (signature, inputs) in enumerate(requests):
             try:
-                loaded.run(signature, inputs)
+                self.run_warmup(loaded, signature, inputs)
             except TrainserveError as exc:
                 raise TrainserveError(f"warmup record {index} failed: {exc}") from None
         return len(requests)

@@ -147,6 +147,8 @@ class Servables:
         self.capture = capture  # logging_config: sampled Predict calls are written (serving/capture.py)
         self.metrics = ServingMetrics()
         self.scheduler = BatchScheduler(batching, self.metrics.record_batch) if batching else None
+        if self.scheduler is not None:
+            manager.run_warmup = self._warmup_in_batches
         self.stopping = threading.Event()  # set when the drain begins (health answers NOT_SERVING)
         self._inflight = 0
         self._lock = threading.Lock()
@@ -229,6 +231,16 @@ class Servables:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"Task size {max(sizes)} is larger than maximum input batch size {self.batching.max_batch_size}",
             )
+
+    def _warmup_in_batches(self, loaded: LoadedModel, signature: str, inputs: Arrays) -> Arrays:
+        """A warmup record of a version loaded while others serve, on the shared batch threads: TF Serving replays
+        warmup through the bundle's batching session, so every model's batches wait behind each record. A record
+        that cannot join a batch (no common first dimension, over max_batch_size) runs alone."""
+        size = task_size(inputs)
+        if size is None or size > self.batching.max_batch_size:
+            return loaded.run(signature, inputs)
+        key = (loaded, signature, frozenset(), shape_key(inputs))
+        return self.scheduler.submit(key, lambda batch: loaded.run(signature, batch), inputs, size)
 
     @staticmethod
     def _run(model: LoadedModel, signature: str, inputs, output_filter):
