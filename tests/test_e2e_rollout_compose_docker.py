@@ -3,7 +3,8 @@ console blocks in order (tests/tutorial_pages.py), `make` finding compose itself
 the Makefile falls back to the shipped binary), the stand-in images (test_e2e_docker.py's fixtures) and a
 stand-in Prometheus image (Debian's `prometheus` on the stand-in Debian). A retrain with the same seed is
 promoted, one with another seed rolled back at the shadow step, and each command prints what the page shows.
-Serving polls its config every second (an override file), as in test_e2e_rollout_docker.py."""
+Nothing is shortened for the test: the page's own settings (compose's demonstration budgets, Prometheus scraping
+every 2 s, five epochs) make each block a test of under a minute."""
 
 from __future__ import annotations
 
@@ -55,52 +56,16 @@ def prometheus_image(docker_client) -> str:
     return PROMETHEUS
 
 
-# The page's defaults take minutes; a test shortens the waits: serving polls its config every second, Prometheus
-# scrapes every second (a copy of the monitoring config), the plan is sized to decide within
-# ROLLOUT_TARGET_DURATION, looked at every 2 s; and the samples: 5-point error and slow-call budgets, 50 calls a
-# check (the flip budget, which rolls the bad candidate back, is the page's). The `load` service's LOAD_RATE stays
-# low enough that a busy CI machine does not shed most shadow copies (at 150 requests/s it shed 60 %, and the
-# shadow step held, rightly, until it paused).
-QUICK_GATE = {
-    "TRAINSERVE_GATE_MAX_ERROR_INCREASE": 0.05,
-    "TRAINSERVE_GATE_MAX_SLOW_INCREASE": 0.05,
-    "TRAINSERVE_GATE_MIN_REQUESTS": 50,
-}
-QUICK = {
-    "LOAD_RATE": "60",
-    "ROLLOUT_TARGET_DURATION": "1m",
-    "ROLLOUT_INTERVAL": "2",
-    "EPOCHS": "5",
-    "MIN_ACCURACY": "0",
-}
-
-
-def quick_overrides(directory: Path) -> Path:
-    monitoring = directory / "monitoring"
-    shutil.copytree(REPO / "monitoring", monitoring)
-    config = monitoring / "prometheus-compose.yml"
-    config.write_text(config.read_text().replace("scrape_interval: 15s", "scrape_interval: 1s"))
-    override = directory / "quick.yaml"
-    override.write_text(
-        "services:\n  serve-cpu:\n    environment:\n      MODEL_CONFIG_POLL_WAIT_SECONDS: '1'\n"
-        f"  prometheus:\n    volumes:\n      - {monitoring}:/etc/trainserve-monitoring:ro\n"
-        "  rollout:\n    environment:\n" + "".join(f"      {name}: '{value}'\n" for name, value in QUICK_GATE.items())
-    )
-    return override
-
-
 @pytest.fixture(scope="module")
-def page_env(env, prometheus_image, tmp_path_factory) -> dict:  # noqa: F811 (the imported fixture)
-    override = quick_overrides(tmp_path_factory.mktemp("compose-page"))
+def page_env(env, prometheus_image) -> dict:  # noqa: F811 (the imported fixture)
+    """The reader's environment: compose.yaml and .env as they are (EPOCHS as the page sets it), free ports."""
     ports = ("GRPC_PORT", "REST_PORT", "PROXY_GRPC_PORT", "PROXY_REST_PORT", "PROMETHEUS_PORT")
     return {
-        **env,
+        **{name: value for name, value in env.items() if name != "EPOCHS"},
         **{port: str(free_port()) for port in ports},
         "COMPOSE_PROJECT_NAME": PROJECT,
-        "COMPOSE_FILE": os.pathsep.join([str(REPO / "compose.yaml"), str(override)]),
         "PROMETHEUS_IMAGE": prometheus_image,
         "VENV": str(Path(sys.executable).parent.parent),  # the Makefile's fallback: $(VENV)/bin/docker-compose
-        **QUICK,
     }
 
 
