@@ -107,7 +107,7 @@ class Page:
 @pytest.fixture(scope="module")
 def page(docker_client, page_env, tmp_path_factory):
     blocks = section_blocks(tmp_path_factory.mktemp("compose-section"))
-    assert len(blocks) == 4, [block.line for block in blocks]  # stable, traffic, a good rollout, a bad one
+    assert len(blocks) == 4, [block.line for block in blocks]  # stable, traffic and v2, a good rollout, a bad one
     try:
         yield Page(page_env, blocks)
     finally:
@@ -122,8 +122,8 @@ def test_a_stable_version_trained_served_and_promoted(page):
     assert "make: compose is" in printed
 
 
-def test_traffic_through_the_proxy(page):
-    page.run(1, "traffic", timeout=120)
+def test_traffic_and_a_second_version_trained(page):
+    page.run(1, "traffic and second version", timeout=180)
 
 
 def test_a_good_candidate_rolled_out_and_promoted(page):
