@@ -94,8 +94,6 @@ class Page:
         text, steps = script([self.blocks[number]], {})
         code, printed = run_script(text, REPO, self.env, timeout=timeout)
         by_step = outputs(printed)
-        if os.environ.get("PAGE_LOG"):  # DEBUG
-            Path(f"{os.environ['PAGE_LOG']}-{number}.log").write_text(printed)
         assert code == 0 and len(by_step) == len(steps), printed[-6000:]
         missing = {step.command: missing_lines(step.shown, by_step[n]) for n, step in enumerate(steps)}
         missing = {command: lines for command, lines in missing.items() if lines}
