@@ -61,3 +61,32 @@ def test_compose_given_overrides_both_and_nothing_is_said(tmp_path):
 
 def test_a_target_without_compose_says_nothing_of_it(tmp_path):
     assert "compose is" not in dry_run(tmp_path, WITHOUT_PLUGIN, "help").stderr
+
+
+def test_compose_rollouts_demonstration_settings_are_valid_flags_over_the_one_file(monkeypatch):
+    """compose's `rollout` service as the page runs it: the env file, then its own `${VAR:-default}` settings
+    resolved as compose resolves them unset, parse as `trainserve rollout` flags (a misspelt name or a bad plan
+    would surface only in Docker), and Prometheus on compose scrapes at least as often as the rollout looks."""
+    import re
+
+    import yaml
+
+    from trainserve.cli import build_parser
+    from trainserve.options import config_from_args
+    from trainserve.rollout.rollout_config import RolloutConfig
+
+    service = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]["rollout"]
+    (env_file,) = service["env_file"]
+    pairs = [line.split("=", 1) for line in (REPO / env_file).read_text().splitlines() if line and line[0] != "#"]
+    resolved = {
+        name: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value)) for name, value in service["environment"].items()
+    }
+    for name, value in [*pairs, *resolved.items()]:
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["rollout"])
+    assert all(hasattr(args, name.removeprefix("TRAINSERVE_").lower()) for name in resolved), sorted(resolved)
+    config = config_from_args(RolloutConfig, args)
+    assert [step.kind for step in config.plan.steps] == ["shadow", "canary", "promote"], config.plan  # not auto
+    assert (config.gate.max_error_increase, config.gate.min_requests) == (0.05, 50), config.gate
+    scrape = yaml.safe_load((REPO / "monitoring" / "prometheus-compose.yml").read_text())["global"]["scrape_interval"]
+    assert float(scrape.removesuffix("s")) <= config.interval, (scrape, config.interval)
