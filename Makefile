@@ -121,8 +121,7 @@ traffic: ## Steady traffic for a rollout to judge: the proxy, Prometheus, and th
 	$(COMPOSE) --profile proxy --profile monitoring --profile load up -d proxy prometheus load
 
 .PHONY: rollout
-rollout: ## Progressive rollout on live traffic through the proxy (`make traffic` first): candidate -> gated eval -> shadow, canary steps judged by Prometheus -> stable, or rolled back
-	$(COMPOSE) --profile proxy --profile monitoring --profile load up -d proxy prometheus load
+rollout: traffic ## Progressive rollout on live traffic through the proxy (its `traffic` started first): candidate -> gated eval -> shadow, canary steps judged by Prometheus -> stable, or rolled back
 	$(COMPOSE) --profile promote run --rm rollout-candidate
 	$(COMPOSE) --profile promote run --rm promote-eval
 	$(COMPOSE) --profile promote run --rm rollout

@@ -67,3 +67,14 @@ def test_too_few_requests_is_said_once_then_the_time_left_until_the_pause(site, 
     infos = [said for level, said in lines if level == "INFO"]
     assert infos[-1].startswith("model m: step 1 (shadow 100% 10s) held 29s of 30s, pauses in 1s: not yet decided")
     assert len(infos) == 29, "one line at each look, each saying the time left"
+
+
+def test_a_hold_that_clears_on_the_next_steps_first_look_names_the_step_it_held(caplog):
+    from trainserve.rollout.hold_words import HoldWords
+
+    caplog.set_level(logging.INFO, logger="trainserve.rollout.controller")
+    holds = HoldWords("m")
+    holds.holding(0, "shadow 100% 10s", "too few requests", held=4.0, limit=30.0)
+    holds.cleared("its look decided watch")  # the next step's first look: the hold of step 1 is over
+    (said,) = [m for _, m in hold_lines(caplog) if "holds no longer" in m]
+    assert said.startswith("model m: step 1 (shadow 100% 10s) holds no longer, its look decided watch"), said

@@ -23,3 +23,9 @@ def progress_bar(total: float | None, unit: str, desc: str, show: bool | None = 
 def browser_line(page: Path) -> str:
     """The line that ends a command which wrote an HTML page: how to open it, as a URL a terminal can follow."""
     return f"open it in a browser: {Path(page).resolve().as_uri()}"
+
+
+def say_page(page: Path) -> None:
+    """The page a command wrote, on stdout: its path, then how to open it."""
+    print(f"report: {page}")
+    print(browser_line(page))

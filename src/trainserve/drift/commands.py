@@ -57,16 +57,14 @@ def run_drift_merge(args: argparse.Namespace) -> int:
 def _publish(report: dict, path: Path | None) -> int:
     from trainserve.drift.html import write_html
     from trainserve.drift.report import drift_table, unprofiled_lines, write_report
-    from trainserve.terminal import browser_line
+    from trainserve.terminal import say_page
 
     print(drift_table(report))
     for line in unprofiled_lines(report):
         print(f"trainserve drift: {line}", file=sys.stderr)
     if path is not None:
         print(f"report: {write_report(report, path)}")
-        page = write_html(report, path.with_suffix(".html"))
-        print(f"report: {page}")
-        print(browser_line(page))
+        say_page(write_html(report, path.with_suffix(".html")))
     if report["drifted"]:
         said = "; ".join(f"v{d['version']} {d['feature']}: {d['said']}" for d in report["drifted"])
         print(f"trainserve drift: drift past the thresholds: {said}", file=sys.stderr)

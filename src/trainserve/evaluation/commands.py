@@ -47,7 +47,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if config.plots:
         for path in write_plots(result, config.plots):
             print(f"plot: {path}")
-    if page is not None:
+    if page is not None:  # last, after the plots: the one line a person acts on
         print(browser_line(page))
     check = result.report["data_check"]
     if check and check["overlaps_training"]:

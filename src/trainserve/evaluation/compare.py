@@ -179,9 +179,9 @@ def run_paired(predict: Predict, data: EvalData, config: EvalConfig, run: Paired
     wall time. A failure of either ends the run (nothing not yet started is sent)."""
     import time
 
-    from tqdm import tqdm
+    from trainserve.terminal import progress_bar
 
-    bar = tqdm(total=data.count, unit="ex", disable=not progress, desc=f"compare {config.model}")
+    bar = progress_bar(data.count, "ex", f"compare {config.model}", progress)
     started = time.perf_counter()
     in_flight: deque = deque()
     with ThreadPoolExecutor(max_workers=2 * config.concurrency, thread_name_prefix="compare") as pool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import resource
-import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -33,6 +32,7 @@ from trainserve.evaluation.proof import baseline_evidence, evidence_section
 from trainserve.evaluation.records import BatchAnswer, EvalResult, FinishedRun, LocalComparison, RunTotals, Tally
 from trainserve.evaluation.report import build_report
 from trainserve.evaluation.slicing import slice_keys, slice_margin_problem
+from trainserve.terminal import on_terminal, progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def evaluate(config: EvalConfig, progress: bool | None = None) -> EvalResult:
     start_rss = _current_rss_mb()
     target = Target(config.model, config.version, config.label, config.signature)
     client = ServingClient(config.server, tls=config.tls, timeout=config.timeout, origin="eval")
-    show = sys.stderr.isatty() if progress is None else progress
+    show = on_terminal() if progress is None else progress
     paired = None
     try:
         # The version first: its own held-out split, and its record to check other data against.
@@ -237,12 +237,10 @@ def _run_batches(
 ) -> RunTotals:
     """The first batch alone, then the rest concurrently, all pinned to the version that answered the first
     (the resolved `version`, where given)."""
-    from tqdm import tqdm
-
     tally = Tally(predictor.plan, task_metrics(predictor.plan.task, config.top_k))
     pinned: int | None = None
     total = data.count if config.shard is None else None  # a shard's share is known only batch by batch
-    bar = tqdm(total=total, unit="ex", disable=not show, desc=f"eval {predictor.target.model}")
+    bar = progress_bar(total, "ex", f"eval {predictor.target.model}", show)
 
     def record(answer: BatchAnswer) -> None:
         # Pinned requests name the version, so a different one means a server that ignored the pin.

@@ -57,16 +57,14 @@ def run_live_eval_merge(args: argparse.Namespace) -> int:
 def _publish_live(report: dict, path: Path | None) -> int:
     from trainserve.live.html import write_html
     from trainserve.live.report import live_table, report_warnings, write_report
-    from trainserve.terminal import browser_line
+    from trainserve.terminal import say_page
 
     print(live_table(report))
     for line in report_warnings(report):
         print(f"trainserve live-eval: {line}", file=sys.stderr)
     if path is not None:
         print(f"report: {write_report(report, path)}")
-        page = write_html(report, path.with_suffix(".html"))
-        print(f"report: {page}")
-        print(browser_line(page))
+        say_page(write_html(report, path.with_suffix(".html")))
     failed = [g["said"] for g in report["gates"] if not g["passed"]]
     if failed:
         print(f"trainserve live-eval: gate failed: {'; '.join(failed)}", file=sys.stderr)

@@ -73,14 +73,12 @@ def run_replay(args: argparse.Namespace) -> int:
 def _publish(report: dict, path: Path | None, command: str) -> int:
     from trainserve.replay.html import write_html
     from trainserve.replay.report import summary_table, write_report
-    from trainserve.terminal import browser_line
+    from trainserve.terminal import say_page
 
     print(summary_table(report))
     if path is not None:
         print(f"report: {write_report(report, path)}")
-        page = write_html(report, path.with_suffix(".html"))
-        print(f"report: {page}")
-        print(browser_line(page))
+        say_page(write_html(report, path.with_suffix(".html")))
     failed = [g for g in report["gates"] if not g["passed"]]
     if failed:
         print(f"trainserve {command}: gate failed: {'; '.join(g['said'] for g in failed)}", file=sys.stderr)

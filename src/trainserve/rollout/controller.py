@@ -265,7 +265,7 @@ class Controller:
                 held_since = held_since if held_since is not None else self.clock()
                 self._pause_if_held(start, index, held_since, said, undecided(found, look.unjudged))
             else:
-                self.holds.cleared(self._words(index), f"its look decided {decision}")
+                self.holds.cleared(f"its look decided {decision}")
             left = started + step.seconds - self.clock()
             self.sleep(min(self.config.interval, left) if left > 0 else self.config.interval)
 
@@ -281,7 +281,7 @@ class Controller:
                 self.sleep(self.config.interval)
                 continue
             if held_since is not None:
-                self.holds.cleared(self._words(index), "Prometheus answers again")
+                self.holds.cleared("Prometheus answers again")
             return answer
 
     def _pause_if_held(self, start: dict, index: int, since: float, why: str, reason: str | None = None) -> None:

@@ -26,6 +26,7 @@ class HoldWords:
     def __init__(self, model: str):
         self.model = model
         self.step: int | None = None
+        self.words = ""  # the held step's words, said again when it holds no longer (maybe from the next step)
         self.reason: str | None = None
 
     def holding(self, index: int, words: str, reason: str, held: float, limit: float, detail: str = "") -> None:
@@ -36,15 +37,15 @@ class HoldWords:
         if (index, reason) != (self.step, self.reason):
             said = detail if detail and detail != reason else reason
             log.warning("%s holds: %s; it pauses once held %s, in %s", where, said, hours(limit), left)
-            self.step, self.reason = index, reason
+            self.step, self.words, self.reason = index, words, reason
         elif held < limit:  # at the limit the pause says it
             log.info("%s held %s of %s, pauses in %s: %s", where, hours(held), hours(limit), left, reason)
 
-    def cleared(self, words: str, now: str) -> None:
-        """The step no longer holds for the reason said last (`now`: what it does instead)."""
+    def cleared(self, now: str) -> None:
+        """The step held last no longer holds for the reason said (`now`: what it does instead)."""
         if self.reason is None:
             return
-        where = f"model {self.model}: step {self.step + 1} ({words})"
+        where = f"model {self.model}: step {self.step + 1} ({self.words})"
         log.warning("%s holds no longer, %s (was: %s)", where, now, self.reason)
         self.step, self.reason = None, None
 

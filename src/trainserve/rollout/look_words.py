@@ -10,7 +10,6 @@ carries the same words.
 from __future__ import annotations
 
 import logging
-import sys
 
 from trainserve.rollout import analysis
 from trainserve.rollout.analysis import Check
@@ -18,6 +17,7 @@ from trainserve.rollout.measure import Look
 from trainserve.rollout.plan import Step
 from trainserve.rollout.rollout_config import StepGate
 from trainserve.rollout.sizing.choose import hours
+from trainserve.terminal import on_terminal, progress_bar
 
 log = logging.getLogger("trainserve.rollout.controller")
 MAX_GROWTH = 1000.0  # a check that would not pass on a thousand times its counts is not waiting for more of them
@@ -87,13 +87,11 @@ class Narrator:
         self._progress(index, step, elapsed, words)
 
     def _progress(self, index: int, step: Step, elapsed: float, words: list[str]) -> None:
-        if not sys.stderr.isatty():
+        if not on_terminal():
             return
-        from tqdm import tqdm
-
         if self.bar_step != index:
             self.close()
-            self.bar = tqdm(total=round(step.seconds), unit="s", desc=f"step {index + 1} ({step.words()})")
+            self.bar = progress_bar(round(step.seconds), "s", f"step {index + 1} ({step.words()})", True)
             self.bar_step = index
         self.bar.n = min(round(elapsed), self.bar.total)
         self.bar.set_postfix_str("; ".join(w for w in words if ": passed" not in w)[:160], refresh=True)

@@ -137,11 +137,6 @@ def write_load_report(report: dict, path: Path) -> Path:
     return write_file_atomic(path, (json.dumps(report, indent=2) + "\n").encode())
 
 
-def point_line(point: Point) -> str:
-    """One progress line per measured point."""
-    return _row(point_summary(point))
-
-
 def _row(p: dict) -> str:
     what = f"C={p['concurrency']}" if p["mode"] == "concurrency" else f"R={p['rate']:g}/s"
     lat = p["latency_ms"] or {}
