@@ -28,7 +28,14 @@ requests (clients' answers from the candidate) seen by the rollback (median, 95t
 paused rollout run again once, its step's counts kept (as the controller resumes). Seeded: the same numbers every
 run.
 
-    python bench/rollout_checks.py [--rollouts 400] [--seed 0]
+The bake after the promotion (`--bake-only` prints its table alone): the plan `auto` and the bake `--bake auto`
+sizes for it at each rate; previous's calls over the plan's last step (its duration, the canary's share off, with
+that step's threshold) are the baseline; then the promoted version answers every request, the requests it answered
+copied to previous at the plan's shadow share, judged by trainserve.rollout.bake_checks at every look. Printed: the
+share of bakes that rolled the version back, and the median time to it. `once promoted`: the version fails or is
+slower only once it answers all the traffic (it passed its steps).
+
+    python bench/rollout_checks.py [--rollouts 400] [--seed 0] [--bake-only]
 """
 
 from __future__ import annotations
@@ -42,9 +49,11 @@ from statistics import NormalDist
 import numpy as np
 
 from trainserve.exposition import LATENCY_BUCKETS
-from trainserve.rollout import analysis, measure
+from trainserve.rollout import analysis, bake_checks, measure
+from trainserve.rollout.bake_size import bake_of
 from trainserve.rollout.plan import AUTO, CANARY, EXAMPLE_PLAN, Plan, parse_plan
 from trainserve.rollout.rollout_config import RolloutConfig, StepGate
+from trainserve.rollout.sizing.auto import Resolved
 from trainserve.rollout.sizing.choose import Limits, PlanRefused, hours, size_plan
 from trainserve.rollout.sizing.expect import totals
 from trainserve.rollout.sizing.simulate import Situation
@@ -277,7 +286,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between looks (--interval)")
     parser.add_argument("--max-hold", type=float, default=1800.0, help="seconds a step may hold (--max-hold)")
+    parser.add_argument("--bake-only", action="store_true", help="only the bake's table")
     args = parser.parse_args()
+    if args.bake_only:
+        bake_rows(args.rollouts, args.seed, args.interval)
+        return
     gate = StepGate()
     print(cpu())
     print(f"{args.rollouts} rollouts each, looks every {args.interval:g} s, --max-hold {args.max_hold:g} s; {gate}")
@@ -303,6 +316,102 @@ def main() -> None:
     )
     for level in (0.0, 0.002, 0.01, 0.05):
         print(f"  both at {level:.1%}: {needed_to_pass(level, budget):,}")
+
+
+# -- the bake after the promotion (trainserve.rollout.bake) --------------------------------------------------------
+
+BAKE_CANDIDATES = (
+    Candidate("identical, 0% errors"),
+    Candidate("identical, 1% errors", error=0.01),
+    Candidate("identical, 1% transient errors", transient=0.01),
+    Candidate("fails 10% once promoted", error=0.01, own=0.10, bad=True),
+    Candidate("2x slower once promoted", slower=2.0, bad=True),
+)
+BAKE_KEYS = (*KEYS, "copies_latency_count", "copies_above_bound", "copies_above_lower")
+
+
+def bake_plan(rate: float, gate: StepGate, interval: float) -> tuple[Plan, float, float] | None:
+    """The plan `auto` at `rate` for an identical candidate, its bake as `--bake auto` sizes it (seconds), and its
+    last step's canary share; None where the plan is refused before it starts."""
+    situation = Situation(Rate(rate, 0.0), gate, OFFLINE, True, interval)
+    defaults = RolloutConfig()
+    try:
+        plan, expected = size_plan(
+            situation, Limits(defaults.target_duration, defaults.max_duration, defaults.max_exposure)
+        )
+    except PlanRefused:
+        return None
+    seconds = bake_of(defaults, Resolved(plan, True, situation, expected))["seconds"]
+    return plan, seconds, plan.canary_during(len(plan.steps) - 2)
+
+
+def accrue_bake(traffic: Traffic, counts: dict, seconds: float, shadow: float, slow: tuple) -> None:
+    """`seconds` of the bake: the candidate, now stable, answers every request (its own failures on top of the
+    requests' and the transient ones); the requests it answered are copied to previous with the shadow's share, and
+    meet the transient errors; the candidate's calls are slow as its latency says, previous's copies as stable's."""
+    c, rng = traffic.candidate, traffic.rng
+    arrived = rng.poisson(traffic.rate * seconds)
+    errors = rng.binomial(arrived, c.error)
+    errors += rng.binomial(arrived - errors, c.transient)
+    errors += rng.binomial(arrived - errors, c.own)
+    copies = rng.binomial(arrived - errors, shadow / 100)
+    failed = rng.binomial(copies, c.transient)
+    compared = copies - failed
+    for key, n in (
+        *(("stable_requests", arrived), ("stable_errors", errors), ("stable_latency_count", arrived)),
+        *(("shadow_compared", compared), ("shadow_errors", failed), ("copies_latency_count", compared)),
+        *(("shadow_pairs", compared), ("shadow_classified", compared)),
+        ("shadow_flips", rng.binomial(compared, c.flips)),
+    ):
+        counts[key] += int(n)
+    for timed, calls, (bound, lower) in zip(("stable", "copies"), (arrived, compared), slow):
+        above_bound, near = rng.multinomial(calls, (bound, lower - bound, 1 - lower))[:2]
+        counts[f"{timed}_above_bound"] += int(above_bound)
+        counts[f"{timed}_above_lower"] += int(above_bound + near)
+
+
+def bake_out(traffic: Traffic, plan: Plan, seconds: float, gate: StepGate, interval: float) -> float:
+    """One bake (the controller's bake_checks at every look): the baseline is stable's calls over the plan's last
+    step (its duration at the rate, the canary's share off), with that step's threshold; then the bake's looks.
+    Returns the seconds to its rollback (inf: kept)."""
+    last = len(plan.steps) - 2
+    limit = traffic.threshold()
+    shares = traffic.slow_shares(limit)
+    before = dict.fromkeys(KEYS, 0)
+    traffic.accrue(before, plan.steps[last].seconds, plan.canary_during(last), 0.0, shares)
+    state = {**(limit or {"le": None}), "counts": before}
+    baseline = bake_checks.baseline_of(state, last)
+    counts, now = dict.fromkeys(BAKE_KEYS, 0), 0.0
+    while now < seconds:
+        found = bake_checks.bake_checks(measure.step_counts(counts, limit), baseline, gate, OFFLINE, True)
+        if any(c.result == analysis.FAIL for c in found):
+            return now
+        accrue_bake(traffic, counts, interval, plan.shadow_during(last), shares)
+        now += interval
+    return math.inf
+
+
+def bake_rows(rollouts: int, seed: int, interval: float) -> None:
+    """The bake's table: per candidate and rate, the bake `auto` gave the plan `auto`, and the share of bakes that
+    rolled the version back, with the median time to it."""
+    gate = StepGate()
+    print("| version after its promotion | req/s | plan | bake (auto) | rolled back by the bake | median time to it |")
+    print("|---|---|---|---|---|---|")
+    for i, candidate in enumerate(BAKE_CANDIDATES):
+        for k, rate in enumerate(RATES):
+            found = bake_plan(rate, gate, interval)
+            if found is None:
+                print(f"| {candidate.name} | {rate:g} | refused before it starts | - | - | - |")
+                continue
+            plan, seconds, _ = found
+            rng = np.random.default_rng([seed, 1000 + i, k])
+            times = np.array(
+                [bake_out(Traffic(candidate, rate, rng), plan, seconds, gate, interval) for _ in range(rollouts)]
+            )
+            back = times[np.isfinite(times)]
+            median = hours(float(np.median(back))) if back.size else "-"
+            said = f"{plan.text()} | {hours(seconds)} | {back.size / rollouts:.1%} | {median}"
+            print(f"| {candidate.name} | {rate:g} | {said} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The suite's rollouts end at their promotion (`trainserve rollout --bake`, read from the environment by the command
+# line and its subprocesses): the bake has its own tests (test_rollout_bake*.py), and would add its quarter hour to
+# every other rollout.
+os.environ.setdefault("TRAINSERVE_BAKE", "0")
 REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = (
     "serving_fixtures",  # serve_in_process: serve-local on a thread of the test process

@@ -96,7 +96,7 @@ class Time:
 
 
 def controller(config: Path, report: Path, prometheus: Flowing, time: Time, **more) -> Controller:
-    settings = {"interval": 1.0, "wait": 5.0, "max_hold": 30.0, "plan": PLAN, **more}
+    settings = {"interval": 1.0, "wait": 5.0, "max_hold": 30.0, "plan": PLAN, "bake": 0.0, **more}
     rollout = RolloutConfig(config=config, routing_file=config.parent / "routing.json", report=report, **settings)
     rollout.prometheus = "http://prometheus.invalid:9090"
     return Controller(rollout, prometheus, Applied(config), clock=time.clock, sleep=time.sleep)

@@ -7,6 +7,7 @@ holds the route on stable) and a rollback drops the `candidate` label only once 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import threading
@@ -156,7 +157,7 @@ class Replicas:
 
 def controller(config: Path, report: Path, prometheus, server=None, **more) -> Controller:
     """The real controller, with a clock that moves only when it sleeps."""
-    settings = {"interval": 1.0, "wait": 30.0, "max_hold": 5.0, **more}
+    settings = {"interval": 1.0, "wait": 30.0, "max_hold": 5.0, "bake": 0.0, **more}
     rollout = RolloutConfig(
         config=config, routing_file=config.parent / "routing.json", report=report, plan=PLAN, **settings
     )
@@ -186,6 +187,27 @@ def test_a_retried_jobs_candidate_step_stages_nothing_during_the_rollout(site, c
     assert main(argv) == 0
     assert capsys.readouterr().out.startswith("candidate: nothing staged: candidate refused: a rollout of model m")
     assert config.read_bytes() == before and labels(config) == Rollout(stable=1, candidate=2)
+
+
+def test_a_retried_jobs_eval_step_evaluates_nothing_during_the_rollout(site, caplog):
+    """In the bake no `candidate` is labelled: the Job's eval, retried, must not fail the Job before the controller
+    resumes (and in the steps its report would go unused: the rollout resumes on the report it began on)."""
+    config, report = site
+    begun(config, report, CANARY_STEP)
+    argv = ["eval", "--server", "unused:1", "--model", "m", "--label", "candidate", "--compare-with", "stable"]
+    caplog.set_level(logging.INFO, logger="trainserve.evaluation")
+    assert main([*argv, "--rollout-config", str(config), "--skip-during-rollout"]) == 0
+    assert "nothing evaluated (--skip-during-rollout): eval refused: a rollout of model m version 2" in caplog.text
+
+
+def test_skip_during_rollout_without_the_config_whose_history_says_so_is_refused_in_one_line(capsys):
+    assert main(["eval", "--server", "unused:1", "--model", "m", "--skip-during-rollout"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .endswith("--skip-during-rollout: expected --rollout-config FILE (whose history says so)")
+    )
 
 
 def test_a_rollback_drops_the_label_only_once_every_replica_left_the_canary(site):

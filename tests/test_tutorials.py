@@ -157,7 +157,7 @@ def run_page(page: Path, root: Path) -> tuple | None:
     text, steps = script(blocks, {8500: grpc, 8501: rest})
     if re.search(r"\bcurl ", text):
         require("curl", shutil.which("curl") is not None, "the page's commands call it (.ci/run installs it)")
-    env = {name: value for name, value in os.environ.items() if name != "VIRTUAL_ENV"}
+    env = {name: value for name, value in os.environ.items() if name not in ("VIRTUAL_ENV", "TRAINSERVE_BAKE")}
     env |= {
         "PATH": newcomer_path(os.environ["PATH"]),
         "TRAINSERVE_PORT": str(grpc),  # a page's serve-local and clients on their default port

@@ -38,7 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
     # the data's path, and the order of --help
     for stage in (training, serving, capture, evaluation, live, replay, drift, rollout):
         stage.add_parsers(commands)
+    commands.choices["live-eval"].set_defaults(roll_back=_roll_back)  # stages import no other: wired here
     return parser
+
+
+def _roll_back(config, model: str, reason: str, routing_file) -> str:
+    """`live-eval --on-drop rollback`: `trainserve rollback`'s own step; what moved, in its words."""
+    from trainserve.rollout.config import RollbackConfig
+    from trainserve.rollout.steps import rollback
+
+    return rollback(RollbackConfig(config=config, model=model, reason=reason, routing_file=routing_file)).describe()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:  # TF's own INFO lines (restoring parameters, deprecations) are noise here
         logging.getLogger("tensorflow").setLevel(logging.ERROR)
     try:
+        if _eval_skipped_during_rollout(args):
+            return 0
         return args.func(args)
     except TrainserveError as exc:
         print(f"trainserve {args.command}: error: {exc}", file=sys.stderr)
@@ -72,6 +83,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"trainserve {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _eval_skipped_during_rollout(args: argparse.Namespace) -> bool:
+    """`eval --skip-during-rollout --rollout-config FILE` while a rollout of the model is in progress: nothing is
+    evaluated (a retried rollout Job's eval; in the bake no `candidate` is labelled). Asked here, where every stage
+    is known, because the rollout stage's history says it and no stage imports another; without --rollout-config
+    the eval's own check refuses the flag."""
+    if args.command != "eval" or not args.skip_during_rollout or args.rollout_config is None:
+        return False
+    from trainserve.rollout.progress import RolloutInProgress, refuse_during
+
+    try:
+        refuse_during(args.rollout_config, args.model, "eval")
+    except RolloutInProgress as exc:
+        logging.getLogger("trainserve.evaluation").info("nothing evaluated (--skip-during-rollout): %s", exc)
+        return True
+    return False
 
 
 def console() -> int:

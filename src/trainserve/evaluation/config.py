@@ -144,6 +144,12 @@ class EvalConfig(ClientOptions):
         None,
         "the serving config the rollout steps own (models.config): its labels say whether a baseline exists",
     )
+    skip_during_rollout: bool = option(
+        False,
+        "with --rollout-config: while a rollout of --model is in progress, evaluate nothing and exit 0 (logged): a "
+        "retried rollout Job's controller resumes on the report its rollout began on, and during its bake no "
+        "`candidate` is labelled to evaluate",
+    )
     not_worse: bool = option(
         True,
         "with --compare-with --max-drop none: exit 1 when significantly worse (absence of evidence: promote "
@@ -211,6 +217,8 @@ class EvalConfig(ClientOptions):
     def check(self) -> None:
         self.check_client()
         self.check_comparison()
+        if self.skip_during_rollout and self.rollout_config is None:
+            raise TrainserveError("--skip-during-rollout: expected --rollout-config FILE (whose history says so)")
         for name in ("batch_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise TrainserveError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from trainserve.options import add_options, config_from_args
@@ -42,7 +43,14 @@ def run_live_eval(args: argparse.Namespace) -> int:
     from trainserve.live.report import build_report
 
     config = config_from_args(LiveEvalConfig, args)
-    return _publish_live(build_report(config, args.captures, join_capture(config, args.captures)), config.report)
+    joined = join_capture(config, args.captures)
+    report = build_report(config, args.captures, joined)
+    if config.watch.state is not None:
+        from trainserve.live.watch import watch
+
+        report["watch"] = watch(config, joined, time.time(), getattr(args, "roll_back", None))
+        report["passed"] = report["passed"] and report["watch"]["verdict"] != "drop shown"
+    return _publish_live(report, config.report)
 
 
 def run_live_eval_merge(args: argparse.Namespace) -> int:
@@ -66,7 +74,20 @@ def _publish_live(report: dict, path: Path | None) -> int:
         print(f"report: {write_report(report, path)}")
         say_page(write_html(report, path.with_suffix(".html")))
     failed = [g["said"] for g in report["gates"] if not g["passed"]]
+    if report.get("watch"):
+        failed += _say_watch(report["watch"])
     if failed:
         print(f"trainserve live-eval: gate failed: {'; '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _say_watch(section: dict) -> list[str]:
+    """The watch's lines (stdout; a restart and a rollback on stderr too); its words when it shows a drop."""
+    print(f"watch: {section['said']}")
+    print(f"watch: {section['rate_said']}")
+    run = section["run"]
+    print(f"watch: this run counted {run['counted']} labelled example(s) ({run['already_counted']} already counted)")
+    for line in filter(None, [section["restarted"], (section["rollback"] or {}).get("said")]):
+        print(f"trainserve live-eval: watch: {line}", file=sys.stderr)
+    return [f"watch: {section['said']}"] if section["verdict"] == "drop shown" else []

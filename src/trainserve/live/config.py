@@ -83,6 +83,56 @@ def parse_since(text: str) -> str:
     return text.strip()
 
 
+CONFIG_HELP = (
+    "the serving config (models.config) whose `stable` the watch follows: the baseline is the eval report its "
+    "promotion used (named in the config's history), and --on-drop rollback moves `stable` back in it"
+)
+
+
+@dataclass
+class WatchConfig:
+    """The watch across daily runs (trainserve.live.watch): flags --state, --config, --on-drop, --watch-against,
+    --routing-file."""
+
+    state: Path | None = option(
+        None,
+        "keep what this run counted of the `stable` version here (beside the capture): daily runs then form one "
+        "anytime-valid test of its live accuracy against the baseline it was promoted on, each label counted once; "
+        "a drop beyond --max-drop shown fails the run and, with --on-drop rollback, rolls back",
+        flag="--state",
+    )
+    config: Path | None = option(None, CONFIG_HELP, flag="--config")
+    on_drop: Literal["page", "rollback"] = option(
+        "page",
+        "what a drop shown by the watch does: page (exit 1, say so) or rollback (also move `stable` back to "
+        "`previous` as `trainserve rollback` does, recorded in the rollout history)",
+        flag="--on-drop",
+    )
+    against: Literal["held-out", "previous"] = option(
+        "held-out",
+        "the watch's baseline: held-out (the accuracy of the eval report promote used) or previous (paired: "
+        "`previous`'s answers to the same labelled examples, where the capture has both)",
+        flag="--watch-against",
+    )
+    routing_file: Path | None = option(
+        None, "the proxy's routing file, released as `trainserve rollback` releases it", flag="--routing-file"
+    )
+
+    def check(self, config: LiveEvalConfig) -> None:
+        """The watch's flags together, before anything is read."""
+        if self.state is None:
+            if self.on_drop == "rollback":
+                raise TrainserveError("--on-drop rollback: expected --state (the watch that decides a rollback)")
+            return
+        if self.config is None or not self.config.is_file():
+            raise TrainserveError(f"--state: expected --config naming the serving config (got {self.config})")
+        if config.max_drop is None or drop_margin(config.max_drop).metric != "accuracy":
+            raise TrainserveError("--state: expected --max-drop D, the accuracy drop the watch shows (e.g. 0.02)")
+        if config.shard is not None:
+            raise TrainserveError("--state: expected one client (no --shard): the state counts every label")
+        ensure_writable_dir(self.state.parent, "--state")
+
+
 @dataclass
 class LiveEvalConfig:
     """Everything `trainserve live-eval` takes besides the capture paths; each field is the flag of the same name."""
@@ -162,6 +212,7 @@ class LiveEvalConfig:
         parse=parse_shard,
     )
     report: Path | None = option(None, "write the JSON report here (and the HTML page beside it)")
+    watch: WatchConfig = option(factory=WatchConfig)
 
     def since_s(self) -> int | None:
         """--since in UTC seconds (a duration counts back from now), or None."""
@@ -192,3 +243,4 @@ class LiveEvalConfig:
             raise TrainserveError(f"--model-base-path {self.model_base_path}: no such directory")
         if self.report is not None:
             ensure_writable_dir(self.report.parent, "--report")
+        self.watch.check(self)

@@ -41,6 +41,8 @@ def judged_versions(config, sections: dict[int, dict]) -> tuple[int | None, int 
     baseline = config.baseline_version
     if config.max_drop is not None and baseline is None:
         others = [v for v in sections if v != candidate]
+        if not others and config.watch.state is not None:  # the watch judges --max-drop; no version beside
+            return candidate, None
         if len(others) != 1:
             raise TrainserveError(
                 f"--max-drop: versions {_said(sections)} answered: expected --baseline-version to name the one "
@@ -182,7 +184,7 @@ def judge_gates(config, sections: dict[int, dict], pairs: list[dict]) -> list[di
     gates = []
     if config.min_accuracy is not None and candidate is not None:
         gates.append(min_accuracy_gate(sections[candidate], config.min_accuracy, config.level, config.inconclusive))
-    if config.max_drop is not None and candidate is not None:
+    if config.max_drop is not None and candidate is not None and baseline is not None:
         pair = next((p for p in pairs if set(p["versions"]) == {candidate, baseline}), None)
         margin = drop_margin(config.max_drop)
         if margin.metric == "accuracy":

@@ -3,7 +3,8 @@
 Each check bounds one quantity with anytime-valid bounds at --gate-alpha (trainserve.stats.sequential), which
 hold over every look of the step however many there are (a step that holds, a rollout paused and resumed):
 
-    error_ratio    the candidate's error share on its canary requests minus stable's on its own, same step
+    error_ratio    the candidate's error share on its canary requests minus stable's on its own, same step, within
+                   points or a share of stable's share, the larger (trainserve.rollout.error_budget)
     slow_calls     the share of the candidate's calls above stable's p99 minus stable's share above it
     flip_rate      the share of classified shadow pairs whose top class differs, against a budget anchored to
                    the two versions' offline disagreement (the START record's `offline`)
@@ -25,6 +26,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from trainserve.rollout.error_budget import error_budget
 from trainserve.rollout.plan import CANARY, SHADOW, Step
 from trainserve.rollout.rollout_config import StepGate
 from trainserve.stats.proportions import wilson_upper
@@ -134,9 +136,9 @@ def _errors(counts: dict, gate: StepGate, offline: dict) -> Check:
     alike moves both alike."""
     errors, requests = counts["canary_errors"], counts["canary_requests"]
     stable = (counts["stable_errors"], counts["stable_requests"])
-    what = f"error share {_share(errors, requests)} on the canary vs stable's {_share(*stable)}"
-    bounds = _against(errors, stable, gate.alpha)
-    return _judge("error_ratio", what, (requests, "canary requests"), gate.max_error_increase, bounds, gate)
+    budget = error_budget(errors, stable, gate, CANARY_ALPHA)
+    what = f"error share {_share(errors, requests)} on the canary vs stable's {_share(*stable)}{budget.said}"
+    return _judge("error_ratio", what, (requests, "canary requests"), budget.budget, budget.bounds, gate)
 
 
 def _slow(counts: dict, gate: StepGate, offline: dict) -> Check:
@@ -155,9 +157,9 @@ def _shadow_errors(counts: dict, gate: StepGate, offline: dict) -> Check:
     the server's transient errors as stable's calls do, so an identical candidate fails about stable's share."""
     errors, answered = counts["shadow_errors"], sum(counts[k] for k in ANSWERED)
     stable = (counts["stable_errors"], counts["stable_requests"])
-    what = f"failed shadow copies {_share(errors, answered)} vs stable's error share {_share(*stable)}"
-    bounds = _against(errors, stable, gate.alpha)
-    return _judge("shadow_errors", what, (answered, "copies answered"), gate.max_error_increase, bounds, gate)
+    budget = error_budget(errors, stable, gate, CANARY_ALPHA)
+    what = f"failed shadow copies {_share(errors, answered)} vs stable's error share {_share(*stable)}{budget.said}"
+    return _judge("shadow_errors", what, (answered, "copies answered"), budget.budget, budget.bounds, gate)
 
 
 def _slow_copies(counts: dict, gate: StepGate, offline: dict) -> Check:

@@ -39,7 +39,9 @@ ROLLOUT = (
     "over the same step, and the flip rate against a budget anchored to the offline disagreement. A failing check "
     "rolls back at once (routing held on stable, confirmed by every proxy replica, then `candidate` dropped); too "
     "few requests or no answer holds, up to the step's hold, then pauses with the routing held on stable (a rerun "
-    "resumes the step with its counts); the last step promotes. Every step, query and value lands in the history, "
+    "resumes the step with its counts); the last step promotes, then --bake keeps previous loaded and judges the "
+    "new stable against it, moving stable back to previous on a failure. Every step, query and value lands in the "
+    "history, "
     "from which a killed controller resumes, and each end writes a decision report beside it."
 )
 

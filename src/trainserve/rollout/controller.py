@@ -10,6 +10,7 @@
               with the route held on stable; each look re-reads the labels: a `candidate` or `stable` moved by
               anyone else rolls back
     100%      promote, as `trainserve promote` (its checks again, its history line), then the routing cleared
+    bake      with --bake, the new stable judged against previous before the rollout ends: trainserve.rollout.bake
     rollback  and the other ends: trainserve.rollout.ends
 
 Everything lands in the rollout history (trainserve.rollout.progress), from which a killed controller resumes. Any
@@ -30,6 +31,7 @@ from trainserve.errors import TrainserveError
 from trainserve.files import locked
 from trainserve.rollout import analysis, moves
 from trainserve.rollout.approval import Approvals
+from trainserve.rollout.bake import Bake
 from trainserve.rollout.config import CandidateConfig
 from trainserve.rollout.config_file import find_model, history_path, read_config
 from trainserve.rollout.ends import Ends, Outcome
@@ -77,6 +79,7 @@ class Controller:
         self.narrator = Narrator(self.model, config.gate)
         self.holds = HoldWords(self.model)  # a hold said once, then where it stands
         self.approvals = Approvals(config, lambda: self.plan, self.notifier, self._same_labels, self._append, sleep)
+        self.bake = Bake(self.ends)  # after the promotion
 
     # -- the run -------------------------------------------------------------------------------------------
 
@@ -88,7 +91,7 @@ class Controller:
                     raise TrainserveError(
                         f"no rollout of model {self.model} is in progress in {self.history}: nothing to abort"
                     )
-                return self.ends.abort(progress.start)
+                return self.bake.abort(progress) if progress.promoted else self.ends.abort(progress.start)
             progress = self._resume(progress) if progress is not None else self._start()
             try:
                 return self._follow(progress)
@@ -98,10 +101,12 @@ class Controller:
 
     def _follow(self, progress: Progress) -> Outcome:
         start, plan = progress.start, self.plan
+        if progress.promoted:  # killed after the promotion: its bake, begun or not, finished
+            return self.bake.resume(progress)
         if progress.pending is not None:  # a move decided before the controller was killed: finish it
             if progress.pending["event"] == ROLLBACK:
                 return self.ends.rolled_back(start, progress.pending["said"])
-            return self.ends.promoted(start)
+            return self.bake.after_promotion(start, self.ends.promoted(start))
         index = progress.step
         try:
             self.approvals.resume(start)  # killed while waiting for approval: it waits again first
@@ -113,7 +118,7 @@ class Controller:
                 if plan.steps[index + 1].kind == PROMOTE:
                     self.approvals.before(start, index + 1)
                     self._append(PROMOTE_EVENT, start, step=index + 1)
-                    return self.ends.promoted(start)
+                    return self.bake.after_promotion(start, self.ends.promoted(start))
                 index, started, counters = self._enter(start, index + 1)
         except LabelsMoved as exc:
             failed = str(exc)
@@ -192,7 +197,7 @@ class Controller:
             )
         self.plan = parse_plan(start["plan"])  # `auto` follows the plan it chose at the start
         labels = self._labels()
-        if labels.stable != start["stable"] and not (progress.pending and labels.stable == progress.candidate):
+        if labels.stable != start["stable"] and not (progress.past_steps and labels.stable == progress.candidate):
             raise TrainserveError(
                 f"{said}, but stable moved from version {start['stable']} to {labels.stable} since: expected --abort"
             )

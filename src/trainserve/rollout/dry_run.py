@@ -9,13 +9,15 @@ import time
 
 from trainserve.errors import TrainserveError
 from trainserve.rollout import analysis, measure, targets
+from trainserve.rollout.bake_checks import bake_check_names
+from trainserve.rollout.bake_size import bake_of
 from trainserve.rollout.config_file import find_model, read_config
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.offline import evidence_of, offline_summary
 from trainserve.rollout.plan import AUTO, PROMOTE, Plan
 from trainserve.rollout.prometheus import Prometheus
 from trainserve.rollout.rollout_config import RolloutConfig, step_index
-from trainserve.rollout.sizing.auto import resolve
+from trainserve.rollout.sizing.auto import Resolved, resolve
 from trainserve.rollout.start import candidate_of
 
 LE, LOWER = "LE", "LOWER"  # the step's latency threshold's bucket bounds, known once it begins
@@ -50,6 +52,7 @@ def dry_run(config: RolloutConfig) -> list[str]:
     for i, step in enumerate(plan.steps):
         if step.kind == PROMOTE:
             lines.append(f"step {i + 1}: 100%: promote (stable -> {version}), routing cleared")
+            lines += _bake(config, resolved, plan.shadow_during(i), stable, flips)
             continue
         names = analysis.check_names(step, flips and plan.shadow_during(i) > 0)
         lines.append(
@@ -75,4 +78,18 @@ def _approval(config: RolloutConfig, plan: Plan) -> list[str]:
     return [
         f"approval: before step {index + 1} ({plan.steps[index].words()}) the route is held with no canary share "
         "until `trainserve rollout --approve --reason TEXT`"
+    ]
+
+
+def _bake(config: RolloutConfig, resolved: Resolved, shadow: float, stable: int | str, flips: bool) -> list[str]:
+    """The bake after the promotion (trainserve.rollout.bake), as the START record would set it."""
+    bake = bake_of(config, resolved)
+    if not bake["seconds"]:
+        return [f"  {bake['said']}"]
+    names = bake_check_names(flips and shadow > 0)
+    return [
+        f"  {bake['said']}",
+        f"  during the bake: stable answers every client; previous ({stable}) kept loaded, routed with no canary "
+        f"share, shadow {shadow:g}% copied to it; checks {', '.join(names)}; a failure moves stable back to "
+        "previous (every proxy replica confirmed before the version unloads)",
     ]

@@ -8,9 +8,15 @@ rollback  the route held (no canary share, no shadow); once every proxy replica 
 promote   the report checked against the START record's SHA-256 (changed since: rolled back instead), then
           promoted as `trainserve promote` does, then the route removed
 pause     the route held, the controller stops (exit 75); a rerun resumes the step with its routing and its counts
+back      a promoted version that failed its bake (trainserve.rollout.bake), or --abort during it: stable back to
+          previous as `trainserve rollback` moves it, in two writes so that no client call fails: first the two
+          labels swapped (both versions loaded; the server confirms `stable`), then, once every proxy replica
+          reports a route with no canary share (none sends a request to the version by number), the version
+          unloaded (previous unset, as a rollback leaves it) and the route removed. A replica that cannot be
+          confirmed leaves the version loaded as previous, the rollback pending (exit 75): a rerun finishes it
 
-Each end, once recorded, writes the decision report beside the history (trainserve.rollout.report); one that
-cannot be written is logged, and the decision stands.
+Each end, once recorded, writes the decision report beside the history (trainserve.rollout.report; a promotion
+with a bake to follow: at the bake's end); one that cannot be written is logged, and the decision stands.
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainserve.errors import TrainserveError
+from trainserve.files import locked
 from trainserve.rollout import moves
 from trainserve.rollout.config import PromoteConfig
-from trainserve.rollout.config_file import history_path
+from trainserve.rollout.config_file import find_model, history_path, read_config, write_config
 from trainserve.rollout.follow import FOLLOW_POLL_S, Judge, await_followers, no_canary
 from trainserve.rollout.history import read_history
-from trainserve.rollout.labels import Rollout
+from trainserve.rollout.labels import STABLE, Rollout, apply_rollout
 from trainserve.rollout.plan import parse_plan
 from trainserve.rollout.progress import PAUSED, PROMOTED, ROLLBACK, ROLLED_BACK, in_progress
 from trainserve.rollout.prometheus import Prometheus
@@ -133,6 +140,47 @@ class Ends:
         poll_s = min(FOLLOW_POLL_S, c.interval)
         return await_followers(self.prometheus, c.proxy_job, self.model, judge, c.wait, self.clock, self.sleep, poll_s)
 
+    # -- a failed bake -------------------------------------------------------------------------------------
+
+    def back_to_previous(self, start: dict, said: str) -> Outcome:
+        """The promoted version (the rollout's candidate) replaced by previous as stable (see the module's
+        docstring); each write is skipped where an earlier run made it."""
+        version, before = start["candidate"], self.labels()
+        if before.stable == version and before.previous is None:
+            raise TrainserveError(
+                f"model {self.model}: version {version} is stable with no previous version labelled (moved by hand?): "
+                "nothing to move back to; expected `previous` labelled, then the same command"
+            )
+        if before.stable == version:
+            self._relabel(Rollout(before.previous, version, before.candidate))
+            if self.server is not None:
+                self.server.wait_label(self.model, STABLE, before.previous, self.config.wait)
+        moves.hold_route(self.config.routing_file, self.model)
+        if self.labels().previous == version:
+            why = self.await_followers(no_canary)
+            if why is not None:
+                raise RollbackPending(
+                    f"model {self.model}: stable is back on previous, but version {version} stays loaded as previous: "
+                    f"not every proxy replica reports a route with no canary share within --wait "
+                    f"{self.config.wait:g} s ({why}): run the same command again to unload it"
+                )
+            now = self.labels()
+            after = self._relabel(Rollout(now.stable, None, now.candidate))
+            self._await_unloaded(version, after)
+        moves.clear_route(self.config.routing_file, self.model)
+        after = self.labels()
+        self.append(ROLLED_BACK, start, said=said, before=before.labels(), after=after.labels())
+        return Outcome(False, f"model {self.model} version {version}: {said}; {after.describe()}", self._report())
+
+    def _relabel(self, after: Rollout) -> Rollout:
+        """The model's labels (and so its versions) set to `after`, under the config's lock."""
+        path = self.config.config
+        with locked(path):
+            served = read_config(path)
+            apply_rollout(find_model(served, path, self.model), after)
+            write_config(path, served)
+        return after
+
     # -- promote -------------------------------------------------------------------------------------------
 
     def promoted(self, start: dict) -> Outcome:
@@ -151,7 +199,8 @@ class Ends:
             labels = self.labels()
         moves.clear_route(self.config.routing_file, self.model)
         self.append(PROMOTED, start, after=labels.labels())
-        return Outcome(True, f"model {self.model}: {labels.describe()}", self._report())
+        baking = (start.get("bake") or {}).get("seconds")  # the rollout ends after its bake: the report then
+        return Outcome(True, f"model {self.model}: {labels.describe()}", None if baking else self._report())
 
     # -- pause ---------------------------------------------------------------------------------------------
 

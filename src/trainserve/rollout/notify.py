@@ -9,20 +9,24 @@ record that announces it, and posted without the controller waiting (trainserve.
     paused             held past --max-hold: the controller stopped (exit 75), the route held on stable
     rolled-back        the rollback decided (a failed check, an abort, labels moved), with the look behind it
     promoted           the candidate is stable
+    bake               with --bake: the bake begun, previous kept loaded (trainserve.rollout.bake); a failure during
+                       it is a `rolled-back` (stable back to previous)
+    baked              the bake ended with the version kept as stable
 
 The generic document (schema `trainserve.notification/1`): `event`, `summary` (one sentence), `time` (the
 record's, UTC), `started` (the rollout's START), `model`, `candidate`, `stable`, `plan`, `step` ({index, number,
 of, words, shadow_percent, canary_percent}; null before the first step and for an abort), `said` (why: paused,
 held, rolled back; else null), `look` (the last look: {step, decision, checks [{name, result, said}], counts}; null
 before one), `report` (the rollout's decision report page: URL or path), `history`, `by` (user@host of the
-record); `held`: also `held_seconds` and `max_hold_seconds`; `approved`: `reason` and `approved_by`. Fields are
+record), `bake_seconds` (the bake after the promotion, 0: none); `held`: also `held_seconds` and
+`max_hold_seconds`; `approved`: `reason` and `approved_by`. Fields are
 only ever added within /1.
 
 `alertmanager`: the body Alertmanager's webhook_config posts (version "4"), so that receivers built for it (chat
 bridges, pagers) take a rollout as one alert: labels alertname="TrainserveRollout", model, candidate, stable (the
 same for the whole rollout, so a receiver threads its updates), `firing` while it is in progress (paused and
-awaiting approval included: someone may have to act) and `resolved` once it is promoted or rolled back; the
-annotations carry the event, summary, description (said), step and report.
+awaiting approval included: someone may have to act) and `resolved` once it is rolled back, promoted without a
+bake, or baked; the annotations carry the event, summary, description (said), step and report.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from trainserve.rollout.notify_sender import Receiver, Sender, Tally
 from trainserve.rollout.plan import parse_plan
 from trainserve.rollout.progress import (
     AWAITING,
+    BAKE,
+    BAKED,
     CHECK,
     NOTIFIED,
     PAUSED,
@@ -64,8 +70,10 @@ ANNOUNCED = {
     PAUSED: "paused",
     ROLLBACK: "rolled-back",
     PROMOTED: "promoted",
+    BAKE: "bake",
+    BAKED: "baked",
 }
-ENDS = ("rolled-back", "promoted")
+ENDS = ("rolled-back", "promoted", "baked")
 
 
 @dataclass(frozen=True)
@@ -181,6 +189,7 @@ def document(name: str, start: dict, record: dict, look: dict | None, where: Whe
         "report": where.report(start),
         "history": str(where.history),
         "by": record.get("by"),
+        "bake_seconds": float((start.get("bake") or {}).get("seconds") or 0.0),  # the rollout ends after it
     }
 
 
@@ -204,6 +213,8 @@ def summary(name: str, start: dict, step: dict | None, said: str | None, record:
     """The decision in one sentence."""
     who = f"model {start['model']} version {start['candidate']}"
     at = f"step {step['number']} of {step['of']} ({step['words']})" if step else "before its first step"
+    if step and step["number"] == step["of"] and name == "rolled-back":  # after the promotion: the bake
+        at = "the bake after its promotion (stable back to previous)"
     return {
         "started": f"rollout of {who} begun (stable {start['stable']}): {start['plan']}",
         "step": f"{who}: {at} entered",
@@ -214,6 +225,8 @@ def summary(name: str, start: dict, step: dict | None, said: str | None, record:
         "paused": f"{who} paused at {at}: {said}; run the same command to resume, or --abort --reason TEXT",
         "rolled-back": f"{who} rolled back at {at}: {said}",
         "promoted": f"{who} promoted: stable -> {start['candidate']}",
+        "bake": f"{who}: {record.get('words')} begun, previous version {record.get('previous')} kept loaded",
+        "baked": f"{who}: bake ended, version kept as stable: {said}",
     }[name]
 
 
@@ -231,7 +244,8 @@ def alertmanager(document: dict) -> dict:
         "candidate": str(document["candidate"]),
         "stable": str(document["stable"]),
     }
-    status = "resolved" if document["event"] in ENDS else "firing"
+    baking = document["event"] == "promoted" and document.get("bake_seconds")  # the bake to come
+    status = "resolved" if document["event"] in ENDS and not baking else "firing"
     annotations = {
         "event": document["event"],
         "summary": document["summary"],

@@ -14,6 +14,10 @@ Each event is one history line `{"action": "rollout", "event": ..., "model": ...
     rollback     decided (why); rolled-back once every proxy replica left the canary, the `candidate` label is
                  dropped, the server no longer serves the version and the model's route is removed
     promote      decided; promoted once `stable` moved (promote's own history line beside it) and routing cleared
+    bake         with a bake (the START record's `bake`, trainserve.rollout.bake): begun after `promoted`, with
+                 previous's counts over the last step (`baseline`) and the bake's counting state; its looks are
+                 `check` records (`bake`: true); a failure is a `rollback` (stable moved back to previous, then
+                 rolled-back); `baked` ends it with the version kept. A rollout with a bake is in progress until then
     awaiting-approval  --approve-before: the controller holds the route with no canary share before the step
     approved     `trainserve rollout --approve --reason TEXT`: who, why (trainserve.rollout.approval)
     notified     --notify: at the controller's exit, the notifications delivered and those that failed
@@ -33,7 +37,8 @@ from trainserve.rollout.history import read_history
 ROLLOUT = "rollout"
 START, STEP, CHECK, PAUSED, RESUMED = "start", "step", "check", "paused", "resumed"
 ROLLBACK, ROLLED_BACK, PROMOTE, PROMOTED = "rollback", "rolled-back", "promote", "promoted"
-TERMINAL = (ROLLED_BACK, PROMOTED)
+BAKE, BAKED = "bake", "baked"
+TERMINAL = (ROLLED_BACK, PROMOTED, BAKED)  # PROMOTED: where the START record sets no bake (`ended`)
 AWAITING, APPROVED, NOTIFIED = "awaiting-approval", "approved", "notified"
 
 
@@ -49,10 +54,17 @@ class Progress:
     paused: bool = False  # stopped by its hold in its step (resumed with its counts)
     watched: float = 0.0  # the paused step's time watched before the pause
     entered: list[int] = field(default_factory=list)  # the steps entered, in order
+    promoted: bool = False  # promoted, its bake not over (trainserve.rollout.bake)
+    baking: dict | None = None  # the BAKE record, once the bake began
 
     @property
     def candidate(self) -> int:
         return self.start["candidate"]
+
+    @property
+    def past_steps(self) -> bool:
+        """A move decided (stable may be the candidate already), or the promotion done and its bake not over."""
+        return self.pending is not None or self.promoted
 
 
 def event(kind: str, model: str, candidate: int, **fields) -> dict:
@@ -66,11 +78,16 @@ def in_progress(history: list[dict], model: str) -> Progress | None:
     if not starts:
         return None
     since = mine[starts[-1] :]
-    if any(e["event"] in TERMINAL for e in since):
+    if ended(since) is not None:
         return None
     progress = Progress(start=since[0])
     for entry in since[1:]:
-        if entry["event"] in (STEP, RESUMED):
+        if entry["event"] == PROMOTED:  # its bake to come
+            progress.promoted, progress.pending = True, None
+        elif entry["event"] == BAKE:
+            progress.baking, progress.step_started = entry, entry["started"]
+            progress.counters = dict(entry["counters"])
+        elif entry["event"] in (STEP, RESUMED):
             progress.step, progress.step_started = entry["step"], entry["started"]
             progress.counters, progress.paused = dict(entry["counters"]), False
             if entry["event"] == STEP:
@@ -82,6 +99,16 @@ def in_progress(history: list[dict], model: str) -> Progress | None:
         elif entry["event"] in (ROLLBACK, PROMOTE):
             progress.pending = entry
     return progress
+
+
+def ended(records: list[dict]) -> int | None:
+    """The index of the record that ended the rollout whose START record is `records[0]` (None: not ended): a
+    rollback, a bake's end, or the promotion of a rollout without a bake."""
+    bakes = bool((records[0].get("bake") or {}).get("seconds")) if records else False
+    for i, entry in enumerate(records):
+        if entry["event"] in TERMINAL and not (entry["event"] == PROMOTED and bakes):
+            return i
+    return None
 
 
 class RolloutInProgress(TrainserveError):

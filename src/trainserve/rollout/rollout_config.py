@@ -51,6 +51,13 @@ class StepGate:
         "calls meet)",
         parse=share,
     )
+    max_relative_error_increase: float = option(
+        0.1,
+        "errors: where larger, the budget of both error checks is this share of stable's own error share over the "
+        "step instead (0.1: +3 points at stable's 30 %%), so that an outage failing both versions alike is judged "
+        "on what the candidate adds to it; 0 keeps the budget in points at any error share",
+        parse=share,
+    )
     max_slow_increase: float = option(
         0.01,
         "latency: the share of the candidate's calls slower than stable's p99 (as histogram_quantile() places it "
@@ -139,6 +146,18 @@ def _duration(text: str) -> float:
         return duration(text)
 
 
+def _bake(text: str) -> float | str:
+    """--bake: `auto`, 0 (no bake), or seconds or a duration with a unit."""
+    if text.strip() == AUTO:
+        return AUTO
+    if text.strip() in ("0", "0s", "0m", "0h"):
+        return 0.0
+    try:
+        return _duration(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected `auto`, 0 (no bake), or a duration such as 30m") from None
+
+
 @dataclass
 class RolloutConfig:
     """Move a candidate through a step plan on live traffic (shadow, canary shares) with the proxy's routing
@@ -202,6 +221,15 @@ class RolloutConfig:
     )
     replay: Path | None = option(None, "also its replay report against stable (as promote --replay)")
     gate: StepGate = option(factory=StepGate)
+    bake: float | str = option(
+        AUTO,
+        "after the promotion, keep `previous` loaded this long (seconds, or 30m) and keep judging the new stable "
+        "against it (errors and slow calls against previous's before the switch, answers against previous's on "
+        "shadow copies), rolling back to previous on a failure; `auto`: long enough that a version twice as slow "
+        "is rolled back within it at the measured rate (15m to 2h; 30m where the rate is not known); 0: no bake",
+        parse=_bake,
+        metavar="DURATION",
+    )
     interval: float = option(30.0, "seconds between two looks at Prometheus", parse=_seconds)
     max_hold: float = option(
         1800.0,
@@ -259,6 +287,11 @@ class RolloutConfig:
     tls: ClientTls = option(factory=ClientTls)
 
     def __post_init__(self):
+        if isinstance(self.bake, str) and self.bake != AUTO:
+            try:
+                self.bake = _bake(self.bake)
+            except argparse.ArgumentTypeError as exc:
+                raise TrainserveError(f"--bake {exc}") from None
         if isinstance(self.plan, str) and self.plan != AUTO:
             try:
                 self.plan = parse_plan(self.plan)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from trainserve.errors import TrainserveError
 from trainserve.proxy.routing import default_sticky_salt
 from trainserve.rollout import moves
+from trainserve.rollout.bake_size import bake_of
 from trainserve.rollout.labels import Rollout
 from trainserve.rollout.offline import evidence_of, offline_summary
 from trainserve.rollout.plan import Plan
@@ -58,11 +59,13 @@ def may_begin(
     offline = offline_summary(read, config.replay, labels.stable)
     flips = read.report["task"]["kind"] == "classification"
     resolved = resolve(config, prometheus, model, offline, flips, now)
-    for line in resolved.lines():
+    bake = bake_of(config, resolved)
+    for line in [*resolved.lines(), bake["said"]]:
         log.info("model %s: %s", model, line)
     fields = {
         "plan": resolved.plan.text(),
         "sizing": resolved.record(),
+        "bake": bake,
         "stable": labels.stable,
         "flips": flips,
         "report": str(read.path),

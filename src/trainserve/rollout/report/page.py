@@ -94,7 +94,8 @@ def _stint(k: int, stint: Stint) -> str:
     again = ", entered again after a pause" if stint.again else ""
     last = stint.looks[-1].decision if stint.looks else "none yet"
     said = f"entered {stint.entered}; {len(stint.looks)} looks; the last decided: {last}"
-    parts = [f'<h2 id="step-{k}">Step {stint.index + 1}: {escape(stint.words)}{again}</h2><p>{escape(said)}</p>']
+    where = "After the promotion" if stint.words.startswith("bake") else f"Step {stint.index + 1}"
+    parts = [f'<h2 id="step-{k}">{where}: {escape(stint.words)}{again}</h2><p>{escape(said)}</p>']
     if stint.looks:
         parts += [_checks(k, stint), *_plots(k, stint), _looks(k, stint)]
     parts.append(_replicas(k, stint))

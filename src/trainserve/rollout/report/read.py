@@ -17,6 +17,8 @@ from trainserve.rollout.history import read_history
 from trainserve.rollout.measure import COUNTERS, LATENCY_COUNTERS
 from trainserve.rollout.plan import parse_plan
 from trainserve.rollout.progress import (
+    BAKE,
+    BAKED,
     CHECK,
     PAUSED,
     PROMOTE,
@@ -27,13 +29,19 @@ from trainserve.rollout.progress import (
     ROLLOUT,
     START,
     STEP,
-    TERMINAL,
+    ended,
 )
 
 CHECK_FIELDS = frozenset(f.name for f in fields(Check))
 # How a rollout stands at the end of its history: its last move.
 REBASED = "rebased"  # a state after which each replica's counters start again (a resumed pause)
-OUTCOMES = {PROMOTED: "promoted", ROLLED_BACK: "rolled back", PAUSED: "paused", ROLLBACK: "rollback pending"}
+OUTCOMES = {
+    PROMOTED: "promoted",
+    BAKED: "promoted",
+    ROLLED_BACK: "rolled back",
+    PAUSED: "paused",
+    ROLLBACK: "rollback pending",
+}
 IN_PROGRESS = "in progress"
 
 
@@ -127,8 +135,8 @@ def account_of(records: list[dict], model: str) -> Account:
     """The account of the last rollout among `records` (one model's, oldest first)."""
     first = max(i for i, r in enumerate(records) if r["event"] == START)
     mine = records[first:]
-    ends = [i for i, r in enumerate(mine) if r["event"] in TERMINAL]
-    mine = mine[: ends[0] + 1] if ends else mine
+    end = ended(mine)
+    mine = mine[: end + 1] if end is not None else mine
     account = Account(model, mine[0], [], [], [], mine[0])
     for record in mine:
         _take(account, record)
@@ -148,8 +156,8 @@ def _take(account: Account, record: dict) -> None:
         return
     if kind == RESUMED:  # the same stint goes on with its counts; after a pause every replica starts again
         account.stints[-1].states.append({**record["counters"], REBASED: record.get("after") == "a pause"})
-    if kind == STEP:
-        again = any(s.index == record["step"] for s in account.stints)
+    if kind in (STEP, BAKE):  # the bake: a stint of the plan's `100%` step, its words its own
+        again = kind == STEP and any(s.index == record["step"] for s in account.stints)
         words = record.get("words") or parse_plan(account.start["plan"]).steps[record["step"]].words()
         account.stints.append(Stint(record["step"], words, record.get("time", ""), again, states=[record["counters"]]))
     account.last = record
@@ -173,6 +181,8 @@ def _moment(record: dict, account: Account) -> Moment:
         said = f"held {record.get('held_seconds', 0):.0f} s: {said}"
     elif kind == RESUMED:
         said = f"{account.stints[-1].words}: resumed after {record.get('after', 'a stop')} with its counts"
+    elif kind == BAKE:
+        said = f"{record.get('words')}: previous version {record.get('previous')} kept loaded and judged against"
     elif kind in (PROMOTE, PROMOTED) and not said:
         said = "every step passed" if kind == PROMOTE else "stable is the candidate"
     return Moment(record.get("time", ""), record.get("by", ""), kind, step, said)

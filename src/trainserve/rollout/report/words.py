@@ -5,6 +5,7 @@ from __future__ import annotations
 from trainserve.rollout import analysis
 from trainserve.rollout.analysis import Check
 from trainserve.rollout.plan import PROMOTE, parse_plan
+from trainserve.rollout.progress import BAKED
 from trainserve.rollout.report.read import IN_PROGRESS, Account, Stint
 
 RESULTS = {analysis.PASS: "passed", analysis.FAIL: "failed", analysis.UNKNOWN: "undecided"}
@@ -43,7 +44,8 @@ def verdict(account: Account) -> str:
     outcome, last = account.outcome, account.last
     if outcome == "promoted":
         steps = [s.words() for s in parse_plan(account.start["plan"]).steps if s.kind != PROMOTE]
-        return f"Promoted {who} to stable: every check passed at each step ({', '.join(steps)})."
+        baked = f" and its bake ended: {last.get('said')}" if last.get("event") == BAKED else ""
+        return f"Promoted {who} to stable: every check passed at each step ({', '.join(steps)}){baked}."
     where = _where(account, last.get("step"))
     if outcome == "rolled back":
         return f"Rolled back {who}{where}: {_why_failed(account)}."
@@ -63,6 +65,8 @@ def _where(account: Account, step: int | None) -> str:
     if index is None:
         return " before its first step"
     steps = parse_plan(account.start["plan"]).steps
+    if stint is not None and stint.index == index and stint.words.startswith("bake"):
+        return f" during the {stint.words} after its promotion"
     return f" at step {index + 1} ({steps[index].words()})" if index < len(steps) else ""
 
 
