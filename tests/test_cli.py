@@ -271,3 +271,22 @@ def test_compose_and_kubernetes_set_exactly_the_variables_the_clients_read():
     kustomization = yaml.safe_load((REPO / "k8s" / "components" / "tls" / "kustomization.yaml").read_text())
     (client_tls,) = kustomization["configMapGenerator"]
     assert {literal.partition("=")[0] for literal in client_tls["literals"]} == read
+
+
+@pytest.mark.unit
+def test_the_program_collects_then_freezes_before_it_exits_and_main_does_not(monkeypatch):
+    """`trainserve` (console) ends with gc.collect then gc.freeze, so that the interpreter's teardown skips what
+    is alive (seconds with TensorFlow loaded) while garbage's finalizers have run; `main`, which tests call in
+    their own process, freezes nothing."""
+    import gc
+    import inspect
+
+    import trainserve.cli
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append("collect"))
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(trainserve.cli, "main", lambda: calls.append("main") or 3)
+    assert trainserve.cli.console() == 3
+    assert calls == ["main", "collect", "freeze"]
+    assert "leave_quickly" not in inspect.getsource(main)

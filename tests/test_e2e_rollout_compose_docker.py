@@ -3,7 +3,8 @@ console blocks in order (tests/tutorial_pages.py), `make` finding compose itself
 the Makefile falls back to the shipped binary), the stand-in images (test_e2e_docker.py's fixtures) and a
 stand-in Prometheus image (Debian's `prometheus` on the stand-in Debian). A retrain with the same seed is
 promoted, one with another seed rolled back at the shadow step, and each command prints what the page shows.
-Serving polls its config every second (an override file), as in test_e2e_rollout_docker.py."""
+Nothing is shortened for the test: the page's own settings (compose's demonstration budgets, Prometheus scraping
+every 2 s, five epochs) make each block a test of under a minute."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import os
 import shutil
 import sys
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from test_e2e_docker import compose, env  # noqa: F401 (a fixture)
-from tutorial_pages import missing_lines, outputs, read_blocks, run_script, script
+from tutorial_pages import Block, missing_lines, outputs, read_blocks, run_script, script
 
 from conftest import REPO, free_port
 
@@ -25,7 +27,8 @@ from conftest import REPO, free_port
 # Docker tests, once the shared images are built (its worker waits on them).
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("docker-page")]
 
-PROJECT = "trainserve-e2e-compose-rollout"  # its own containers and volumes, removed at the end
+# Its own containers and volumes (a run from another checkout beside it has others), removed at the end.
+PROJECT = f"trainserve-e2e-compose-page-{os.getpid()}"
 PAGE = REPO / "docs" / "progressive-delivery.md"
 SECTION = ("### A canary rollout on compose", "### A canary rollout on Kubernetes")
 PROMETHEUS = "trainserve-standin/prometheus:debian"
@@ -53,82 +56,77 @@ def prometheus_image(docker_client) -> str:
     return PROMETHEUS
 
 
-# The page's defaults take minutes; a test shortens the waits: serving polls its config every second, Prometheus
-# scrapes every second (a copy of the monitoring config), the plan is sized to decide within
-# ROLLOUT_TARGET_DURATION, looked at every 2 s; and the samples: 5-point error and slow-call budgets, 50 calls a
-# check (the flip budget, which rolls the bad candidate back, is the page's). And the shadow's spare capacity: on a
-# CI machine whose two cores run the rest of the suite, every call is slowed by more than the proxy's 20 % shed
-# margin, whatever the copies cost, so most copies were shed and the steps held, rightly, until they paused (at 150
-# and at 60 requests/s); here the proxy sheds at 4 times the quiet latency and the steps judge with up to 80 % shed.
-QUICK_GATE = {
-    "TRAINSERVE_GATE_MAX_ERROR_INCREASE": 0.05,
-    "TRAINSERVE_GATE_MAX_SLOW_INCREASE": 0.05,
-    "TRAINSERVE_GATE_MIN_REQUESTS": 50,
-    "TRAINSERVE_GATE_MAX_SHADOW_DROPPED": 0.8,
-}
-QUICK = {
-    "LOAD_RATE": "60",
-    "ROLLOUT_TARGET_DURATION": "1m",
-    "ROLLOUT_INTERVAL": "2",
-    "EPOCHS": "5",
-    "MIN_ACCURACY": "0",
-}
-
-
-def quick_overrides(directory: Path) -> Path:
-    monitoring = directory / "monitoring"
-    shutil.copytree(REPO / "monitoring", monitoring)
-    config = monitoring / "prometheus-compose.yml"
-    config.write_text(config.read_text().replace("scrape_interval: 15s", "scrape_interval: 1s"))
-    override = directory / "quick.yaml"
-    override.write_text(
-        "services:\n  serve-cpu:\n    environment:\n      MODEL_CONFIG_POLL_WAIT_SECONDS: '1'\n"
-        f"  prometheus:\n    volumes:\n      - {monitoring}:/etc/trainserve-monitoring:ro\n"
-        "  proxy:\n    environment:\n      TRAINSERVE_SHADOW_SHED_LATENCY_MARGIN: '3'\n"
-        "  rollout:\n    environment:\n" + "".join(f"      {name}: '{value}'\n" for name, value in QUICK_GATE.items())
-    )
-    return override
-
-
-@pytest.fixture()
-def page_env(env, prometheus_image, tmp_path) -> dict:  # noqa: F811 (the imported fixture)
-    override = quick_overrides(tmp_path)
+@pytest.fixture(scope="module")
+def page_env(env, prometheus_image) -> dict:  # noqa: F811 (the imported fixture)
+    """The reader's environment: compose.yaml and .env as they are (EPOCHS as the page sets it), free ports."""
     ports = ("GRPC_PORT", "REST_PORT", "PROXY_GRPC_PORT", "PROXY_REST_PORT", "PROMETHEUS_PORT")
     return {
-        **env,
+        **{name: value for name, value in env.items() if name != "EPOCHS"},
         **{port: str(free_port()) for port in ports},
         "COMPOSE_PROJECT_NAME": PROJECT,
-        "COMPOSE_FILE": os.pathsep.join([str(REPO / "compose.yaml"), str(override)]),
         "PROMETHEUS_IMAGE": prometheus_image,
         "VENV": str(Path(sys.executable).parent.parent),  # the Makefile's fallback: $(VENV)/bin/docker-compose
-        **QUICK,
     }
 
 
-def section_blocks(tmp_path: Path):
+def section_blocks(directory: Path) -> list[Block]:
     """The section's console blocks: marked skip for the tutorial test (they need Docker), run here."""
     text = PAGE.read_text()
     start, end = (text.index(heading) for heading in SECTION)
-    (tmp_path / "section.md").write_text(text[start:end])
-    blocks = [b for b in read_blocks(tmp_path / "section.md") if b.lang == "console" and Path(__file__).name in b.why]
+    (directory / "section.md").write_text(text[start:end])
+    blocks = [b for b in read_blocks(directory / "section.md") if b.lang == "console" and Path(__file__).name in b.why]
     return [dataclasses.replace(block, mark=None) for block in blocks]
 
 
-def test_the_pages_compose_rollout_promotes_a_good_candidate_and_rolls_back_a_bad_one(
-    docker_client, page_env, tmp_path
-):
-    blocks = section_blocks(tmp_path)
-    text, steps = script(blocks, {})
+@dataclass
+class Page:
+    """The section's blocks, run one per test in the page's order on one compose project; a block runs only
+    where every one before it passed (each starts from what the last left)."""
+
+    env: dict
+    blocks: list[Block]
+    failed: str | None = None
+
+    def run(self, number: int, name: str, timeout: float) -> str:
+        if self.failed:
+            pytest.skip(f"the page's {self.failed} failed, and this block starts where it ends")
+        self.failed = name  # until it passes
+        text, steps = script([self.blocks[number]], {})
+        code, printed = run_script(text, REPO, self.env, timeout=timeout)
+        by_step = outputs(printed)
+        assert code == 0 and len(by_step) == len(steps), printed[-6000:]
+        missing = {step.command: missing_lines(step.shown, by_step[n]) for n, step in enumerate(steps)}
+        missing = {command: lines for command, lines in missing.items() if lines}
+        assert not missing, f"not printed: {missing}\n" + "\n".join(by_step[n][-3000:] for n in range(len(steps)))
+        self.failed = None
+        return printed
+
+
+@pytest.fixture(scope="module")
+def page(docker_client, page_env, tmp_path_factory):
+    blocks = section_blocks(tmp_path_factory.mktemp("compose-section"))
+    assert len(blocks) == 4, [block.line for block in blocks]  # stable, traffic and v2, a good rollout, a bad one
     try:
-        code, printed = run_script(text, REPO, page_env, timeout=1500)
+        yield Page(page_env, blocks)
     finally:
         profiles = [f"--profile={p}" for p in ("train", "eval", "promote", "proxy", "monitoring", "load")]
         compose(page_env, *profiles, "down", "-v", "--remove-orphans", check=False)
-    by_step = outputs(printed)
-    assert code == 0 and len(by_step) == len(steps), printed[-6000:]
-    missing = {step.command: missing_lines(step.shown, by_step[n]) for n, step in enumerate(steps)}
-    missing = {command: lines for command, lines in missing.items() if lines}
-    assert not missing, f"not printed: {missing}\n" + "\n".join(by_step[n][-3000:] for n in range(len(steps)))
-    assert "make: compose is" in printed
     volumes = docker_client.volumes.list(filters={"label": f"com.docker.compose.project={PROJECT}"})
     assert not volumes, [v.name for v in volumes]
+
+
+def test_a_stable_version_trained_served_and_promoted(page):
+    printed = page.run(0, "stable version", timeout=240)
+    assert "make: compose is" in printed
+
+
+def test_traffic_and_a_second_version_trained(page):
+    page.run(1, "traffic and second version", timeout=180)
+
+
+def test_a_good_candidate_rolled_out_and_promoted(page):
+    page.run(2, "good rollout", timeout=300)
+
+
+def test_a_bad_candidate_rolled_back(page):
+    page.run(3, "bad rollout", timeout=300)

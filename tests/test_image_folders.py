@@ -252,3 +252,34 @@ def test_class_names_follow_keras_rules(tmp_path):
         ("b/sub/2.Png", 1),
     ]
     assert other == 2
+
+
+@pytest.mark.unit
+def test_both_image_signatures_share_one_traced_network(tmp_path):
+    """The export traces the network once for `serving_default` and `serving_pixels` together (Keras lists the
+    endpoints' variables, and the save traces its signatures: 3 traces; once per signature: 5), and both answer."""
+    import keras
+    import tensorflow as tf
+
+    from trainserve.data import ImageFormat
+    from trainserve.task import Task
+    from trainserve.training.export import export_savedmodel
+    from trainserve.training.model_fn import data_spec
+
+    traced = []
+
+    class Counting(keras.layers.Layer):
+        def call(self, x):
+            traced.append(1)  # Python runs a layer's call once per trace
+            return x
+
+    inputs = keras.Input((8, 8, 3), name="images")  # the name the image signatures feed
+    model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(keras.layers.Flatten()(Counting()(inputs))))
+    task = Task("classification", classes=3, label_names=("a", "b", "c"))
+    spec = data_spec({}, task, image=ImageFormat(8, 8, 3))
+    traced.clear()
+    export_savedmodel(model, tmp_path / "1", spec.inputs, task, image=spec.image)
+    assert len(traced) <= 3, f"the network traced {len(traced)} times"
+    pixels = tf.zeros([2, 12, 12, 3], tf.uint8)
+    answered = tf.saved_model.load(str(tmp_path / "1")).signatures["serving_pixels"](images=pixels)
+    assert answered["probabilities"].shape == (2, 3)

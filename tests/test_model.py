@@ -119,3 +119,39 @@ def test_the_default_model_learns_the_bundled_digits_in_five_epochs(seed):
     batches = make_batches(dataset, config.batch_size, 1, config.seed, config.validation_split, input_structure(model))
     model.fit(batches.train, epochs=5, shuffle=False, verbose=0)
     assert evaluate_locally(model, batches.test, spec.task)["accuracy"] > 0.9
+
+
+def _fit_counting_traces(monkeypatch, symbolic_build=None) -> tuple[int, list[str]]:
+    """An accuracy-compiled model fitted by fit_built for two epochs; how often its train step was traced
+    (Python runs it once per trace), and its history's keys. `symbolic_build`: stands in for Keras' private call."""
+    import tensorflow as tf
+
+    from trainserve.training.model import build_for_training, fit_built
+    from trainserve.training.model_fn import data_spec
+
+    spec = data_spec({"x": np.zeros((8, 4), "float32")}, Task("classification", classes=3))
+    model = build_for_training("mlp", spec, learning_rate=0.01)
+    if symbolic_build is not None:
+        monkeypatch.setattr(model, "_symbolic_build", symbolic_build)
+    data = tf.data.Dataset.from_tensor_slices(({"x": np.zeros((40, 4), "float32")}, np.zeros(40, "int64"))).batch(16)
+    traced, step = [], model.train_step
+    monkeypatch.setattr(model, "train_step", lambda batch: traced.append(1) or step(batch))
+    history = fit_built(model, data, epochs=2, verbose=0)
+    return len(traced), sorted(history.history)
+
+
+@pytest.mark.unit
+def test_a_fit_with_compiled_metrics_traces_its_step_once(monkeypatch):
+    """Keras builds compiled metrics inside the first traced step on a CPU, and TensorFlow then traces it twice."""
+    assert _fit_counting_traces(monkeypatch) == (1, ["accuracy", "loss"])
+
+
+def _refused(**_):
+    raise TypeError("a changed private API")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("symbolic_build", [False, _refused], ids=["absent", "changed"])
+def test_without_keras_private_build_the_fit_trains_as_before(monkeypatch, symbolic_build):
+    """A Keras without `_symbolic_build`, or whose call fails, still trains: its first step traced twice."""
+    assert _fit_counting_traces(monkeypatch, symbolic_build) == (2, ["accuracy", "loss"])

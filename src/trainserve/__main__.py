@@ -1,3 +1,3 @@
-from trainserve.cli import main
+from trainserve.cli import console
 
-raise SystemExit(main())
+raise SystemExit(console())

@@ -8,6 +8,7 @@ which is how containers and Kubernetes Jobs configure it; a flag on the command 
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -99,3 +100,20 @@ def _eval_skipped_during_rollout(args: argparse.Namespace) -> bool:
         logging.getLogger("trainserve.evaluation").info("nothing evaluated (--skip-during-rollout): %s", exc)
         return True
     return False
+
+
+def console() -> int:
+    """The `trainserve` program and `python -m trainserve`: `main`, then `leave_quickly` (not in `main`, which
+    tests call in their own process)."""
+    code = main()
+    leave_quickly()
+    return code
+
+
+def leave_quickly() -> None:
+    """Collect what is garbage now (its finalizers run: files flushed, writers closed), then freeze what is
+    alive: the interpreter's teardown skips frozen objects in its last collection, which with TensorFlow loaded
+    walks its millions (0.4 s of a process's exit, 3 s on a busy machine). Objects freed by reference count are
+    still freed, and atexit's and logging's flushes still run; only a cycle still alive now is never finalized."""
+    gc.collect()
+    gc.freeze()

@@ -42,8 +42,10 @@ def plot_training_curves(history_csv: Path, out: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, metric in zip(axes, ("loss", own[0] if own else "accuracy")):
         for key, label in ((metric, "train"), (f"val_{metric}", "validation")):
-            if rows and key in rows[0]:
-                ax.plot(epochs, [float(r[key]) for r in rows], marker="o", label=label)
+            # Keras' CSVLogger writes NA in the val_ columns of a training without validation data
+            points = [(epoch, float(r[key])) for epoch, r in zip(epochs, rows) if r.get(key) not in (None, "", "NA")]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=label)
         ax.set_xlabel("epoch")
         ax.set_title(metric)
         ax.grid(alpha=0.3)

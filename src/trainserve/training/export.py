@@ -108,7 +108,10 @@ def _add_image_endpoints(archive, model, task: Task, image) -> None:
     from trainserve.training.model_fn import input_structure
 
     structure, dtype = input_structure(model), model.inputs[0].dtype
+    resized = tf.TensorSpec([None, image.height, image.width, image.channels], tf.uint8)
 
+    # One traced function both signatures call: the network is traced once, not once per signature.
+    @tf.function(input_signature=[resized], autograph=False)
     def answer(pixels):
         return serving_outputs(model(structure({IMAGES: tf.cast(pixels, dtype)}), training=False), task)
 

@@ -35,7 +35,7 @@ from trainserve.training.devices import DevicePlan, make_strategy
 from trainserve.training.export import ExportJob, export_and_gate, serving_outputs
 from trainserve.training.gate import FLOAT32_ATOL, MIXED_PRECISION_ATOL, GoldenBatch
 from trainserve.training.images import ImagePipeline, model_inputs, serving_examples
-from trainserve.training.model import build_for_training
+from trainserve.training.model import build_for_training, fit_built
 from trainserve.training.model_fn import DataSpec, data_spec, input_structure
 from trainserve.training.multi_worker import (
     EpochCheckpoint,
@@ -252,7 +252,8 @@ def _fit_and_evaluate(
         )
     else:
         fit = functools.partial(
-            model.fit,
+            fit_built,
+            model,
             batches.train,
             validation_data=batches.validation,
             callbacks=callbacks.for_fit(),
