@@ -253,8 +253,8 @@ def test_a_controller_killed_during_the_bake_resumes_it_with_its_counts_and_the_
     assert events(config)[-5:] == ["promoted", "bake", "resumed", "rollback", "rolled-back"]
 
 
-def test_abort_during_the_bake_moves_stable_back_and_rollback_refuses_meanwhile(bed, capsys):
-    config, report = bed
+def killed_in_the_bake(config: Path, report: Path) -> Served:
+    """A controller killed at its first wait in the bake; returns the traffic it was serving."""
     served = Served(config)
 
     def kill_in_the_bake(n: int) -> None:
@@ -263,6 +263,12 @@ def test_abort_during_the_bake_moves_stable_back_and_rollback_refuses_meanwhile(
 
     with pytest.raises(Killed):
         controller(config, report, served, Time(served, kill_in_the_bake)).run()
+    return served
+
+
+def test_abort_during_the_bake_moves_stable_back_and_rollback_refuses_meanwhile(bed, capsys):
+    config, report = bed
+    served = killed_in_the_bake(config, report)
     assert main(["rollback", "--config", str(config), "--reason", "x"]) == 2
     assert "rollback refused: a rollout of model m version 2 is in progress" in capsys.readouterr().err
     outcome = controller(config, report, served, Time(served), abort=True, reason="pager").run()
@@ -342,14 +348,7 @@ def test_the_bake_never_fails_a_version_whose_error_share_is_no_higher_than_prev
 
 def test_a_bake_rollback_with_no_previous_labelled_moves_nothing_and_says_why(bed):
     config, report = bed
-    served = Served(config)
-
-    def kill_in_the_bake(n: int) -> None:
-        if baking(config):
-            raise Killed
-
-    with pytest.raises(Killed):
-        controller(config, report, served, Time(served, kill_in_the_bake)).run()
+    served = killed_in_the_bake(config, report)
     served_config = read_config(config)
     apply_rollout(served_config.model_config_list.config[0], Rollout(stable=2))  # `previous` dropped by hand
     write_config(config, served_config)
