@@ -6,6 +6,7 @@ no client call fails, and none is answered by a version the routing file did not
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -129,7 +130,8 @@ def test_a_flipping_candidate_stops_at_the_shadow_step_and_a_good_one_is_promote
     config, base, server, prometheus, clients = live
 
     code, out = roll_out(config, base, server, prometheus, 3), capsys.readouterr().out
-    assert code == 1 and "flip_rate: flips" in out, out
+    # its flips overall, or those within one class of stable's answers, whichever the looks showed first
+    assert code == 1 and re.search(r"rolled back: model m version 3: flip_(rate|classes): ", out), out
     events = [e for e in read_history(history_path(config)) if e.get("action") == "rollout"]
     assert [e["step"] for e in events if e["event"] == "step"] == [0]  # the shadow step only
     assert Rollout.of(read_config(config).model_config_list.config[0]) == Rollout(stable=1)

@@ -18,7 +18,7 @@ from trainserve.rollout.config_file import history_path
 from trainserve.rollout.counting import tallied
 from trainserve.rollout.measure import KEYS
 from trainserve.rollout.plan import parse_plan
-from trainserve.rollout.progress import PAUSED, PROMOTE, ROLLBACK, ROLLED_BACK
+from trainserve.rollout.progress import PAUSED, PROMOTE, RESUMED, ROLLBACK, ROLLED_BACK
 from trainserve.rollout.report.read import per_replica, read_account
 from trainserve.rollout.report.words import verdict
 
@@ -97,6 +97,21 @@ def test_the_account_of_a_paused_resumed_and_rolled_back_rollout(tmp_path):
         f"Rolled back version 2 of model m at step 2 (25% 1s): error_ratio failed: bounds [{error.low:+.4f}, "
         f"{error.high:+.4f}] against its budget +0.0100 after 400 canary requests."
     )
+
+
+@pytest.mark.unit
+def test_a_hold_before_a_pause_and_one_after_its_resume_are_two_each_with_its_own_why(tmp_path):
+    history = History(tmp_path / "models.config.history.jsonl")
+    history.start()
+    history.step(0)
+    history.look(0, ended=True)  # no copies: fewer than --gate-min-requests
+    history.add(PAUSED, step=0, said="held", held_seconds=5.0)
+    history.add(RESUMED, step=0, after="a pause", counters={"le": None, "seen": {}, "counts": {}})
+    history.look(0, ended=True, shadow_compared=4000)  # held now by what stable's calls do not show yet
+    first, second = read_account(history.path).holds
+    assert (first.first.number, first.last.number, second.first.number) == (1, 1, 2)
+    assert "fewer than --gate-min-requests 20" in first.why
+    assert "0 copies answered" in first.why and "0 copies answered" not in second.why
 
 
 @pytest.mark.unit

@@ -68,6 +68,7 @@ class Stint:
     looks: list[Look] = field(default_factory=list)
     replicas: dict[str, dict[str, int]] = field(default_factory=dict)
     states: list[dict] = field(default_factory=list)
+    resumed: list[int] = field(default_factory=list)  # the looks seen before each resume: no hold runs across one
 
     def check_names(self) -> list[str]:
         return list(dict.fromkeys(c.name for look in self.looks for c in look.checks))
@@ -156,6 +157,7 @@ def _take(account: Account, record: dict) -> None:
         return
     if kind == RESUMED:  # the same stint goes on with its counts; after a pause every replica starts again
         account.stints[-1].states.append({**record["counters"], REBASED: record.get("after") == "a pause"})
+        account.stints[-1].resumed.append(len(account.stints[-1].looks))
     if kind in (STEP, BAKE):  # the bake: a stint of the plan's `100%` step, its words its own
         again = kind == STEP and any(s.index == record["step"] for s in account.stints)
         words = record.get("words") or parse_plan(account.start["plan"]).steps[record["step"]].words()
@@ -189,9 +191,13 @@ def _moment(record: dict, account: Account) -> Moment:
 
 
 def holds_of(stint: Stint) -> list[Hold]:
-    """The runs of consecutive looks that held the stint."""
+    """The runs of consecutive looks that held the stint; a pause ends one (what held before it, and why, is not
+    what held the rerun)."""
     found, run = [], []
     for look in [*stint.looks, None]:
+        if run and look is not None and look.number - 1 in stint.resumed:
+            found.append(Hold(stint, run[0], run[-1]))
+            run = []
         if look is not None and look.decision == analysis.HOLD:
             run.append(look)
         elif run:
