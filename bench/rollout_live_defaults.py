@@ -8,7 +8,8 @@ Prometheus (Debian's `prometheus` on PATH) scraping both every second with the r
 1 stable, version 2 a retrain with the same weights, staged with its eval report; clients call `stable` through the
 proxy at --rate from the start, and Prometheus sees --seen seconds of them before the dry run. Then `trainserve
 rollout` on the defaults (looks every 30 s) runs to its end. Printed: the dry run's plan lines, the verdict, the
-time it took against the stated median, 90th percentile and most, and the clients' failed calls (none expected).
+time it took against the stated median, 90th percentile and most (the bake after the promotion included, as the
+defaults bake), and the clients' failed calls (none expected).
 
     python bench/rollout_live_defaults.py [--rate 10] [--seen 300]
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import sys
 import tempfile
 import time
@@ -30,6 +32,8 @@ from test_rollout_auto_live import PacedClients, plan_lines, seen  # noqa: E402
 
 from conftest import digits_cnn, export_digits_cnn  # noqa: E402
 from trainserve.cli import main as trainserve  # noqa: E402
+
+os.environ.pop("TRAINSERVE_BAKE", None)  # the suite's conftest ends its rollouts at promotion; here the default bakes
 from trainserve.rollout.config_file import history_path  # noqa: E402
 from trainserve.rollout.history import read_history  # noqa: E402
 from trainserve.rollout.sizing.choose import hours  # noqa: E402
