@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     # the data's path, and the order of --help
     for stage in (training, serving, capture, evaluation, live, replay, drift, rollout):
         stage.add_parsers(commands)
-    commands.choices["live-eval"].set_defaults(roll_back=_roll_back)  # stages import no other: wired here
+    # stages import no other: what one needs of another is wired here
+    commands.choices["live-eval"].set_defaults(roll_back=_roll_back)
+    commands.choices["eval"].set_defaults(rollout_in_progress=_rollout_in_progress)
     return parser
 
 
@@ -61,8 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:  # TF's own INFO lines (restoring parameters, deprecations) are noise here
         logging.getLogger("tensorflow").setLevel(logging.ERROR)
     try:
-        if _eval_skipped_during_rollout(args):
-            return 0
         return args.func(args)
     except TrainserveError as exc:
         print(f"trainserve {args.command}: error: {exc}", file=sys.stderr)
@@ -85,21 +85,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _eval_skipped_during_rollout(args: argparse.Namespace) -> bool:
-    """`eval --skip-during-rollout --rollout-config FILE` while a rollout of the model is in progress: nothing is
-    evaluated (a retried rollout Job's eval; in the bake no `candidate` is labelled). Asked here, where every stage
-    is known, because the rollout stage's history says it and no stage imports another; without --rollout-config
-    the eval's own check refuses the flag."""
-    if args.command != "eval" or not args.skip_during_rollout or args.rollout_config is None:
-        return False
+def _rollout_in_progress(config, model: str) -> str | None:
+    """`eval --skip-during-rollout`: why nothing is evaluated (a rollout of `model` in progress, by the rollout
+    stage's history beside `config`), else None."""
     from trainserve.rollout.progress import RolloutInProgress, refuse_during
 
     try:
-        refuse_during(args.rollout_config, args.model, "eval")
+        refuse_during(config, model, "eval")
     except RolloutInProgress as exc:
-        logging.getLogger("trainserve.evaluation").info("nothing evaluated (--skip-during-rollout): %s", exc)
-        return True
-    return False
+        return str(exc)
+    return None
 
 
 def console() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from trainserve.options import add_options, config_from_args
@@ -37,6 +38,11 @@ def run_eval(args: argparse.Namespace) -> int:
     from trainserve.terminal import browser_line
 
     config = config_from_args(EvalConfig, args)
+    if config.skip_during_rollout and config.rollout_config is not None:  # else its check refuses the flag
+        busy = args.rollout_in_progress(config.rollout_config, config.model)
+        if busy:
+            logging.getLogger("trainserve.evaluation").info("nothing evaluated (--skip-during-rollout): %s", busy)
+            return 0
     result = evaluate(config)
     print(summary_table(result.report))
     page = None
